@@ -1,0 +1,1 @@
+"""Gangway's HTTP service: FastAPI app factory, routes, errors and the status page."""

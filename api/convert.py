@@ -1,0 +1,95 @@
+"""Store records -> wire models. Reads the store only: no Ray call in a request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gangway.models import (
+    ClusterInfo,
+    JobEvent,
+    JobInfo,
+    JobState,
+    JobSubmit,
+    NodeInfo,
+    Progress,
+    RankPlacement,
+)
+from scheduler.core import free_capacity
+from scheduler.model import Node
+from scheduler.runtime.views import job_view
+from scheduler.store import EventRecord, JobRecord
+
+
+def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:
+    placement = None
+    if job.placement is not None:
+        placement = [
+            RankPlacement(rank=rank, node_id=node_id, node_name=node_names.get(node_id, node_id))
+            for rank, node_id in enumerate(job.placement)
+        ]
+    return JobInfo(
+        id=job.id,
+        name=job.name,
+        queue=job.queue,
+        priority=job.priority,
+        state=JobState(job.state.value),
+        status_reason=job.status_reason,
+        error=job.error,
+        num_gpus=job.num_gpus,
+        attempt=job.attempt,
+        restarts=job.restarts,
+        submitted_at=job.submitted_at,
+        admitted_at=job.admitted_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        spec=JobSubmit.model_validate(job.spec),
+        placement=placement,
+        progress=Progress(
+            step=job.step,
+            total_steps=job.total_steps,
+            loss=job.loss,
+            first_loss=job.first_loss,
+            tokens_per_s=job.tokens_per_s,
+            updated_at=job.progress_at,
+        ),
+    )
+
+
+def job_event(event: EventRecord) -> JobEvent:
+    return JobEvent(
+        id=event.id,
+        at=event.at,
+        from_state=JobState(event.from_state.value) if event.from_state else None,
+        to_state=JobState(event.to_state.value),
+        reason=event.reason,
+    )
+
+
+def cluster_info(nodes: Sequence[Node], holders: Sequence[JobRecord]) -> ClusterInfo:
+    free = free_capacity(nodes, [job_view(j) for j in holders])
+    jobs_on: dict[str, set[int]] = {}
+    for job in holders:
+        for node_id in job.placement or ():
+            jobs_on.setdefault(node_id, set()).add(job.id)
+    infos = []
+    for node in nodes:
+        gpus_free = free[node.id].gpus if node.id in free else 0
+        infos.append(
+            NodeInfo(
+                id=node.id,
+                name=node.name,
+                alive=node.alive,
+                gpus_total=node.num_gpus,
+                gpus_allocated=node.num_gpus - gpus_free if node.alive else 0,
+                gpus_free=gpus_free,
+                cpus_total=node.num_cpus,
+                jobs=sorted(jobs_on.get(node.id, ())),
+            )
+        )
+    alive = [n for n in infos if n.alive]
+    return ClusterInfo(
+        nodes=infos,
+        gpus_total=sum(n.gpus_total for n in alive),
+        gpus_allocated=sum(n.gpus_allocated for n in alive),
+        gpus_free=sum(n.gpus_free for n in alive),
+    )

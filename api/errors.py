@@ -1,0 +1,72 @@
+"""One JSON error shape everywhere: `{"error": {code, message, field}, "errors": [...]}`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gangway.models import ErrorBody, ErrorDetail
+from scheduler.store import IllegalTransition, JobNotFound, StaleState
+
+
+class FieldError(ValueError):
+    """A request that parses but cannot be accepted; `field` is a dotted path into the body."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+def error_response(status_code: int, details: Sequence[ErrorDetail]) -> JSONResponse:
+    body = ErrorBody(error=details[0], errors=list(details))
+    return JSONResponse(status_code=status_code, content=body.model_dump(mode="json"))
+
+
+def field_path(loc: Sequence[Any]) -> str:
+    """Pydantic's location -> a dotted body path: drop 'body' and union tags."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path"):
+        parts = parts[1:]
+    return ".".join(p for p in parts if p not in ("builtin", "function"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [
+            ErrorDetail(
+                code="validation_error", message=e["msg"], field=field_path(e["loc"]) or None
+            )
+            for e in exc.errors()
+        ]
+        return error_response(422, details)
+
+    @app.exception_handler(FieldError)
+    async def _field(_: Request, exc: FieldError) -> JSONResponse:
+        return error_response(
+            422, [ErrorDetail(code="validation_error", message=exc.message, field=exc.field)]
+        )
+
+    @app.exception_handler(JobNotFound)
+    async def _not_found(_: Request, exc: JobNotFound) -> JSONResponse:
+        return error_response(404, [ErrorDetail(code="not_found", message=str(exc))])
+
+    @app.exception_handler(IllegalTransition)
+    @app.exception_handler(StaleState)
+    async def _conflict(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(409, [ErrorDetail(code="conflict", message=str(exc))])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else "http_error"
+        return error_response(exc.status_code, [ErrorDetail(code=code, message=str(exc.detail))])
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        message = f"internal error ({type(exc).__name__}); see the service log"
+        return error_response(500, [ErrorDetail(code="internal", message=message)])

@@ -1,0 +1,103 @@
+"""REST v1: jobs, events, cluster, health. Handlers read and write the store only."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from api.convert import cluster_info, job_event, job_info
+from api.validation import validate_submission
+from gangway.models import ClusterInfo, ErrorBody, JobEvent, JobInfo, JobPage, JobState, JobSubmit
+from scheduler.model import JobState as CoreState
+from scheduler.store import JobRepository, NewJob
+
+router = APIRouter()
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    404: {"model": ErrorBody, "description": "no such job"},
+    409: {"model": ErrorBody, "description": "the job's state does not allow this"},
+    422: {"model": ErrorBody, "description": "invalid input; `error.field` names the field"},
+}
+
+
+def repository(request: Request) -> JobRepository:
+    repo: JobRepository = request.app.state.repo
+    return repo
+
+
+Repo = Annotated[JobRepository, Depends(repository)]
+
+
+def _node_names(repo: JobRepository) -> dict[str, str]:
+    return {n.id: n.name for n in repo.nodes()}
+
+
+@router.post("/v1/jobs", status_code=201, response_model=JobInfo, responses=_ERRORS)
+def submit_job(submit: JobSubmit, repo: Repo) -> JobInfo:
+    validate_submission(submit, repo.nodes())
+    entrypoint = submit.entrypoint
+    record = repo.create(
+        NewJob(
+            name=submit.name,
+            queue=submit.queue,
+            priority=submit.priority,
+            spec=submit.model_dump(mode="json"),
+            num_gpus=submit.parallelism.dp
+            * submit.parallelism.tp
+            * submit.parallelism.pp
+            * submit.resources.gpus_per_rank,
+            total_steps=getattr(entrypoint, "steps", None),
+        )
+    )
+    return job_info(record, _node_names(repo))
+
+
+@router.get("/v1/jobs", response_model=JobPage, responses=_ERRORS)
+def list_jobs(
+    repo: Repo,
+    state: Annotated[list[JobState] | None, Query(description="filter; repeat for several")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[
+        int | None, Query(ge=1, description="next_cursor of the previous page")
+    ] = None,
+) -> JobPage:
+    states = [CoreState(s.value) for s in state or ()]
+    records = repo.page(states=states, limit=limit + 1, before_id=cursor)
+    page, more = records[:limit], len(records) > limit
+    names = _node_names(repo)
+    return JobPage(
+        items=[job_info(r, names) for r in page], next_cursor=page[-1].id if more else None
+    )
+
+
+@router.get("/v1/jobs/{job_id}", response_model=JobInfo, responses=_ERRORS)
+def get_job(job_id: int, repo: Repo) -> JobInfo:
+    return job_info(repo.get(job_id), _node_names(repo))
+
+
+@router.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, responses=_ERRORS)
+def cancel_job(job_id: int, repo: Repo) -> JobInfo:
+    """Cancel now in the store; the scheduler loop stops the ranks on its next pass.
+
+    Cancelling a job that already ended is a 409 (its outcome is kept, not overwritten).
+    """
+    record = repo.transition(job_id, CoreState.CANCELLED, reason="cancelled by user")
+    return job_info(record, _node_names(repo))
+
+
+@router.get("/v1/jobs/{job_id}/events", response_model=list[JobEvent], responses=_ERRORS)
+def job_events(job_id: int, repo: Repo) -> list[JobEvent]:
+    return [job_event(e) for e in repo.events(job_id)]
+
+
+@router.get("/v1/cluster", response_model=ClusterInfo)
+def get_cluster(repo: Repo) -> ClusterInfo:
+    holders = [j for j in repo.in_states(s for s in CoreState if s.holds_resources)]
+    return cluster_info(repo.nodes(), holders)
+
+
+@router.get("/healthz")
+def healthz(repo: Repo) -> dict[str, str]:
+    repo.nodes()  # proves the database answers
+    return {"status": "ok"}

@@ -1,0 +1,104 @@
+"""`gangway serve`: migrate the database, join or start Ray, run the loop, serve HTTP."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from api.app import create_app
+from api.settings import Settings
+from scheduler.runtime.cluster import RayClusterSource
+from scheduler.runtime.executor import RayExecutor
+from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
+from scheduler.runtime.loop import SchedulerLoop
+from scheduler.store import JobRepository, make_engine, upgrade_to_head
+
+log = logging.getLogger("gangway")
+
+
+class Runtime:
+    """Ray connection + scheduler loop thread, started and stopped with the HTTP server."""
+
+    def __init__(self, settings: Settings, repo: JobRepository) -> None:
+        self._settings = settings
+        self._repo = repo
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._local_cluster: Any = None
+
+    def start(self) -> None:
+        self._connect_ray()
+        loop = SchedulerLoop(
+            repo=self._repo,
+            cluster=RayClusterSource(),
+            executor=RayExecutor(placement_timeout_s=self._settings.placement_timeout_s),
+        )
+        loop.reconcile()
+        self._thread = threading.Thread(
+            target=loop.run,
+            args=(self._stop, self._settings.schedule_interval_s),
+            name="gangway-scheduler",
+            daemon=True,
+        )
+        self._thread.start()
+        log.info("scheduler loop running")
+
+    def stop(self) -> None:
+        """Stop scheduling. Ranks keep running on an external Ray (they are reattached on
+        the next start); a local Ray ends with the service."""
+        import ray
+
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        ray.shutdown()
+        if self._local_cluster is not None:
+            self._local_cluster.shutdown()
+
+    def _connect_ray(self) -> None:
+        import ray
+
+        settings = self._settings
+        if settings.ray_address:
+            ray.init(address=settings.ray_address, namespace="gangway", log_to_driver=False)
+            log.info("joined Ray at %s", settings.ray_address)
+            return
+        shape = LocalClusterShape(
+            num_nodes=settings.local_nodes,
+            gpus_per_node=settings.local_gpus_per_node,
+            cpus_per_node=settings.local_cpus_per_node,
+        )
+        self._local_cluster = start_local_cluster(shape)
+        log.info(
+            "started a local Ray: %d nodes x %d logical GPUs", shape.num_nodes, shape.gpus_per_node
+        )
+
+
+def build_app(settings: Settings) -> FastAPI:
+    database_url = settings.resolved_database_url()
+    upgrade_to_head(database_url)
+    repo = JobRepository(make_engine(database_url))
+    runtime = Runtime(settings, repo)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        runtime.start()
+        try:
+            yield
+        finally:
+            runtime.stop()
+
+    return create_app(repo, lifespan=lifespan)
+
+
+def serve(settings: Settings) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    uvicorn.run(build_app(settings), host=settings.host, port=settings.port, log_level="info")

@@ -1,0 +1,51 @@
+"""Gangway's Python SDK: submit and follow distributed training jobs.
+
+from gangway import Client, Builtin, Parallelism
+job = Client().submit(name="demo", parallelism=Parallelism(dp=2), entrypoint=Builtin(steps=50))
+"""
+
+from gangway.client import Client
+from gangway.errors import (
+    APIError,
+    Conflict,
+    GangwayError,
+    JobFailed,
+    NotFound,
+    TransportError,
+    ValidationFailed,
+    WaitTimeout,
+)
+from gangway.models import (
+    Builtin,
+    ClusterInfo,
+    Function,
+    JobEvent,
+    JobInfo,
+    JobPage,
+    JobState,
+    JobSubmit,
+    Parallelism,
+    Resources,
+)
+
+__all__ = [
+    "APIError",
+    "Builtin",
+    "Client",
+    "ClusterInfo",
+    "Conflict",
+    "Function",
+    "GangwayError",
+    "JobEvent",
+    "JobFailed",
+    "JobInfo",
+    "JobPage",
+    "JobState",
+    "JobSubmit",
+    "NotFound",
+    "Parallelism",
+    "Resources",
+    "TransportError",
+    "ValidationFailed",
+    "WaitTimeout",
+]

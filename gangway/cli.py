@@ -1,0 +1,146 @@
+"""The `gangway` command line: serve the service, submit and follow jobs."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from gangway.client import Client
+from gangway.errors import GangwayError
+from gangway.models import Builtin, Function, JobInfo, JobState, JobSubmit, Parallelism, Resources
+
+app = typer.Typer(
+    help="Gangway: schedule and run distributed PyTorch training.", no_args_is_help=True
+)
+
+Url = Annotated[str, typer.Option("--url", envvar="GANGWAY_URL", help="service address")]
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="bind address")] = None,
+    port: Annotated[int | None, typer.Option(help="bind port")] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="join this Ray; default starts one")
+    ] = None,
+) -> None:
+    """Run the service: API, status page and scheduler (settings from GANGWAY_* variables)."""
+    from api.server import serve as run_server
+    from api.settings import Settings
+
+    overrides: dict[str, Any] = {"host": host, "port": port, "ray_address": ray_address}
+    run_server(Settings(**{k: v for k, v in overrides.items() if v is not None}))
+
+
+@app.command()
+def submit(
+    name: Annotated[str, typer.Option(help="job name")],
+    model: Annotated[str, typer.Option(help="built-in model")] = "gpt-tiny",
+    steps: Annotated[int, typer.Option(help="training steps (built-in trainer)")] = 100,
+    function: Annotated[
+        str | None, typer.Option(help="run pkg.mod:fn instead of the built-in trainer")
+    ] = None,
+    kwargs: Annotated[
+        str, typer.Option(help="JSON object of keyword arguments for --function")
+    ] = "{}",
+    dp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    gpus_per_rank: int = 1,
+    priority: int = 0,
+    queue: str = "default",
+    max_restarts: int = 0,
+    wait: Annotated[bool, typer.Option(help="wait until the job ends")] = False,
+    url: Url = DEFAULT_URL,
+    as_json: AsJson = False,
+) -> None:
+    """Submit a job."""
+    entrypoint: Builtin | Function = (
+        Function(target=function, kwargs=json.loads(kwargs))
+        if function
+        else Builtin(model=model, steps=steps)
+    )
+    spec = JobSubmit(
+        name=name,
+        priority=priority,
+        queue=queue,
+        parallelism=Parallelism(dp=dp, tp=tp, pp=pp),
+        resources=Resources(gpus_per_rank=gpus_per_rank),
+        entrypoint=entrypoint,
+        max_restarts=max_restarts,
+    )
+    with _client(url) as client:
+        job = _run(lambda: client.submit(spec))
+        if wait:
+            job = _run(lambda: client.wait(job.id, timeout_s=24 * 3600))
+    _print_job(job, as_json)
+
+
+@app.command()
+def jobs(
+    state: Annotated[list[JobState] | None, typer.Option(help="filter by state")] = None,
+    limit: int = 50,
+    url: Url = DEFAULT_URL,
+    as_json: AsJson = False,
+) -> None:
+    """List jobs, newest first."""
+    with _client(url) as client:
+        page = _run(lambda: client.list(state=state[0] if state else None, limit=limit))
+    if as_json:
+        typer.echo(page.model_dump_json(indent=2))
+        return
+    typer.echo(f"{'ID':>5}  {'STATE':<10} {'GPUS':>4}  {'PRI':>4}  {'STEP':>10}  NAME")
+    for job in page.items:
+        total = job.progress.total_steps
+        step = f"{job.progress.step}/{total}" if total else str(job.progress.step)
+        state = job.state.value
+        typer.echo(
+            f"{job.id:>5}  {state:<10} {job.num_gpus:>4}  {job.priority:>4}  {step:>10}  {job.name}"
+        )
+
+
+@app.command()
+def status(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """Show one job: state, reason, placement and progress."""
+    with _client(url) as client:
+        job = _run(lambda: client.get(job_id))
+    _print_job(job, as_json)
+
+
+@app.command()
+def cancel(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """Cancel a job."""
+    with _client(url) as client:
+        job = _run(lambda: client.cancel(job_id))
+    _print_job(job, as_json)
+
+
+def _client(url: str) -> Client:
+    return Client(url)
+
+
+def _run(call: Any) -> Any:
+    try:
+        return call()
+    except GangwayError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def _print_job(job: JobInfo, as_json: bool) -> None:
+    if as_json:
+        typer.echo(job.model_dump_json(indent=2))
+        return
+    typer.echo(f"job {job.id} {job.name!r}: {job.state.value}  ({job.status_reason})")
+    progress = job.progress
+    loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
+    typer.echo(f"  step {progress.step}/{progress.total_steps or '?'}  loss {loss}")
+    if job.placement:
+        ranks = ", ".join(f"{p.rank}->{p.node_name}" for p in job.placement)
+        typer.echo(f"  placement: {ranks}")
+    if job.error:
+        typer.echo(f"  error: {job.error.strip().splitlines()[-1]}")

@@ -1,0 +1,121 @@
+"""The Python SDK: a thin, typed client over the REST API (httpx, injectable transport)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from gangway.errors import JobFailed, TransportError, WaitTimeout, error_for_status
+from gangway.models import ClusterInfo, JobEvent, JobInfo, JobPage, JobState, JobSubmit
+
+M = TypeVar("M", bound=BaseModel)
+
+JobEvents = list[JobEvent]
+_EVENTS = TypeAdapter(JobEvents)
+
+
+class Client:
+    """`Client("http://127.0.0.1:8000")`; pass `transport=` to test without a server."""
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(
+            base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- jobs -------------------------------------------------------------------------
+
+    def submit(self, spec: JobSubmit | None = None, **fields: Any) -> JobInfo:
+        """Submit a job: `submit(JobSubmit(...))` or `submit(name=..., entrypoint=Builtin())`."""
+        if spec is None:
+            try:
+                spec = JobSubmit(**fields)
+            except ValidationError as exc:
+                raise _local_validation_error(exc) from exc
+        body = spec.model_dump(mode="json", exclude_unset=False)
+        return self._call("POST", "/v1/jobs", JobInfo, json=body)
+
+    def get(self, job_id: int) -> JobInfo:
+        return self._call("GET", f"/v1/jobs/{job_id}", JobInfo)
+
+    def list(
+        self, *, state: JobState | str | None = None, limit: int = 50, cursor: int | None = None
+    ) -> JobPage:
+        params: dict[str, Any] = {"limit": limit}
+        if state is not None:
+            params["state"] = str(state)
+        if cursor is not None:
+            params["cursor"] = cursor
+        return self._call("GET", "/v1/jobs", JobPage, params=params)
+
+    def cancel(self, job_id: int) -> JobInfo:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel", JobInfo)
+
+    def events(self, job_id: int) -> JobEvents:
+        return _EVENTS.validate_python(self._request("GET", f"/v1/jobs/{job_id}/events").json())
+
+    def wait(self, job_id: int, timeout_s: float = 600.0, *, poll_s: float = 1.0) -> JobInfo:
+        """Block until the job ends. Raises `JobFailed` unless it SUCCEEDED."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.get(job_id)
+            if job.state is JobState.SUCCEEDED:
+                return job
+            if job.state.is_terminal:
+                raise JobFailed(job)
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {job_id} still {job.state} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    # -- cluster ----------------------------------------------------------------------
+
+    def cluster(self) -> ClusterInfo:
+        return self._call("GET", "/v1/cluster", ClusterInfo)
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
+        return model.model_validate(self._request(method, path, **kwargs).json())
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise TransportError(f"cannot reach Gangway at {self._http.base_url}: {exc}") from exc
+        if response.is_error:
+            raise _api_error(response)
+        return response
+
+
+def _api_error(response: httpx.Response) -> Exception:
+    try:
+        detail = response.json()["error"]
+        code, message, field = detail["code"], detail["message"], detail.get("field")
+    except (ValueError, KeyError, TypeError):
+        code, message, field = "http_error", response.text[:500], None
+    return error_for_status(response.status_code, code, message, field)
+
+
+def _local_validation_error(exc: ValidationError) -> Exception:
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    return error_for_status(422, "validation_error", first["msg"], field)

@@ -1,0 +1,58 @@
+"""Typed SDK errors.
+
+GangwayError
+├── TransportError        the server could not be reached
+├── APIError              the server answered with an error body
+│   ├── NotFound          404
+│   ├── Conflict          409
+│   └── ValidationFailed  422 (`.field` names the offending field)
+├── JobFailed             wait(): the job ended FAILED or CANCELLED
+└── WaitTimeout           wait(): the job did not end in time
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GangwayError(Exception):
+    pass
+
+
+class TransportError(GangwayError):
+    pass
+
+
+class APIError(GangwayError):
+    def __init__(self, status_code: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(
+            f"{status_code} {code}: {message}" + (f" (field: {field})" if field else "")
+        )
+        self.status_code, self.code, self.message, self.field = status_code, code, message, field
+
+
+class NotFound(APIError):
+    pass
+
+
+class Conflict(APIError):
+    pass
+
+
+class ValidationFailed(APIError):
+    pass
+
+
+class JobFailed(GangwayError):
+    def __init__(self, job: Any) -> None:
+        super().__init__(f"job {job.id} ended {job.state}: {job.error or job.status_reason}")
+        self.job = job
+
+
+class WaitTimeout(GangwayError):
+    pass
+
+
+def error_for_status(status_code: int, code: str, message: str, field: str | None) -> APIError:
+    cls = {404: NotFound, 409: Conflict, 422: ValidationFailed}.get(status_code, APIError)
+    return cls(status_code, code, message, field)

@@ -1,0 +1,156 @@
+"""The wire contract between the server and its clients (principle 11).
+
+The server validates requests with these models and returns them; the SDK parses responses
+with the very same classes. Unknown fields are errors, so a typo never silently changes a job.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobState(enum.StrEnum):
+    PENDING = "PENDING"
+    ADMITTED = "ADMITTED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    PREEMPTING = "PREEMPTING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class Parallelism(_Strict):
+    """Degrees of data, tensor and pipeline parallelism; ranks = dp * tp * pp."""
+
+    dp: int = Field(1, ge=1, le=4096)
+    tp: int = Field(1, ge=1, le=64)
+    pp: int = Field(1, ge=1, le=256)
+
+
+class Resources(_Strict):
+    gpus_per_rank: int = Field(1, ge=1, le=16)
+    cpus_per_rank: float = Field(1.0, gt=0, le=1024)
+
+
+class Builtin(_Strict):
+    """The built-in trainer: a GPT-style model on synthetic tokens."""
+
+    kind: Literal["builtin"] = "builtin"
+    model: str = Field("gpt-tiny", min_length=1, max_length=100)
+    steps: int = Field(100, ge=1, le=10_000_000)
+    batch_size: int = Field(8, ge=1, le=4096)
+    learning_rate: float = Field(3e-3, gt=0, le=1)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+
+
+class Function(_Strict):
+    """A Python function `package.module:function(ctx, **kwargs)` run on every rank."""
+
+    kind: Literal["function"] = "function"
+    target: str = Field(min_length=3, max_length=300)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+Entrypoint = Annotated[Builtin | Function, Field(discriminator="kind")]
+
+
+class JobSubmit(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
+    queue: str = Field("default", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    resources: Resources = Field(default_factory=Resources)
+    entrypoint: Entrypoint
+    max_restarts: int = Field(0, ge=0, le=100)
+    time_limit_s: int | None = Field(None, ge=1, le=365 * 24 * 3600)
+
+
+class RankPlacement(BaseModel):
+    rank: int
+    node_id: str
+    node_name: str
+
+
+class Progress(BaseModel):
+    step: int
+    total_steps: int | None
+    loss: float | None
+    first_loss: float | None
+    tokens_per_s: float | None
+    updated_at: datetime | None
+
+
+class JobInfo(BaseModel):
+    id: int
+    name: str
+    queue: str
+    priority: int
+    state: JobState
+    status_reason: str
+    error: str | None
+    num_gpus: int
+    attempt: int
+    restarts: int
+    submitted_at: datetime
+    admitted_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    spec: JobSubmit
+    placement: list[RankPlacement] | None
+    progress: Progress
+
+
+class JobPage(BaseModel):
+    items: list[JobInfo]
+    next_cursor: int | None = Field(description="pass as `cursor` to get the next page")
+
+
+class JobEvent(BaseModel):
+    id: int
+    at: datetime
+    from_state: JobState | None
+    to_state: JobState
+    reason: str
+
+
+class NodeInfo(BaseModel):
+    id: str
+    name: str
+    alive: bool
+    gpus_total: int
+    gpus_allocated: int
+    gpus_free: int
+    cpus_total: float
+    jobs: list[int]
+
+
+class ClusterInfo(BaseModel):
+    nodes: list[NodeInfo]
+    gpus_total: int
+    gpus_allocated: int
+    gpus_free: int
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+    errors: list[ErrorDetail] = Field(default_factory=list)

@@ -1,0 +1,33 @@
+"""Can a gang ever fit this cluster's shape? The API rejects at submit what never can."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from scheduler.core.placement import place_gang, total_capacity
+from scheduler.model import GangShape, Node
+
+
+def never_fits_reason(shape: GangShape, nodes: Sequence[Node]) -> str | None:
+    """None when the gang fits the empty cluster; otherwise why it never can.
+
+    With no nodes known yet (a cluster still coming up) nothing can be judged, so the
+    job is accepted and waits.
+    """
+    alive = [n for n in nodes if n.alive]
+    if not alive:
+        return None
+    total_gpus = sum(n.num_gpus for n in alive)
+    if shape.num_gpus > total_gpus:
+        return f"the gang needs {shape.num_gpus} GPUs; the cluster has {total_gpus}"
+    group_gpus = shape.ranks_per_group * shape.gpus_per_rank
+    largest = max(n.num_gpus for n in alive)
+    if group_gpus > largest:
+        return (
+            f"one tensor-parallel group (tp={shape.parallelism.tp} x "
+            f"{shape.gpus_per_rank} GPUs per rank) needs {group_gpus} GPUs on one node; "
+            f"the largest node has {largest}"
+        )
+    if place_gang(shape, total_capacity(alive)) is None:
+        return "the gang does not fit the cluster's nodes even when the cluster is empty"
+    return None

@@ -1,0 +1,163 @@
+"""Domain types shared by the policy core, the store and the runtime.
+
+They are frozen dataclasses, not the wire models in `gangway.models`: the core must not
+depend on pydantic or on what the REST API happens to look like today.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+class JobState(enum.StrEnum):
+    """The job state machine from DESIGN.md; `TRANSITIONS` lists every legal edge."""
+
+    PENDING = "PENDING"
+    ADMITTED = "ADMITTED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    PREEMPTING = "PREEMPTING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def holds_resources(self) -> bool:
+        """True while the job's placement is reserved on the cluster."""
+        return self in _HOLDING
+
+
+_TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+_HOLDING = frozenset(
+    {
+        JobState.ADMITTED,
+        JobState.STARTING,
+        JobState.RUNNING,
+        JobState.RESTARTING,
+        JobState.PREEMPTING,
+    }
+)
+
+_ACTIVE = (JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING)
+
+# Every legal edge. Any non-terminal state may go to CANCELLED (user) or FAILED (an error
+# the runtime cannot recover from). An active state may go back to PENDING when the runtime
+# lost the job through no fault of its own (service restart, placement never satisfied):
+# principle 7, "cannot reach the job" is not "the job failed".
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.ADMITTED}),
+    JobState.ADMITTED: frozenset({JobState.STARTING, JobState.PENDING}),
+    JobState.STARTING: frozenset({JobState.RUNNING, JobState.RESTARTING, JobState.PENDING}),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.PREEMPTING, JobState.RESTARTING, JobState.PENDING}
+    ),
+    JobState.RESTARTING: frozenset({JobState.STARTING, JobState.PENDING}),
+    JobState.PREEMPTING: frozenset({JobState.PENDING}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+for _state in JobState:
+    if not _state.is_terminal:
+        TRANSITIONS[_state] = TRANSITIONS[_state] | {JobState.CANCELLED, JobState.FAILED}
+
+ACTIVE_STATES: tuple[JobState, ...] = _ACTIVE
+
+
+def is_legal_transition(old: JobState, new: JobState) -> bool:
+    return new in TRANSITIONS[old]
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Degrees of data, tensor and pipeline parallelism; world size is their product."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"parallelism.{name} must be >= 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class GangShape:
+    """What the placement core needs to know about a job: how many ranks, what each needs,
+    and which ranks must share a node (one tensor-parallel group)."""
+
+    parallelism: Parallelism
+    gpus_per_rank: int = 1
+    cpus_per_rank: float = 1.0
+
+    @property
+    def num_ranks(self) -> int:
+        return self.parallelism.world_size
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_ranks * self.gpus_per_rank
+
+    @property
+    def ranks_per_group(self) -> int:
+        """Ranks that must land on one node: a tensor-parallel group (tp is innermost)."""
+        return self.parallelism.tp
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node as the cluster reports it. `id` is Ray's node id."""
+
+    id: str
+    name: str
+    num_gpus: int
+    num_cpus: float
+    alive: bool = True
+
+
+@dataclass(frozen=True)
+class Placement:
+    """rank -> node id, index = rank. The executor pins bundle i to `node_ids[i]`."""
+
+    node_ids: tuple[str, ...]
+
+    def gpus_by_node(self, gpus_per_rank: int) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for node_id in self.node_ids:
+            used[node_id] = used.get(node_id, 0) + gpus_per_rank
+        return used
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One job as the scheduling core sees it (pending or holding resources)."""
+
+    id: int
+    priority: int
+    submitted_at: datetime
+    state: JobState
+    shape: GangShape
+    placement: Placement | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """The nodes at one instant. Usage is derived from the jobs that hold placements."""
+
+    nodes: tuple[Node, ...] = field(default_factory=tuple)
+
+    @property
+    def alive_nodes(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.alive)

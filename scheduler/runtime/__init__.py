@@ -1,0 +1,1 @@
+"""The runtime: the scheduling loop and its edges to Ray (cluster source, executor)."""

@@ -1,0 +1,41 @@
+"""Cluster sources: where the loop's snapshot of nodes comes from."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from scheduler.model import Node
+
+NODE_NAME_LABEL = "gangway.io/node"
+
+
+class ClusterSource(Protocol):
+    def nodes(self) -> list[Node]:
+        """Every node that has GPUs, alive or not."""
+        ...
+
+
+class RayClusterSource:
+    """Reads `ray.nodes()`; nodes without GPUs (the head, CPU-only workers) are skipped."""
+
+    def nodes(self) -> list[Node]:
+        import ray
+
+        return [node for raw in ray.nodes() if (node := node_from_ray(raw)) is not None]
+
+
+def node_from_ray(raw: dict[str, Any]) -> Node | None:
+    resources = raw.get("Resources", {})
+    num_gpus = int(resources.get("GPU", 0))
+    if num_gpus == 0:
+        return None
+    node_id = str(raw["NodeID"])
+    labels = raw.get("Labels") or {}
+    name = labels.get(NODE_NAME_LABEL) or f"{raw.get('NodeManagerHostname', 'node')}-{node_id[:6]}"
+    return Node(
+        id=node_id,
+        name=name,
+        num_gpus=num_gpus,
+        num_cpus=float(resources.get("CPU", 0.0)),
+        alive=bool(raw.get("Alive", False)),
+    )

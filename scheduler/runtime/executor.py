@@ -1,0 +1,67 @@
+"""The executor: turns admitted jobs into worker groups on Ray, and reports on them.
+
+It keeps only handles; everything it needs to rebuild them lives in the store (placement,
+attempt, spec), which is why `attach` can find a group again after a service restart.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from scheduler.store import JobRecord
+from workers.group import GroupSpec, GroupStatus, WorkerGroup
+
+
+class Executor(Protocol):
+    def launch(self, job: JobRecord) -> None: ...
+    def attach(self, job: JobRecord) -> bool: ...
+    def poll(self) -> dict[int, GroupStatus]: ...
+    def release(self, job_id: int) -> None: ...
+    def job_ids(self) -> set[int]: ...
+
+
+def group_spec(job: JobRecord) -> GroupSpec:
+    if job.placement is None:
+        raise ValueError(f"job {job.id} has no placement")
+    parallelism = job.spec["parallelism"]
+    resources = job.spec["resources"]
+    return GroupSpec(
+        job_id=job.id,
+        attempt=job.attempt,
+        node_ids=job.placement,
+        gpus_per_rank=int(resources["gpus_per_rank"]),
+        cpus_per_rank=float(resources["cpus_per_rank"]),
+        dp=int(parallelism["dp"]),
+        tp=int(parallelism["tp"]),
+        pp=int(parallelism["pp"]),
+        entrypoint=job.spec["entrypoint"],
+    )
+
+
+class RayExecutor:
+    def __init__(self, *, placement_timeout_s: float) -> None:
+        self._placement_timeout_s = placement_timeout_s
+        self._groups: dict[int, WorkerGroup] = {}
+
+    def launch(self, job: JobRecord) -> None:
+        self.release(job.id)
+        self._groups[job.id] = WorkerGroup.launch(
+            group_spec(job), placement_timeout_s=self._placement_timeout_s
+        )
+
+    def attach(self, job: JobRecord) -> bool:
+        group = WorkerGroup.attach(group_spec(job)) if job.placement else None
+        if group is not None:
+            self._groups[job.id] = group
+        return group is not None
+
+    def poll(self) -> dict[int, GroupStatus]:
+        return {job_id: group.poll() for job_id, group in self._groups.items()}
+
+    def release(self, job_id: int) -> None:
+        group = self._groups.pop(job_id, None)
+        if group is not None:
+            group.teardown()
+
+    def job_ids(self) -> set[int]:
+        return set(self._groups)

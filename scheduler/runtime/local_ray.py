@@ -1,0 +1,39 @@
+"""Start the embedded local Ray: a head without resources plus N logical GPU nodes.
+
+Ray's `cluster_utils.Cluster` starts real raylets on this machine, each advertising
+`num_gpus` logical GPUs, so gang placement across nodes is exercised exactly as on a real
+cluster; on a CPU machine the ranks use gloo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler.runtime.cluster import NODE_NAME_LABEL
+
+
+@dataclass(frozen=True)
+class LocalClusterShape:
+    num_nodes: int = 2
+    gpus_per_node: int = 4
+    cpus_per_node: int = 8
+
+
+def start_local_cluster(shape: LocalClusterShape) -> object:
+    """Start the cluster, connect this process as its driver and return the Cluster handle."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "num_gpus": 0, "include_dashboard": False},
+    )
+    for index in range(1, shape.num_nodes + 1):
+        cluster.add_node(
+            num_gpus=shape.gpus_per_node,
+            num_cpus=shape.cpus_per_node,
+            labels={NODE_NAME_LABEL: f"local-{index}"},
+        )
+    ray.init(address=cluster.address, namespace="gangway", log_to_driver=False)
+    cluster.wait_for_nodes()
+    return cluster

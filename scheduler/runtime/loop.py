@@ -1,0 +1,198 @@
+"""The scheduling loop: load -> snapshot -> core.schedule -> persist -> executor -> poll.
+
+One instance runs inside `gangway serve`, in its own thread. The store is the source of
+truth: every decision is written before the executor acts on it, a job whose state changed
+under us (a user cancelled it) wins over what the loop was about to do, and groups whose
+job is no longer active in the store are torn down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+
+from scheduler.core import Admit, schedule
+from scheduler.model import ACTIVE_STATES, ClusterSnapshot, JobState, Node
+from scheduler.runtime.cluster import ClusterSource
+from scheduler.runtime.executor import Executor
+from scheduler.runtime.views import job_view
+from scheduler.store import JobRecord, JobRepository, StaleState
+from scheduler.store.repository import utcnow
+from workers.group import GroupPhase, GroupStatus
+
+log = logging.getLogger(__name__)
+
+_SCHEDULED_STATES = (JobState.PENDING, *ACTIVE_STATES)
+
+
+class SchedulerLoop:
+    def __init__(
+        self,
+        *,
+        repo: JobRepository,
+        cluster: ClusterSource,
+        executor: Executor,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self._repo = repo
+        self._cluster = cluster
+        self._executor = executor
+        self._clock = clock
+
+    # -- start-up ---------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Match every active job in the store with what Ray runs: reattach or requeue."""
+        for job in self._repo.in_states(ACTIVE_STATES):
+            if job.state is JobState.RUNNING and self._executor.attach(job):
+                log.info("job %s: reattached to its running ranks", job.id)
+                continue
+            self._requeue(
+                job,
+                f"the service restarted and found no live ranks for attempt {job.attempt}; "
+                "requeued (not counted as a failure)",
+            )
+
+    # -- one pass ---------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One pass; each step is one call (principle 3)."""
+        nodes = self._refresh_nodes()
+        self._release_inactive_groups()
+        jobs = self._repo.in_states(_SCHEDULED_STATES)
+        self._apply_decisions(nodes, jobs)
+        self._poll_groups()
+
+    def run(self, stop: threading.Event, interval_s: float) -> None:
+        """Tick until `stop` is set; one bad pass is logged, never fatal to the loop."""
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("scheduling pass failed; retrying next interval")
+            stop.wait(interval_s)
+
+    def _refresh_nodes(self) -> list[Node]:
+        nodes = self._cluster.nodes()
+        self._repo.replace_nodes(nodes)
+        return nodes
+
+    def _release_inactive_groups(self) -> None:
+        for job_id in self._executor.job_ids():
+            if self._repo.get(job_id).state not in ACTIVE_STATES:
+                self._executor.release(job_id)
+
+    def _apply_decisions(self, nodes: list[Node], jobs: list[JobRecord]) -> None:
+        records = {job.id: job for job in jobs}
+        views = [job_view(job) for job in jobs]
+        for decision in schedule(ClusterSnapshot(tuple(nodes)), views, self._clock()):
+            if isinstance(decision, Admit):
+                self._admit(records[decision.job_id], decision)
+            else:
+                self._repo.explain_wait(decision.job_id, decision.reason)
+
+    def _admit(self, job: JobRecord, decision: Admit) -> None:
+        try:
+            admitted = self._repo.transition(
+                job.id,
+                JobState.ADMITTED,
+                expected=JobState.PENDING,
+                reason=decision.reason,
+                placement=list(decision.placement.node_ids),
+                attempt=job.attempt + 1,
+                error=None,
+            )
+        except StaleState:
+            return  # cancelled meanwhile
+        try:
+            self._executor.launch(admitted)
+        except Exception as exc:
+            log.exception("job %s: launch failed", job.id)
+            self._requeue(admitted, f"could not launch on Ray: {exc}")
+            return
+        ranks = len(decision.placement.node_ids)
+        self._transition(
+            admitted, JobState.STARTING, f"placement group requested; starting {ranks} ranks"
+        )
+
+    # -- polling ----------------------------------------------------------------------
+
+    def _poll_groups(self) -> None:
+        for job_id, status in self._executor.poll().items():
+            job = self._repo.get(job_id)
+            if job.state not in ACTIVE_STATES:
+                self._executor.release(job_id)
+                continue
+            self._observe(job, status)
+
+    def _observe(self, job: JobRecord, status: GroupStatus) -> None:
+        if status.step != job.step:
+            self._repo.record_progress(
+                job.id, step=status.step, loss=status.loss, tokens_per_s=status.tokens_per_s
+            )
+        if status.ranks_started and job.state is JobState.STARTING:
+            job = self._transition(
+                job, JobState.RUNNING, f"all {len(job.placement or ())} ranks started"
+            )
+            if job.state is not JobState.RUNNING:
+                return
+        if status.phase is GroupPhase.SUCCEEDED:
+            self._executor.release(job.id)
+            self._transition(job, JobState.SUCCEEDED, f"all ranks finished at step {status.step}")
+        elif status.phase is GroupPhase.FAILED:
+            self._executor.release(job.id)
+            self._fail_or_restart(job, status.error or "the gang failed")
+        elif status.phase is GroupPhase.PLACEMENT_TIMEOUT:
+            self._executor.release(job.id)
+            self._requeue(job, status.error or "placement timed out")
+        elif self._over_time_limit(job):
+            self._executor.release(job.id)
+            limit = job.spec.get("time_limit_s")
+            self._transition(
+                job,
+                JobState.FAILED,
+                f"time limit of {limit} s exceeded",
+                error="time limit exceeded",
+            )
+
+    def _fail_or_restart(self, job: JobRecord, error: str) -> None:
+        max_restarts = int(job.spec.get("max_restarts", 0))
+        if job.restarts >= max_restarts:
+            reason = f"failed after {job.restarts} restart(s): {error.splitlines()[-1]}"
+            self._transition(job, JobState.FAILED, reason, error=error)
+            return
+        restarting = self._transition(
+            job,
+            JobState.RESTARTING,
+            f"restart {job.restarts + 1} of {max_restarts}: {error.splitlines()[-1]}",
+            restarts=job.restarts + 1,
+            error=error,
+        )
+        self._transition(restarting, JobState.PENDING, "requeued to be placed again")
+
+    def _over_time_limit(self, job: JobRecord) -> bool:
+        limit = job.spec.get("time_limit_s")
+        if limit is None or job.started_at is None or job.state is not JobState.RUNNING:
+            return False
+        return (self._clock() - job.started_at).total_seconds() > float(limit)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _requeue(self, job: JobRecord, reason: str) -> None:
+        self._executor.release(job.id)
+        self._transition(job, JobState.PENDING, reason, placement=None)
+
+    def _transition(
+        self, job: JobRecord, new_state: JobState, reason: str, **fields: object
+    ) -> JobRecord:
+        """Transition from the state we saw; if someone else moved the job, they win."""
+        try:
+            return self._repo.transition(
+                job.id, new_state, reason=reason, expected=job.state, **fields
+            )
+        except StaleState as exc:
+            log.info("job %s: %s; leaving it to the newer state", job.id, exc)
+            self._executor.release(job.id)
+            return self._repo.get(job.id)

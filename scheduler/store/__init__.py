@@ -1,0 +1,25 @@
+"""SQL persistence. `JobRepository` is the only code in Gangway that speaks SQL."""
+
+from scheduler.store.db import make_engine
+from scheduler.store.migrate import upgrade_to_head
+from scheduler.store.repository import (
+    EventRecord,
+    IllegalTransition,
+    JobNotFound,
+    JobRecord,
+    JobRepository,
+    NewJob,
+    StaleState,
+)
+
+__all__ = [
+    "EventRecord",
+    "IllegalTransition",
+    "JobNotFound",
+    "JobRecord",
+    "JobRepository",
+    "NewJob",
+    "StaleState",
+    "make_engine",
+    "upgrade_to_head",
+]

@@ -1,0 +1,321 @@
+"""The job repository: every read and write of jobs, events and nodes goes through here.
+
+State changes go through `transition` only: it checks the old state in the UPDATE's WHERE
+clause (a compare-and-set, safe against a concurrent writer) and writes the event row in
+the same transaction, so the event log can never disagree with the job's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, delete, select, update
+from sqlalchemy.orm import Session
+
+from scheduler.model import JobState, Node, is_legal_transition
+from scheduler.store.tables import JobEventRow, JobRow, NodeRow
+
+
+class JobNotFound(LookupError):
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"job {job_id} not found")
+        self.job_id = job_id
+
+
+class IllegalTransition(ValueError):
+    """The state machine has no such edge (a bug, or a request that makes no sense now)."""
+
+    def __init__(self, job_id: int, old: JobState, new: JobState) -> None:
+        super().__init__(f"job {job_id}: cannot go from {old} to {new}")
+        self.job_id, self.old, self.new = job_id, old, new
+
+
+class StaleState(RuntimeError):
+    """The job's state changed under us (another writer won); re-read and decide again."""
+
+    def __init__(self, job_id: int, expected: JobState, actual: JobState) -> None:
+        super().__init__(f"job {job_id}: expected state {expected}, found {actual}")
+        self.job_id, self.expected, self.actual = job_id, expected, actual
+
+
+@dataclass(frozen=True)
+class NewJob:
+    name: str
+    queue: str
+    priority: int
+    spec: dict[str, Any]
+    num_gpus: int
+    total_steps: int | None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: int
+    name: str
+    queue: str
+    priority: int
+    state: JobState
+    spec: dict[str, Any]
+    num_gpus: int
+    submitted_at: datetime
+    updated_at: datetime
+    admitted_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    status_reason: str
+    error: str | None
+    attempt: int
+    restarts: int
+    placement: tuple[str, ...] | None
+    step: int
+    total_steps: int | None
+    loss: float | None
+    first_loss: float | None
+    tokens_per_s: float | None
+    progress_at: datetime | None
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    job_id: int
+    at: datetime
+    from_state: JobState | None
+    to_state: JobState
+    reason: str
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+_TIMESTAMP_ON_ENTRY = {
+    JobState.ADMITTED: "admitted_at",
+    JobState.RUNNING: "started_at",
+    JobState.SUCCEEDED: "finished_at",
+    JobState.FAILED: "finished_at",
+    JobState.CANCELLED: "finished_at",
+}
+
+
+class JobRepository:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    # -- jobs -------------------------------------------------------------------------
+
+    def create(self, new: NewJob, *, reason: str = "submitted") -> JobRecord:
+        now = utcnow()
+        with Session(self._engine) as session, session.begin():
+            row = JobRow(
+                name=new.name,
+                queue=new.queue,
+                priority=new.priority,
+                state=JobState.PENDING.value,
+                spec=new.spec,
+                num_gpus=new.num_gpus,
+                total_steps=new.total_steps,
+                submitted_at=now,
+                updated_at=now,
+                status_reason="waiting for the scheduler",
+                attempt=0,
+                restarts=0,
+                step=0,
+            )
+            session.add(row)
+            session.flush()
+            session.add(
+                JobEventRow(
+                    job_id=row.id, at=now, from_state=None, to_state=row.state, reason=reason
+                )
+            )
+            session.flush()
+            return _job_record(row)
+
+    def get(self, job_id: int) -> JobRecord:
+        with Session(self._engine) as session:
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise JobNotFound(job_id)
+            return _job_record(row)
+
+    def page(
+        self,
+        *,
+        states: Sequence[JobState] = (),
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[JobRecord]:
+        """Newest first; `before_id` is the cursor returned with the previous page."""
+        query = select(JobRow).order_by(JobRow.id.desc()).limit(limit)
+        if states:
+            query = query.where(JobRow.state.in_([s.value for s in states]))
+        if before_id is not None:
+            query = query.where(JobRow.id < before_id)
+        with Session(self._engine) as session:
+            return [_job_record(r) for r in session.scalars(query)]
+
+    def in_states(self, states: Iterable[JobState]) -> list[JobRecord]:
+        query = (
+            select(JobRow).where(JobRow.state.in_([s.value for s in states])).order_by(JobRow.id)
+        )
+        with Session(self._engine) as session:
+            return [_job_record(r) for r in session.scalars(query)]
+
+    def transition(
+        self,
+        job_id: int,
+        new_state: JobState,
+        *,
+        reason: str,
+        expected: JobState | None = None,
+        **fields: Any,
+    ) -> JobRecord:
+        """Move a job to `new_state`, writing an event row; the only way state changes.
+
+        `expected` pins the old state (raise `StaleState` if it is something else).
+        `fields` are other columns to set in the same UPDATE (placement, error, ...).
+        """
+        now = utcnow()
+        with Session(self._engine) as session, session.begin():
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise JobNotFound(job_id)
+            old = JobState(row.state)
+            if expected is not None and old is not expected:
+                raise StaleState(job_id, expected, old)
+            if not is_legal_transition(old, new_state):
+                raise IllegalTransition(job_id, old, new_state)
+            values: dict[str, Any] = {"state": new_state.value, "updated_at": now, **fields}
+            values.setdefault("status_reason", reason)
+            stamp = _TIMESTAMP_ON_ENTRY.get(new_state)
+            if stamp is not None:
+                values.setdefault(stamp, now)
+            result = session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.state == old.value)
+                .values(**values)
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                raise StaleState(job_id, old, JobState(self._current_state(session, job_id)))
+            session.add(
+                JobEventRow(
+                    job_id=job_id,
+                    at=now,
+                    from_state=old.value,
+                    to_state=new_state.value,
+                    reason=reason,
+                )
+            )
+            session.flush()
+            session.expire_all()
+            fresh = session.get(JobRow, job_id)
+            assert fresh is not None
+            return _job_record(fresh)
+
+    def explain_wait(self, job_id: int, reason: str) -> None:
+        """Record why a pending job waits (no event: it is not a state change)."""
+        with Session(self._engine) as session, session.begin():
+            session.execute(
+                update(JobRow)
+                .where(
+                    JobRow.id == job_id,
+                    JobRow.state == JobState.PENDING.value,
+                    JobRow.status_reason != reason,
+                )
+                .values(status_reason=reason, updated_at=utcnow())
+            )
+
+    def record_progress(
+        self, job_id: int, *, step: int, loss: float | None, tokens_per_s: float | None
+    ) -> None:
+        """Store the latest training progress; the first loss is kept to show the trend."""
+        with Session(self._engine) as session, session.begin():
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise JobNotFound(job_id)
+            if row.first_loss is None and loss is not None:
+                row.first_loss = loss
+            row.step, row.loss, row.tokens_per_s = step, loss, tokens_per_s
+            row.progress_at = utcnow()
+
+    def events(self, job_id: int) -> list[EventRecord]:
+        with Session(self._engine) as session:
+            if session.get(JobRow, job_id) is None:
+                raise JobNotFound(job_id)
+            rows = session.scalars(
+                select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)
+            )
+            return [_event_record(r) for r in rows]
+
+    # -- nodes ------------------------------------------------------------------------
+
+    def replace_nodes(self, nodes: Sequence[Node]) -> None:
+        """Store the cluster snapshot the scheduler just took (the API reads it)."""
+        now = utcnow()
+        with Session(self._engine) as session, session.begin():
+            session.execute(delete(NodeRow))
+            session.add_all(
+                NodeRow(
+                    id=n.id,
+                    name=n.name,
+                    num_gpus=n.num_gpus,
+                    num_cpus=n.num_cpus,
+                    alive=n.alive,
+                    updated_at=now,
+                )
+                for n in nodes
+            )
+
+    def nodes(self) -> list[Node]:
+        with Session(self._engine) as session:
+            rows = session.scalars(select(NodeRow).order_by(NodeRow.name, NodeRow.id))
+            return [Node(r.id, r.name, r.num_gpus, r.num_cpus, r.alive) for r in rows]
+
+    @staticmethod
+    def _current_state(session: Session, job_id: int) -> str:
+        state = session.scalar(select(JobRow.state).where(JobRow.id == job_id))
+        return state or "?"
+
+
+def _job_record(row: JobRow) -> JobRecord:
+    return JobRecord(
+        id=row.id,
+        name=row.name,
+        queue=row.queue,
+        priority=row.priority,
+        state=JobState(row.state),
+        spec=row.spec,
+        num_gpus=row.num_gpus,
+        submitted_at=row.submitted_at,
+        updated_at=row.updated_at,
+        admitted_at=row.admitted_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        status_reason=row.status_reason,
+        error=row.error,
+        attempt=row.attempt,
+        restarts=row.restarts,
+        placement=tuple(row.placement) if row.placement is not None else None,
+        step=row.step,
+        total_steps=row.total_steps,
+        loss=row.loss,
+        first_loss=row.first_loss,
+        tokens_per_s=row.tokens_per_s,
+        progress_at=row.progress_at,
+    )
+
+
+def _event_record(row: JobEventRow) -> EventRecord:
+    return EventRecord(
+        id=row.id,
+        job_id=row.job_id,
+        at=row.at,
+        from_state=JobState(row.from_state) if row.from_state else None,
+        to_state=JobState(row.to_state),
+        reason=row.reason,
+    )

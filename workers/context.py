@@ -1,0 +1,85 @@
+"""What a rank's entrypoint sees: who it is, how to report, and whether to stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    dp: int
+    tp: int
+    pp: int
+
+
+@dataclass
+class Progress:
+    """The latest metrics a rank reported; read by the runtime through `RankActor.status`."""
+
+    step: int = 0
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    reported_at: float = 0.0
+
+
+class RankContext:
+    """Handed to function entrypoints as `fn(ctx, **kwargs)`.
+
+    `report()` is cheap (it only updates memory the actor serves on request), so calling it
+    every step costs nothing; `should_stop()` turns True when the runtime asks the rank to
+    stop (cancel, preemption notice).
+    """
+
+    def __init__(self, info: RankInfo, stop_event: threading.Event) -> None:
+        self.info = info
+        self._stop_event = stop_event
+        self._lock = threading.Lock()
+        self._progress = Progress()
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.info.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.info.local_rank
+
+    @cached_property
+    def mesh(self) -> Any:
+        """A DeviceMesh (pp, dp, tp) over the job's ranks, built on first use."""
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        shape = (self.info.pp, self.info.dp, self.info.tp)
+        return init_device_mesh(device, shape, mesh_dim_names=("pp", "dp", "tp"))
+
+    def should_stop(self) -> bool:
+        return self._stop_event.is_set()
+
+    def report(
+        self,
+        *,
+        step: int,
+        loss: float | None = None,
+        tokens_per_s: float | None = None,
+        **metrics: float,
+    ) -> None:
+        with self._lock:
+            self._progress = Progress(step, loss, tokens_per_s, dict(metrics), time.time())
+
+    def progress(self) -> Progress:
+        with self._lock:
+            return self._progress

@@ -1,0 +1,41 @@
+"""Small function entrypoints: runnable examples of `fn(ctx, **kwargs)` and test fixtures.
+
+Submit one with `{"kind": "function", "target": "workers.examples:allreduce_ranks"}`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from workers.context import RankContext
+
+
+def allreduce_ranks(ctx: RankContext, steps: int = 3) -> None:
+    """All-reduce each rank's id `steps` times and check the sum: the gang is wired."""
+    expected = ctx.world_size * (ctx.world_size - 1) // 2
+    for step in range(1, steps + 1):
+        value = torch.tensor([float(ctx.rank)])
+        dist.all_reduce(value)
+        if int(value.item()) != expected:
+            raise RuntimeError(f"all_reduce gave {value.item()}, expected {expected}")
+        ctx.report(step=step)
+
+
+def sleep_steps(ctx: RankContext, steps: int = 100, step_s: float = 0.1) -> None:
+    """A long-running job that reports steps and stops early when asked."""
+    for step in range(1, steps + 1):
+        if ctx.should_stop():
+            return
+        time.sleep(step_s)
+        ctx.report(step=step)
+
+
+def fail_on_rank(ctx: RankContext, rank: int = 0, message: str = "boom") -> None:
+    """Raise on one rank after a barrier: how a user's exception surfaces."""
+    dist.barrier()
+    if ctx.rank == rank:
+        raise RuntimeError(message)
+    dist.barrier()

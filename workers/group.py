@@ -1,0 +1,260 @@
+"""A worker group: one Ray placement group + one rank actor per rank, for one job attempt.
+
+Bundle i is pinned to the node the scheduler chose for rank i with a `ray.io/node-id`
+label selector, so what Ray runs is exactly the decision that the store holds. The group
+and its actors are detached and named after (job, attempt): a service that restarts finds
+them again with `WorkerGroup.attach` instead of losing the job.
+
+`poll()` never blocks: it advances a small state machine
+(placing -> rendezvous -> running -> succeeded | failed) with `ray.wait(timeout=0)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError
+from ray.util.placement_group import (
+    PlacementGroup,
+    get_placement_group,
+    placement_group,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from workers.context import RankInfo
+from workers.rank import FAILED, IDLE, SUCCEEDED, RankActor
+
+NAMESPACE = "gangway"
+
+
+class GroupPhase(enum.StrEnum):
+    PLACING = "placing"
+    RENDEZVOUS = "rendezvous"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PLACEMENT_TIMEOUT = "placement_timeout"
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    job_id: int
+    attempt: int
+    node_ids: tuple[str, ...]
+    gpus_per_rank: int
+    cpus_per_rank: float
+    dp: int
+    tp: int
+    pp: int
+    entrypoint: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return f"gangway-job{self.job_id}-attempt{self.attempt}"
+
+    @property
+    def world_size(self) -> int:
+        return len(self.node_ids)
+
+    def rank_info(self, rank: int) -> RankInfo:
+        local_rank = self.node_ids[:rank].count(self.node_ids[rank])
+        return RankInfo(rank, self.world_size, local_rank, self.dp, self.tp, self.pp)
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    phase: GroupPhase
+    ranks_started: bool = False
+    step: int = 0
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    error: str | None = None
+
+
+class WorkerGroup:
+    def __init__(
+        self,
+        spec: GroupSpec,
+        pg: PlacementGroup,
+        *,
+        placement_timeout_s: float,
+        actors: list[Any] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._pg = pg
+        self._placement_timeout_s = placement_timeout_s
+        self._created = time.monotonic()
+        self._actors: list[Any] = actors or []
+        self._phase = GroupPhase.RUNNING if actors else GroupPhase.PLACING
+        self._address_ref: Any = None
+        self._start_refs: list[Any] | None = None
+        self._status_refs: list[Any] | None = None
+        self._last = GroupStatus(self._phase, ranks_started=bool(actors))
+        self._error: str | None = None
+
+    # -- creation ---------------------------------------------------------------------
+
+    @classmethod
+    def launch(cls, spec: GroupSpec, *, placement_timeout_s: float) -> WorkerGroup:
+        """Ask Ray for the pinned placement group; actors follow once it is ready."""
+        bundle = {"GPU": float(spec.gpus_per_rank), "CPU": float(spec.cpus_per_rank)}
+        pg = placement_group(
+            [dict(bundle) for _ in spec.node_ids],
+            strategy="PACK",
+            name=spec.name,
+            lifetime="detached",
+            bundle_label_selector=[{"ray.io/node-id": node_id} for node_id in spec.node_ids],
+        )
+        return cls(spec, pg, placement_timeout_s=placement_timeout_s)
+
+    @classmethod
+    def attach(cls, spec: GroupSpec) -> WorkerGroup | None:
+        """Find a group a previous service process started; None if any part is gone."""
+        try:
+            pg = get_placement_group(spec.name)
+            actors = [
+                ray.get_actor(_actor_name(spec, rank), namespace=NAMESPACE)
+                for rank in range(spec.world_size)
+            ]
+            statuses = ray.get([a.status.remote() for a in actors], timeout=30)
+        except (ValueError, RayError):
+            return None
+        if any(s["phase"] == IDLE for s in statuses):
+            return None  # the ranks never got started: nothing to reattach to
+        return cls(spec, pg, placement_timeout_s=0, actors=actors)
+
+    # -- polling ----------------------------------------------------------------------
+
+    def poll(self) -> GroupStatus:
+        try:
+            if self._phase is GroupPhase.PLACING:
+                self._poll_placing()
+            if self._phase is GroupPhase.RENDEZVOUS:
+                self._poll_rendezvous()
+            if self._phase is GroupPhase.RUNNING:
+                self._poll_running()
+        except RayActorError as exc:
+            self._fail(f"a rank's actor died: {exc}")
+        except RayError as exc:
+            self._fail(f"Ray error: {exc}")
+        if self._phase in (GroupPhase.FAILED, GroupPhase.PLACEMENT_TIMEOUT):
+            self._last = GroupStatus(
+                self._phase,
+                ranks_started=self._last.ranks_started,
+                step=self._last.step,
+                loss=self._last.loss,
+                tokens_per_s=self._last.tokens_per_s,
+                error=self._error,
+            )
+        return self._last
+
+    def _poll_placing(self) -> None:
+        ready, _ = ray.wait([self._pg.ready()], timeout=0)
+        if not ready:
+            if time.monotonic() - self._created > self._placement_timeout_s:
+                self._phase = GroupPhase.PLACEMENT_TIMEOUT
+                self._error = (
+                    f"Ray could not reserve the placement within {self._placement_timeout_s:.0f} s"
+                )
+            return
+        self._actors = [self._create_actor(rank) for rank in range(self.spec.world_size)]
+        self._address_ref = self._actors[0].rendezvous_address.remote()
+        self._phase = GroupPhase.RENDEZVOUS
+
+    def _create_actor(self, rank: int) -> Any:
+        remote_cls = ray.remote(RankActor)
+        return remote_cls.options(
+            name=_actor_name(self.spec, rank),
+            namespace=NAMESPACE,
+            lifetime="detached",
+            num_gpus=self.spec.gpus_per_rank,
+            num_cpus=self.spec.cpus_per_rank,
+            max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self._pg, placement_group_bundle_index=rank
+            ),
+        ).remote()
+
+    def _poll_rendezvous(self) -> None:
+        """Rank 0's address first, then `start` on every rank; both without blocking."""
+        if self._start_refs is None:
+            ready, _ = ray.wait([self._address_ref], timeout=0)
+            if not ready:
+                return
+            master_addr, master_port = ray.get(self._address_ref)
+            self._start_refs = [
+                actor.start.remote(
+                    info=self.spec.rank_info(rank),
+                    master_addr=master_addr,
+                    master_port=master_port,
+                    entrypoint=self.spec.entrypoint,
+                )
+                for rank, actor in enumerate(self._actors)
+            ]
+        ready, _ = ray.wait(self._start_refs, num_returns=len(self._start_refs), timeout=0)
+        if len(ready) < len(self._start_refs):
+            return
+        ray.get(self._start_refs)
+        self._phase = GroupPhase.RUNNING
+        self._last = GroupStatus(GroupPhase.RUNNING, ranks_started=True)
+
+    def _poll_running(self) -> None:
+        if self._status_refs is None:
+            self._status_refs = [a.status.remote() for a in self._actors]
+        ready, _ = ray.wait(self._status_refs, num_returns=len(self._status_refs), timeout=0)
+        if len(ready) < len(self._status_refs):
+            return
+        statuses = ray.get(self._status_refs)
+        self._status_refs = None
+        self._last = _aggregate(statuses)
+        self._phase = self._last.phase
+        self._error = self._last.error
+
+    def _fail(self, error: str) -> None:
+        self._phase = GroupPhase.FAILED
+        self._error = error
+
+    # -- teardown ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask every rank to stop after its current step (cooperative)."""
+        for actor in self._actors:
+            actor.stop.remote()
+
+    def teardown(self) -> None:
+        """Kill the ranks and free the placement group; safe to call more than once."""
+        for actor in self._actors:
+            with contextlib.suppress(ValueError, RayError):
+                ray.kill(actor, no_restart=True)
+        self._actors = []
+        with contextlib.suppress(ValueError, RayError):
+            remove_placement_group(self._pg)
+
+
+def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
+    """One status for the gang: a failed rank fails it, all succeeded succeeds it."""
+    lead = statuses[0]
+    progress = {"step": lead["step"], "loss": lead["loss"], "tokens_per_s": lead["tokens_per_s"]}
+    phases = Counter(s["phase"] for s in statuses)
+    if phases[FAILED]:
+        rank, status = next((r, s) for r, s in enumerate(statuses) if s["phase"] == FAILED)
+        error = f"rank {rank} failed:\n{status['error']}"
+        return GroupStatus(GroupPhase.FAILED, ranks_started=True, error=error, **progress)
+    if phases[IDLE]:
+        rank = next(r for r, s in enumerate(statuses) if s["phase"] == IDLE)
+        error = f"rank {rank} lost its state (its actor was restarted outside Gangway)"
+        return GroupStatus(GroupPhase.FAILED, ranks_started=True, error=error, **progress)
+    if phases[SUCCEEDED] == len(statuses):
+        return GroupStatus(GroupPhase.SUCCEEDED, ranks_started=True, **progress)
+    return GroupStatus(GroupPhase.RUNNING, ranks_started=True, **progress)
+
+
+def _actor_name(spec: GroupSpec, rank: int) -> str:
+    return f"{spec.name}-rank{rank}"

@@ -54,6 +54,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying, as in GPT-2
+        self.apply(_init_weights)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
@@ -62,6 +63,14 @@ class GPT(nn.Module):
             x = block(x)
         logits: torch.Tensor = self.head(self.ln_f(x))
         return logits
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2's init: small normal weights, so the first loss is near ln(vocab)."""
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,68 @@
+"""Shared fixtures: a migrated database per test on SQLite and on the real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from scheduler.store import JobRepository, make_engine, upgrade_to_head
+
+POSTGRES_URL = os.environ.get(
+    "GANGWAY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+
+def _postgres_reachable() -> str | None:
+    try:
+        engine = sa.create_engine(POSTGRES_URL)
+        with engine.connect() as conn:
+            conn.execute(sa.text("select 1"))
+        engine.dispose()
+    except Exception as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+@pytest.fixture(scope="session")
+def postgres_available() -> None:
+    problem = _postgres_reachable()
+    if problem is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"PostgreSQL at {POSTGRES_URL} is required in CI: {problem}")
+    pytest.skip(f"PostgreSQL not reachable at {POSTGRES_URL}: {problem}")
+
+
+@pytest.fixture
+def postgres_url(postgres_available: None) -> Iterator[str]:
+    """A fresh schema per test, so tests never see each other's rows."""
+    schema = f"gw_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(POSTGRES_URL)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: object) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/gangway.db"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
+@pytest.fixture
+def repo(database_url: str) -> Iterator[JobRepository]:
+    upgrade_to_head(database_url)
+    engine = make_engine(database_url)
+    yield JobRepository(engine)
+    engine.dispose()

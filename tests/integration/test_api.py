@@ -1,0 +1,179 @@
+"""REST v1 through the real app and a real database (no Ray: the API never calls it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from scheduler.model import JobState, Node
+from scheduler.store import JobRepository
+
+NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
+
+
+@pytest.fixture
+def client(repo: JobRepository) -> Iterator[TestClient]:
+    repo.replace_nodes(NODES)
+    with TestClient(create_app(repo), raise_server_exceptions=False) as client:
+        yield client
+
+
+def body(**overrides: Any) -> dict[str, Any]:
+    job: dict[str, Any] = {
+        "name": "demo",
+        "parallelism": {"dp": 2},
+        "entrypoint": {"kind": "builtin", "model": "gpt-tiny", "steps": 5},
+    }
+    job.update(overrides)
+    return job
+
+
+def test_submit_returns_201_with_the_pending_job(client: TestClient) -> None:
+    response = client.post("/v1/jobs", json=body(priority=3))
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["state"] == "PENDING"
+    assert job["priority"] == 3
+    assert job["queue"] == "default"
+    assert job["num_gpus"] == 2
+    assert job["spec"]["parallelism"] == {"dp": 2, "tp": 1, "pp": 1}
+    assert job["spec"]["resources"] == {"gpus_per_rank": 1, "cpus_per_rank": 1.0}
+    assert job["progress"]["total_steps"] == 5
+    assert client.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
+
+
+def test_submit_function_entrypoint(client: TestClient) -> None:
+    entrypoint = {"kind": "function", "target": "workers.examples:allreduce_ranks", "kwargs": {"steps": 2}}
+    response = client.post("/v1/jobs", json=body(entrypoint=entrypoint, parallelism={"dp": 2, "tp": 2}))
+    assert response.status_code == 201, response.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"colour": "red"}, "colour"),
+        ({"parallelism": {"dp": 0}}, "parallelism.dp"),
+        ({"parallelism": {"dp": 1, "tp": -1}}, "parallelism.tp"),
+        ({"parallelism": {"dp": 1, "zz": 2}}, "parallelism.zz"),
+        ({"name": ""}, "name"),
+        ({"queue": "has space"}, "queue"),
+        ({"entrypoint": {"kind": "builtin", "steps": 0}}, "entrypoint.steps"),
+        ({"entrypoint": {"kind": "shell"}}, "entrypoint"),
+        ({"entrypoint": {"kind": "builtin", "model": "gpt-huge"}}, "entrypoint.model"),
+        ({"entrypoint": {"kind": "function", "target": "no_such_module_x:fn"}}, "entrypoint.target"),
+        ({"entrypoint": {"kind": "function", "target": "workers.examples:nope"}}, "entrypoint.target"),
+        ({"entrypoint": {"kind": "function", "target": "missing-colon"}}, "entrypoint.target"),
+        ({"parallelism": {"dp": 9}}, "parallelism"),
+        (
+            {
+                "parallelism": {"tp": 8},
+                "entrypoint": {"kind": "function", "target": "workers.examples:allreduce_ranks"},
+            },
+            "parallelism",
+        ),
+        ({"parallelism": {"tp": 2}}, "parallelism.tp"),
+        ({"resources": {"gpus_per_rank": 0}}, "resources.gpus_per_rank"),
+        ({"max_restarts": -1}, "max_restarts"),
+        ({"time_limit_s": 0}, "time_limit_s"),
+    ],
+)
+def test_bad_input_is_422_naming_the_field_and_stores_nothing(
+    client: TestClient, repo: JobRepository, overrides: dict[str, Any], field: str
+) -> None:
+    response = client.post("/v1/jobs", json=body(**overrides))
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "validation_error"
+    assert error["field"] == field, error
+    assert error["message"]
+    assert repo.page() == []
+
+
+def test_malformed_json_is_422_not_500(client: TestClient) -> None:
+    response = client.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "validation_error"
+
+
+def test_never_fits_message_explains(client: TestClient) -> None:
+    message = client.post("/v1/jobs", json=body(parallelism={"dp": 9})).json()["error"]["message"]
+    assert "needs 9 GPUs; the cluster has 8" in message
+
+
+def test_list_filters_and_paginates_newest_first(client: TestClient) -> None:
+    ids = [client.post("/v1/jobs", json=body(name=f"j{i}")).json()["id"] for i in range(3)]
+    client.post(f"/v1/jobs/{ids[0]}/cancel")
+    page = client.get("/v1/jobs", params={"limit": 2}).json()
+    assert [j["id"] for j in page["items"]] == [ids[2], ids[1]]
+    rest = client.get("/v1/jobs", params={"limit": 2, "cursor": page["next_cursor"]}).json()
+    assert [j["id"] for j in rest["items"]] == [ids[0]]
+    assert rest["next_cursor"] is None
+    cancelled = client.get("/v1/jobs", params={"state": "CANCELLED"}).json()
+    assert [j["id"] for j in cancelled["items"]] == [ids[0]]
+    assert client.get("/v1/jobs", params={"state": "NOPE"}).json()["error"]["field"] == "state.0"
+    assert client.get("/v1/jobs", params={"limit": 0}).status_code == 422
+
+
+def test_cancel_and_events(client: TestClient) -> None:
+    job_id = client.post("/v1/jobs", json=body()).json()["id"]
+    cancelled = client.post(f"/v1/jobs/{job_id}/cancel")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["state"] == "CANCELLED"
+    assert cancelled.json()["finished_at"] is not None
+    again = client.post(f"/v1/jobs/{job_id}/cancel")
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "conflict"
+    events = client.get(f"/v1/jobs/{job_id}/events").json()
+    assert [(e["from_state"], e["to_state"]) for e in events] == [
+        (None, "PENDING"),
+        ("PENDING", "CANCELLED"),
+    ]
+
+
+def test_unknown_job_is_404_everywhere(client: TestClient) -> None:
+    for method, path in [
+        ("GET", "/v1/jobs/424242"),
+        ("POST", "/v1/jobs/424242/cancel"),
+        ("GET", "/v1/jobs/424242/events"),
+    ]:
+        response = client.request(method, path)
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "not_found"
+    assert client.get("/v1/nowhere").json()["error"]["code"] == "not_found"
+
+
+def test_cluster_shows_allocation_from_placements(client: TestClient, repo: JobRepository) -> None:
+    job_id = client.post("/v1/jobs", json=body(parallelism={"dp": 3})).json()["id"]
+    repo.transition(job_id, JobState.ADMITTED, reason="test", placement=["id-1", "id-1", "id-2"])
+    cluster = client.get("/v1/cluster").json()
+    assert (cluster["gpus_total"], cluster["gpus_allocated"], cluster["gpus_free"]) == (8, 3, 5)
+    by_name = {n["name"]: n for n in cluster["nodes"]}
+    assert by_name["local-1"]["gpus_allocated"] == 2
+    assert by_name["local-2"]["jobs"] == [job_id]
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert [(p["rank"], p["node_name"]) for p in job["placement"]] == [
+        (0, "local-1"),
+        (1, "local-1"),
+        (2, "local-2"),
+    ]
+
+
+def test_status_page_lists_jobs_and_nodes(client: TestClient) -> None:
+    client.post("/v1/jobs", json=body(name="visible-on-page"))
+    page = client.get("/")
+    assert page.status_code == 200
+    assert "visible-on-page" in page.text
+    assert "local-1" in page.text and "local-2" in page.text
+
+
+def test_healthz_and_openapi(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    schema = client.get("/openapi.json").json()
+    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/cluster"} <= set(
+        schema["paths"]
+    )
+    assert client.get("/docs").status_code == 200

@@ -1,0 +1,93 @@
+"""The repository on SQLite and PostgreSQL: transitions, events, paging, migrations."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from scheduler.model import JobState, Node
+from scheduler.store import IllegalTransition, JobNotFound, JobRepository, NewJob, StaleState
+from scheduler.store.tables import Base
+
+
+def new_job(name: str = "j", priority: int = 0) -> NewJob:
+    spec = {"parallelism": {"dp": 1, "tp": 1, "pp": 1}}
+    return NewJob(name=name, queue="default", priority=priority, spec=spec, num_gpus=1, total_steps=10)
+
+
+def test_migration_matches_the_tables(repo: JobRepository, database_url: str) -> None:
+    engine = sa.create_engine(database_url)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_create_writes_a_pending_job_and_its_first_event(repo: JobRepository) -> None:
+    job = repo.create(new_job())
+    assert job.state is JobState.PENDING
+    assert job.submitted_at.tzinfo is not None
+    (event,) = repo.events(job.id)
+    assert (event.from_state, event.to_state, event.reason) == (None, JobState.PENDING, "submitted")
+
+
+def test_transition_sets_fields_timestamps_and_an_event(repo: JobRepository) -> None:
+    job = repo.create(new_job())
+    admitted = repo.transition(
+        job.id, JobState.ADMITTED, reason="fits", expected=JobState.PENDING, placement=["a", "b"]
+    )
+    assert admitted.state is JobState.ADMITTED
+    assert admitted.placement == ("a", "b")
+    assert admitted.admitted_at is not None
+    assert admitted.status_reason == "fits"
+    assert [e.to_state for e in repo.events(job.id)] == [JobState.PENDING, JobState.ADMITTED]
+
+
+def test_transition_refuses_illegal_edges_and_stale_expectations(repo: JobRepository) -> None:
+    job = repo.create(new_job())
+    with pytest.raises(IllegalTransition):
+        repo.transition(job.id, JobState.SUCCEEDED, reason="no")
+    with pytest.raises(StaleState):
+        repo.transition(job.id, JobState.STARTING, reason="no", expected=JobState.ADMITTED)
+    repo.transition(job.id, JobState.CANCELLED, reason="user")
+    with pytest.raises(IllegalTransition):
+        repo.transition(job.id, JobState.CANCELLED, reason="again")
+    assert len(repo.events(job.id)) == 2
+    with pytest.raises(JobNotFound):
+        repo.transition(999_999, JobState.CANCELLED, reason="x")
+
+
+def test_page_is_newest_first_filtered_and_cursor_paginated(repo: JobRepository) -> None:
+    ids = [repo.create(new_job(f"j{i}")).id for i in range(5)]
+    repo.transition(ids[1], JobState.CANCELLED, reason="x")
+    first = repo.page(limit=2)
+    assert [j.id for j in first] == [ids[4], ids[3]]
+    second = repo.page(limit=2, before_id=first[-1].id)
+    assert [j.id for j in second] == [ids[2], ids[1]]
+    assert [j.id for j in repo.page(states=[JobState.CANCELLED])] == [ids[1]]
+
+
+def test_progress_keeps_the_first_loss(repo: JobRepository) -> None:
+    job = repo.create(new_job())
+    repo.record_progress(job.id, step=1, loss=5.5, tokens_per_s=100.0)
+    repo.record_progress(job.id, step=2, loss=4.0, tokens_per_s=120.0)
+    got = repo.get(job.id)
+    assert (got.step, got.loss, got.first_loss, got.tokens_per_s) == (2, 4.0, 5.5, 120.0)
+
+
+def test_explain_wait_updates_pending_jobs_only(repo: JobRepository) -> None:
+    job = repo.create(new_job())
+    repo.explain_wait(job.id, "needs 8 GPUs")
+    assert repo.get(job.id).status_reason == "needs 8 GPUs"
+    repo.transition(job.id, JobState.CANCELLED, reason="cancelled by user")
+    repo.explain_wait(job.id, "needs 8 GPUs")
+    assert repo.get(job.id).status_reason == "cancelled by user"
+
+
+def test_replace_nodes(repo: JobRepository) -> None:
+    repo.replace_nodes([Node("b", "node-b", 4, 8.0), Node("a", "node-a", 4, 8.0, alive=False)])
+    assert [n.name for n in repo.nodes()] == ["node-a", "node-b"]
+    repo.replace_nodes([Node("c", "node-c", 8, 16.0)])
+    assert [n.id for n in repo.nodes()] == ["c"]

@@ -1,0 +1,171 @@
+"""The pure policy core: table cases plus property tests on random clusters and gangs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.core import Admit, Capacity, Wait, never_fits_reason, place_gang, schedule
+from scheduler.model import ClusterSnapshot, GangShape, JobState, JobView, Node, Parallelism, Placement
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def nodes(*gpus: int) -> tuple[Node, ...]:
+    return tuple(Node(f"n{i}", f"node-{i}", g, 8.0 * g) for i, g in enumerate(gpus))
+
+
+def job(
+    job_id: int,
+    *,
+    dp: int = 1,
+    tp: int = 1,
+    priority: int = 0,
+    state: JobState = JobState.PENDING,
+    placement: tuple[str, ...] | None = None,
+    submitted: int = 0,
+) -> JobView:
+    return JobView(
+        id=job_id,
+        priority=priority,
+        submitted_at=T0 + timedelta(seconds=submitted),
+        state=state,
+        shape=GangShape(Parallelism(dp=dp, tp=tp)),
+        placement=Placement(placement) if placement else None,
+    )
+
+
+def free(**gpus: int) -> dict[str, Capacity]:
+    return {node_id: Capacity(g, 100.0) for node_id, g in gpus.items()}
+
+
+@pytest.mark.parametrize(
+    ("shape", "capacity", "expected"),
+    [
+        # best fit: the fuller node that still fits, keeping n1 whole for a large gang
+        (GangShape(Parallelism(dp=2)), free(n0=3, n1=8), ("n0", "n0")),
+        # a tp=4 group never straddles nodes: 3 + 3 free is not enough
+        (GangShape(Parallelism(tp=4)), free(n0=3, n1=3), None),
+        # two tp=2 groups land on two nodes when no node has 4 free
+        (GangShape(Parallelism(dp=2, tp=2)), free(n0=2, n1=3), ("n0", "n0", "n1", "n1")),
+        # all or nothing: 3 ranks of 1 GPU with only 2 free anywhere
+        (GangShape(Parallelism(dp=3)), free(n0=1, n1=1), None),
+        # gpus_per_rank counts: 2 ranks x 2 GPUs
+        (GangShape(Parallelism(dp=2), gpus_per_rank=2), free(n0=2, n1=2), ("n0", "n1")),
+        # ties on free GPUs break by node id
+        (GangShape(Parallelism(dp=1)), free(n1=4, n0=4), ("n0",)),
+    ],
+)
+def test_place_gang(
+    shape: GangShape, capacity: dict[str, Capacity], expected: tuple[str, ...] | None
+) -> None:
+    placement = place_gang(shape, capacity)
+    assert (placement.node_ids if placement else None) == expected
+
+
+def test_place_gang_respects_cpus() -> None:
+    shape = GangShape(Parallelism(dp=2), cpus_per_rank=4.0)
+    assert place_gang(shape, {"n0": Capacity(4, 4.0)}) is None
+    assert place_gang(shape, {"n0": Capacity(4, 8.0)}) == Placement(("n0", "n0"))
+
+
+@given(
+    node_gpus=st.lists(st.integers(0, 8), min_size=1, max_size=6),
+    dp=st.integers(1, 8),
+    tp=st.sampled_from([1, 2, 4, 8]),
+)
+@settings(max_examples=300, deadline=None)
+def test_placement_properties(node_gpus: list[int], dp: int, tp: int) -> None:
+    """Placed gangs never overcommit, keep TP groups on one node, and exist whenever the
+    per-node group capacity suffices (greedy is exact for equal-size groups)."""
+    capacity = {f"n{i}": Capacity(g, 1000.0) for i, g in enumerate(node_gpus)}
+    shape = GangShape(Parallelism(dp=dp, tp=tp))
+    placement = place_gang(shape, capacity)
+    groups_that_fit = sum(g // tp for g in node_gpus)
+    assert (placement is not None) == (groups_that_fit >= dp)
+    if placement is None:
+        return
+    assert len(placement.node_ids) == dp * tp
+    for node_id, used in Counter(placement.node_ids).items():
+        assert used <= capacity[node_id].gpus
+    for group in range(dp):
+        assert len(set(placement.node_ids[group * tp : (group + 1) * tp])) == 1
+
+
+@pytest.mark.parametrize(
+    ("shape", "cluster", "fragment"),
+    [
+        (GangShape(Parallelism(dp=9)), nodes(4, 4), "needs 9 GPUs; the cluster has 8"),
+        (GangShape(Parallelism(tp=8)), nodes(4, 4), "largest node has 4"),
+        (GangShape(Parallelism(dp=3, tp=2), gpus_per_rank=1), nodes(3, 3), "even when the cluster is empty"),
+    ],
+)
+def test_never_fits_reason(shape: GangShape, cluster: tuple[Node, ...], fragment: str) -> None:
+    reason = never_fits_reason(shape, cluster)
+    assert reason is not None and fragment in reason
+
+
+def test_never_fits_accepts_what_fits_and_unknown_clusters() -> None:
+    assert never_fits_reason(GangShape(Parallelism(dp=2, tp=4)), nodes(4, 4)) is None
+    assert never_fits_reason(GangShape(Parallelism(dp=64)), ()) is None
+    dead = (Node("n0", "n0", 8, 64.0, alive=False),)
+    assert never_fits_reason(GangShape(Parallelism(dp=2)), dead) is None
+
+
+def test_schedule_orders_by_priority_then_submit_time_then_id() -> None:
+    jobs = [
+        job(3, submitted=5),
+        job(1, submitted=5),
+        job(2, priority=10, submitted=9),
+    ]
+    decisions = schedule(ClusterSnapshot(nodes(1, 1, 1)), jobs, T0)
+    assert [d.job_id for d in decisions] == [2, 1, 3]
+    assert all(isinstance(d, Admit) for d in decisions)
+
+
+def test_schedule_accounts_for_running_jobs() -> None:
+    running = job(1, dp=3, state=JobState.RUNNING, placement=("n0", "n0", "n0"))
+    pending = job(2, dp=2)
+    (decision,) = schedule(ClusterSnapshot(nodes(4)), [running, pending], T0)
+    assert isinstance(decision, Wait)
+    assert "1 GPUs free now" in decision.reason
+    (decision,) = schedule(ClusterSnapshot(nodes(4, 1)), [running, pending], T0)
+    assert isinstance(decision, Admit) and decision.placement.node_ids == ("n0", "n1")
+
+
+def test_blocked_head_of_queue_blocks_later_jobs_and_says_so() -> None:
+    big = job(1, dp=8, priority=5)
+    small = job(2, dp=1)
+    decisions = schedule(ClusterSnapshot(nodes(4, 2)), [small, big], T0)
+    assert decisions == [
+        Wait(1, decisions[0].reason),
+        Wait(2, decisions[1].reason),
+    ]
+    assert "needs 8 GPUs" in decisions[0].reason
+    assert "behind job 1" in decisions[1].reason
+
+
+def test_schedule_places_several_jobs_without_overcommit() -> None:
+    jobs = [job(i, dp=2, submitted=i) for i in range(1, 6)]
+    decisions = schedule(ClusterSnapshot(nodes(4, 4)), jobs, T0)
+    admitted = [d for d in decisions if isinstance(d, Admit)]
+    assert [d.job_id for d in admitted] == [1, 2, 3, 4]
+    used = Counter(n for d in admitted for n in d.placement.node_ids)
+    assert used == {"n0": 4, "n1": 4}
+
+
+def test_schedule_ignores_dead_nodes() -> None:
+    cluster = (Node("n0", "n0", 8, 64.0, alive=False), Node("n1", "n1", 2, 16.0))
+    (decision,) = schedule(ClusterSnapshot(cluster), [job(1, dp=2)], T0)
+    assert isinstance(decision, Admit) and decision.placement.node_ids == ("n1", "n1")
+
+
+def test_schedule_is_deterministic() -> None:
+    jobs = [job(i, dp=1 + i % 3, priority=i % 2, submitted=i % 4) for i in range(1, 20)]
+    first = schedule(ClusterSnapshot(nodes(4, 4, 8)), jobs, T0)
+    second = schedule(ClusterSnapshot(nodes(4, 4, 8)), list(reversed(jobs)), T0)
+    assert first == second

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -66,3 +67,23 @@ def repo(database_url: str) -> Iterator[JobRepository]:
     engine = make_engine(database_url)
     yield JobRepository(engine)
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """One local Ray for the whole session: a head plus two nodes x 4 logical GPUs."""
+    import ray
+
+    from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
+
+    cluster: Any = start_local_cluster(LocalClusterShape(num_nodes=2, gpus_per_node=4))
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def gpu_node_ids(ray_cluster: Any) -> list[str]:
+    from scheduler.runtime.cluster import RayClusterSource
+
+    return [n.id for n in sorted(RayClusterSource().nodes(), key=lambda n: n.name)]

@@ -43,6 +43,10 @@ class GroupPhase(enum.StrEnum):
     PLACEMENT_TIMEOUT = "placement_timeout"
 
 
+class PlacementMismatch(RuntimeError):
+    pass
+
+
 @dataclass(frozen=True)
 class GroupSpec:
     job_id: int
@@ -142,6 +146,8 @@ class WorkerGroup:
                 self._poll_running()
         except RayActorError as exc:
             self._fail(f"a rank's actor died: {exc}")
+        except PlacementMismatch as exc:
+            self._fail(str(exc))
         except RayError as exc:
             self._fail(f"Ray error: {exc}")
         if self._phase in (GroupPhase.FAILED, GroupPhase.PLACEMENT_TIMEOUT):
@@ -156,8 +162,8 @@ class WorkerGroup:
         return self._last
 
     def _poll_placing(self) -> None:
-        ready, _ = ray.wait([self._pg.ready()], timeout=0)
-        if not ready:
+        # pg.wait asks the GCS; pg.ready() would submit a new probe task on every poll.
+        if not self._pg.wait(timeout_seconds=0):
             if time.monotonic() - self._created > self._placement_timeout_s:
                 self._phase = GroupPhase.PLACEMENT_TIMEOUT
                 self._error = (
@@ -201,9 +207,15 @@ class WorkerGroup:
         ready, _ = ray.wait(self._start_refs, num_returns=len(self._start_refs), timeout=0)
         if len(ready) < len(self._start_refs):
             return
-        ray.get(self._start_refs)
+        self._check_placement(ray.get(self._start_refs))
         self._phase = GroupPhase.RUNNING
         self._last = GroupStatus(GroupPhase.RUNNING, ranks_started=True)
+
+    def _check_placement(self, node_ids: list[str]) -> None:
+        """Ray must run rank i where the scheduler put it; anything else is a bug to surface."""
+        for rank, (wanted, actual) in enumerate(zip(self.spec.node_ids, node_ids, strict=True)):
+            if wanted != actual:
+                raise PlacementMismatch(f"Ray ran rank {rank} on node {actual}, not {wanted}")
 
     def _poll_running(self) -> None:
         if self._status_refs is None:
@@ -244,9 +256,9 @@ def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     progress = {"step": lead["step"], "loss": lead["loss"], "tokens_per_s": lead["tokens_per_s"]}
     phases = Counter(s["phase"] for s in statuses)
     if phases[FAILED]:
-        rank, status = next((r, s) for r, s in enumerate(statuses) if s["phase"] == FAILED)
-        error = f"rank {rank} failed:\n{status['error']}"
-        return GroupStatus(GroupPhase.FAILED, ranks_started=True, error=error, **progress)
+        return GroupStatus(
+            GroupPhase.FAILED, ranks_started=True, error=_root_cause(statuses), **progress
+        )
     if phases[IDLE]:
         rank = next(r for r, s in enumerate(statuses) if s["phase"] == IDLE)
         error = f"rank {rank} lost its state (its actor was restarted outside Gangway)"
@@ -254,6 +266,20 @@ def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     if phases[SUCCEEDED] == len(statuses):
         return GroupStatus(GroupPhase.SUCCEEDED, ranks_started=True, **progress)
     return GroupStatus(GroupPhase.RUNNING, ranks_started=True, **progress)
+
+
+def _root_cause(statuses: list[dict[str, Any]]) -> str:
+    """The rank that failed first is the cause; its peers usually fail from the broken
+    collective a moment later, so they are only named."""
+    failed = sorted(
+        (s["failed_at"], rank) for rank, s in enumerate(statuses) if s["phase"] == FAILED
+    )
+    first = failed[0][1]
+    message = f"rank {first} failed:\n{statuses[first]['error']}"
+    others = [str(rank) for _, rank in failed[1:]]
+    if others:
+        message += f"\n(rank(s) {', '.join(others)} failed after it)"
+    return message
 
 
 def _actor_name(spec: GroupSpec, rank: int) -> str:

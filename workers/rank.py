@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -31,6 +32,7 @@ class RankActor:
         self._stop_event = threading.Event()
         self._phase = IDLE
         self._error: str | None = None
+        self._failed_at: float | None = None
         self._ctx: RankContext | None = None
         self._thread: threading.Thread | None = None
 
@@ -51,7 +53,10 @@ class RankActor:
         master_port: int,
         entrypoint: dict[str, Any],
         timeout_s: float = 600.0,
-    ) -> None:
+    ) -> str:
+        """Start the entrypoint in a thread; returns this rank's Ray node id."""
+        import ray
+
         if self._thread is not None:
             raise RuntimeError("this rank was already started")
         _set_torchrun_env(info, master_addr, master_port)
@@ -64,12 +69,14 @@ class RankActor:
             daemon=True,
         )
         self._thread.start()
+        return str(ray.get_runtime_context().get_node_id())
 
     def status(self) -> dict[str, Any]:
         progress = self._ctx.progress() if self._ctx else None
         return {
             "phase": self._phase,
             "error": self._error,
+            "failed_at": self._failed_at,
             "step": progress.step if progress else 0,
             "loss": progress.loss if progress else None,
             "tokens_per_s": progress.tokens_per_s if progress else None,
@@ -98,6 +105,7 @@ class RankActor:
             _run_entrypoint(ctx, entrypoint)
             self._phase = SUCCEEDED
         except BaseException:
+            self._failed_at = time.time()
             self._error = traceback.format_exc(limit=20)
             self._phase = FAILED
         finally:

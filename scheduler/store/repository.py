@@ -7,7 +7,7 @@ the same transaction, so the event log can never disagree with the job's state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -102,13 +102,19 @@ _TIMESTAMP_ON_ENTRY = {
 
 
 class JobRepository:
-    def __init__(self, engine: Engine) -> None:
+    """`clock` stamps every row; the simulator and tests pass their own."""
+
+    def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = utcnow) -> None:
         self._engine = engine
+        self._clock = clock
+
+    def with_clock(self, clock: Callable[[], datetime]) -> JobRepository:
+        return JobRepository(self._engine, clock=clock)
 
     # -- jobs -------------------------------------------------------------------------
 
     def create(self, new: NewJob, *, reason: str = "submitted") -> JobRecord:
-        now = utcnow()
+        now = self._clock()
         with Session(self._engine) as session, session.begin():
             row = JobRow(
                 name=new.name,
@@ -179,7 +185,7 @@ class JobRepository:
         `expected` pins the old state (raise `StaleState` if it is something else).
         `fields` are other columns to set in the same UPDATE (placement, error, ...).
         """
-        now = utcnow()
+        now = self._clock()
         with Session(self._engine) as session, session.begin():
             row = session.get(JobRow, job_id)
             if row is None:
@@ -227,7 +233,7 @@ class JobRepository:
                     JobRow.state == JobState.PENDING.value,
                     JobRow.status_reason != reason,
                 )
-                .values(status_reason=reason, updated_at=utcnow())
+                .values(status_reason=reason, updated_at=self._clock())
             )
 
     def record_progress(
@@ -241,7 +247,7 @@ class JobRepository:
             if row.first_loss is None and loss is not None:
                 row.first_loss = loss
             row.step, row.loss, row.tokens_per_s = step, loss, tokens_per_s
-            row.progress_at = utcnow()
+            row.progress_at = self._clock()
 
     def events(self, job_id: int) -> list[EventRecord]:
         with Session(self._engine) as session:
@@ -256,7 +262,7 @@ class JobRepository:
 
     def replace_nodes(self, nodes: Sequence[Node]) -> None:
         """Store the cluster snapshot the scheduler just took (the API reads it)."""
-        now = utcnow()
+        now = self._clock()
         with Session(self._engine) as session, session.begin():
             session.execute(delete(NodeRow))
             session.add_all(

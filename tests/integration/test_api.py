@@ -47,8 +47,14 @@ def test_submit_returns_201_with_the_pending_job(client: TestClient) -> None:
 
 
 def test_submit_function_entrypoint(client: TestClient) -> None:
-    entrypoint = {"kind": "function", "target": "workers.examples:allreduce_ranks", "kwargs": {"steps": 2}}
-    response = client.post("/v1/jobs", json=body(entrypoint=entrypoint, parallelism={"dp": 2, "tp": 2}))
+    entrypoint = {
+        "kind": "function",
+        "target": "workers.examples:allreduce_ranks",
+        "kwargs": {"steps": 2},
+    }
+    response = client.post(
+        "/v1/jobs", json=body(entrypoint=entrypoint, parallelism={"dp": 2, "tp": 2})
+    )
     assert response.status_code == 201, response.text
 
 
@@ -64,8 +70,14 @@ def test_submit_function_entrypoint(client: TestClient) -> None:
         ({"entrypoint": {"kind": "builtin", "steps": 0}}, "entrypoint.steps"),
         ({"entrypoint": {"kind": "shell"}}, "entrypoint"),
         ({"entrypoint": {"kind": "builtin", "model": "gpt-huge"}}, "entrypoint.model"),
-        ({"entrypoint": {"kind": "function", "target": "no_such_module_x:fn"}}, "entrypoint.target"),
-        ({"entrypoint": {"kind": "function", "target": "workers.examples:nope"}}, "entrypoint.target"),
+        (
+            {"entrypoint": {"kind": "function", "target": "no_such_module_x:fn"}},
+            "entrypoint.target",
+        ),
+        (
+            {"entrypoint": {"kind": "function", "target": "workers.examples:nope"}},
+            "entrypoint.target",
+        ),
         ({"entrypoint": {"kind": "function", "target": "missing-colon"}}, "entrypoint.target"),
         ({"parallelism": {"dp": 9}}, "parallelism"),
         (
@@ -94,7 +106,9 @@ def test_bad_input_is_422_naming_the_field_and_stores_nothing(
 
 
 def test_malformed_json_is_422_not_500(client: TestClient) -> None:
-    response = client.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "validation_error"
 

@@ -14,7 +14,9 @@ from scheduler.store.tables import Base
 
 def new_job(name: str = "j", priority: int = 0) -> NewJob:
     spec = {"parallelism": {"dp": 1, "tp": 1, "pp": 1}}
-    return NewJob(name=name, queue="default", priority=priority, spec=spec, num_gpus=1, total_steps=10)
+    return NewJob(
+        name=name, queue="default", priority=priority, spec=spec, num_gpus=1, total_steps=10
+    )
 
 
 def test_migration_matches_the_tables(repo: JobRepository, database_url: str) -> None:

@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.core import Admit, Capacity, Wait, never_fits_reason, place_gang, schedule
-from scheduler.model import ClusterSnapshot, GangShape, JobState, JobView, Node, Parallelism, Placement
+from scheduler.model import (
+    ClusterSnapshot,
+    GangShape,
+    JobState,
+    JobView,
+    Node,
+    Parallelism,
+    Placement,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -101,7 +109,11 @@ def test_placement_properties(node_gpus: list[int], dp: int, tp: int) -> None:
     [
         (GangShape(Parallelism(dp=9)), nodes(4, 4), "needs 9 GPUs; the cluster has 8"),
         (GangShape(Parallelism(tp=8)), nodes(4, 4), "largest node has 4"),
-        (GangShape(Parallelism(dp=3, tp=2), gpus_per_rank=1), nodes(3, 3), "even when the cluster is empty"),
+        (
+            GangShape(Parallelism(dp=3, tp=2), gpus_per_rank=1),
+            nodes(3, 3),
+            "even when the cluster is empty",
+        ),
     ],
 )
 def test_never_fits_reason(shape: GangShape, cluster: tuple[Node, ...], fragment: str) -> None:

@@ -1,0 +1,247 @@
+"""The scheduler loop on a real database, with fakes at the Ray seam (principle 12)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from scheduler.model import JobState, Node
+from scheduler.runtime.loop import SchedulerLoop
+from scheduler.store import JobRecord, JobRepository, NewJob
+from workers.group import GroupPhase, GroupStatus
+
+NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
+
+
+@dataclass
+class FakeCluster:
+    nodes_: list[Node] = field(default_factory=lambda: list(NODES))
+
+    def nodes(self) -> list[Node]:
+        return list(self.nodes_)
+
+
+@dataclass
+class FakeExecutor:
+    """Records what the loop asks for; tests set the status each group reports."""
+
+    statuses: dict[int, GroupStatus] = field(default_factory=dict)
+    launched: list[tuple[int, int, tuple[str, ...]]] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)
+    attachable: set[int] = field(default_factory=set)
+
+    def launch(self, job: JobRecord) -> None:
+        assert job.placement is not None
+        self.launched.append((job.id, job.attempt, job.placement))
+        self.statuses[job.id] = GroupStatus(GroupPhase.PLACING)
+
+    def attach(self, job: JobRecord) -> bool:
+        if job.id in self.attachable:
+            self.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, ranks_started=True)
+            return True
+        return False
+
+    def poll(self) -> dict[int, GroupStatus]:
+        return dict(self.statuses)
+
+    def release(self, job_id: int) -> None:
+        if self.statuses.pop(job_id, None) is not None:
+            self.released.append(job_id)
+
+    def job_ids(self) -> set[int]:
+        return set(self.statuses)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def executor() -> FakeExecutor:
+    return FakeExecutor()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def repo(repo: JobRepository, clock: Clock) -> JobRepository:
+    """The shared repository, stamping rows with the test's clock."""
+    return repo.with_clock(clock)
+
+
+@pytest.fixture
+def loop(repo: JobRepository, executor: FakeExecutor, clock: Clock) -> SchedulerLoop:
+    return SchedulerLoop(repo=repo, cluster=FakeCluster(), executor=executor, clock=clock)
+
+
+def submit(repo: JobRepository, *, dp: int = 2, priority: int = 0, **spec: Any) -> JobRecord:
+    full = {
+        "parallelism": {"dp": dp, "tp": 1, "pp": 1},
+        "resources": {"gpus_per_rank": 1, "cpus_per_rank": 1.0},
+        "entrypoint": {"kind": "builtin", "model": "gpt-tiny", "steps": 10},
+        "max_restarts": 0,
+        "time_limit_s": None,
+        **spec,
+    }
+    return repo.create(
+        NewJob(name="j", queue="default", priority=priority, spec=full, num_gpus=dp, total_steps=10)
+    )
+
+
+def transitions(repo: JobRepository, job_id: int) -> list[str]:
+    return [e.to_state.value for e in repo.events(job_id)]
+
+
+def test_a_job_goes_from_pending_to_succeeded(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    job = submit(repo)
+    loop.tick()
+    assert executor.launched == [(job.id, 1, ("id-1", "id-1"))]
+    assert repo.get(job.id).state is JobState.STARTING
+    assert [n.name for n in repo.nodes()] == ["local-1", "local-2"]
+
+    executor.statuses[job.id] = GroupStatus(
+        GroupPhase.RUNNING, True, step=4, loss=3.0, tokens_per_s=9.0
+    )
+    loop.tick()
+    running = repo.get(job.id)
+    assert (running.state, running.step, running.loss, running.first_loss) == (
+        JobState.RUNNING,
+        4,
+        3.0,
+        3.0,
+    )
+
+    executor.statuses[job.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10, loss=1.0)
+    loop.tick()
+    done = repo.get(job.id)
+    assert (done.state, done.step, done.loss) == (JobState.SUCCEEDED, 10, 1.0)
+    assert executor.released == [job.id]
+    assert transitions(repo, job.id) == ["PENDING", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
+
+
+def test_a_fast_job_still_records_every_transition(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    job = submit(repo)
+    loop.tick()
+    executor.statuses[job.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
+    loop.tick()
+    assert transitions(repo, job.id) == ["PENDING", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
+
+
+def test_waiting_jobs_get_a_reason_and_start_when_room_frees(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    big = submit(repo, dp=6)
+    small = submit(repo, dp=4)
+    loop.tick()
+    assert repo.get(big.id).state is JobState.STARTING
+    waiting = repo.get(small.id)
+    assert waiting.state is JobState.PENDING
+    assert "needs 4 GPUs" in waiting.status_reason and "2 GPUs free" in waiting.status_reason
+
+    executor.statuses[big.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
+    loop.tick()
+    loop.tick()
+    assert repo.get(small.id).state is JobState.STARTING
+
+
+def test_cancel_in_the_store_tears_the_group_down(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    job = submit(repo)
+    loop.tick()
+    repo.transition(job.id, JobState.CANCELLED, reason="cancelled by user")
+    loop.tick()
+    assert executor.released == [job.id]
+    assert repo.get(job.id).state is JobState.CANCELLED
+
+
+def test_user_error_fails_the_job_with_the_traceback(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    job = submit(repo)
+    loop.tick()
+    error = "rank 1 failed:\nTraceback ...\nRuntimeError: boom"
+    executor.statuses[job.id] = GroupStatus(GroupPhase.FAILED, True, error=error)
+    loop.tick()
+    failed = repo.get(job.id)
+    assert failed.state is JobState.FAILED
+    assert failed.error == error
+    assert "RuntimeError: boom" in failed.status_reason
+
+
+def test_failure_within_the_restart_budget_requeues_and_relaunches(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    job = submit(repo, max_restarts=1)
+    loop.tick()
+    executor.statuses[job.id] = GroupStatus(GroupPhase.FAILED, True, error="actor died")
+    loop.tick()
+    loop.tick()
+    again = repo.get(job.id)
+    assert again.restarts == 1
+    assert again.attempt == 2
+    assert executor.launched[-1][:2] == (job.id, 2)
+    assert transitions(repo, job.id)[-4:] == ["RESTARTING", "PENDING", "ADMITTED", "STARTING"]
+
+    executor.statuses[job.id] = GroupStatus(GroupPhase.FAILED, True, error="actor died")
+    loop.tick()
+    assert repo.get(job.id).state is JobState.FAILED
+
+
+def test_placement_timeout_requeues_without_holding_gpus(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    job = submit(repo)
+    loop.tick()
+    executor.statuses[job.id] = GroupStatus(GroupPhase.PLACEMENT_TIMEOUT, error="no room in Ray")
+    loop.tick()
+    requeued = repo.get(job.id)
+    assert executor.released == [job.id]
+    assert requeued.placement is None
+    assert "PENDING" in transitions(repo, job.id)[-2:]
+
+
+def test_time_limit_fails_a_running_job(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
+) -> None:
+    job = submit(repo, time_limit_s=60)
+    loop.tick()
+    executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=1)
+    loop.tick()
+    clock.now += timedelta(seconds=61)
+    loop.tick()
+    assert repo.get(job.id).state is JobState.FAILED
+    assert repo.get(job.id).error == "time limit exceeded"
+
+
+def test_reconcile_reattaches_running_jobs_and_requeues_lost_ones(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    alive, lost, starting = submit(repo), submit(repo), submit(repo)
+    loop.tick()
+    for job in (alive, lost):
+        executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=1)
+    loop.tick()
+    restarted = FakeExecutor(attachable={alive.id})
+    SchedulerLoop(repo=repo, cluster=FakeCluster(), executor=restarted).reconcile()
+    assert repo.get(alive.id).state is JobState.RUNNING
+    assert restarted.job_ids() == {alive.id}
+    for job in (lost, starting):
+        record = repo.get(job.id)
+        assert record.state is JobState.PENDING
+        assert "service restarted" in record.status_reason
+        assert record.restarts == 0

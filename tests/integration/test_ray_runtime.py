@@ -1,0 +1,130 @@
+"""Worker groups on a real local Ray with two logical GPU nodes (one shared cluster)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pytest
+import ray
+
+from workers.group import GroupPhase, GroupSpec, GroupStatus, WorkerGroup
+
+pytestmark = pytest.mark.ray
+
+
+def spec(job_id: int, node_ids: list[str], entrypoint: dict[str, Any]) -> GroupSpec:
+    return GroupSpec(
+        job_id=job_id,
+        attempt=1,
+        node_ids=tuple(node_ids),
+        gpus_per_rank=1,
+        cpus_per_rank=1.0,
+        dp=len(node_ids),
+        tp=1,
+        pp=1,
+        entrypoint=entrypoint,
+    )
+
+
+def poll_until(group: WorkerGroup, phases: set[GroupPhase], timeout_s: float = 120) -> GroupStatus:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = group.poll()
+        if status.phase in phases:
+            return status
+        time.sleep(0.2)
+    raise AssertionError(f"group still {group.poll()} after {timeout_s} s")
+
+
+def free_gpus() -> float:
+    return float(ray.available_resources().get("GPU", 0.0))
+
+
+def wait_for_free_gpus(expected: float, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while free_gpus() != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert free_gpus() == expected
+
+
+def test_ranks_run_on_the_chosen_nodes_and_all_reduce(gpu_node_ids: list[str]) -> None:
+    first, second = gpu_node_ids
+    placement = [second, first, second]
+    entrypoint = {
+        "kind": "function",
+        "target": "workers.examples:allreduce_ranks",
+        "kwargs": {"steps": 2},
+    }
+    group = WorkerGroup.launch(spec(101, placement, entrypoint), placement_timeout_s=60)
+    try:
+        assert (
+            poll_until(group, {GroupPhase.SUCCEEDED, GroupPhase.FAILED}).phase
+            is GroupPhase.SUCCEEDED
+        )
+    finally:
+        group.teardown()
+    wait_for_free_gpus(8.0)
+
+
+def test_builtin_trainer_dp2_lowers_the_loss(gpu_node_ids: list[str]) -> None:
+    entrypoint = {"kind": "builtin", "model": "gpt-tiny", "steps": 40, "batch_size": 8}
+    group = WorkerGroup.launch(spec(102, gpu_node_ids, entrypoint), placement_timeout_s=60)
+    try:
+        running = poll_until(group, {GroupPhase.RUNNING})
+        assert running.ranks_started
+        status = poll_until(group, {GroupPhase.SUCCEEDED, GroupPhase.FAILED})
+    finally:
+        group.teardown()
+    assert status.phase is GroupPhase.SUCCEEDED, status.error
+    assert status.step == 40
+    assert status.loss is not None and status.loss < math.log(256) - 1.0
+    assert status.tokens_per_s is not None and status.tokens_per_s > 0
+
+
+def test_a_user_exception_fails_the_gang_with_its_traceback(gpu_node_ids: list[str]) -> None:
+    entrypoint = {
+        "kind": "function",
+        "target": "workers.examples:fail_on_rank",
+        "kwargs": {"rank": 1, "message": "boom from rank 1"},
+    }
+    group = WorkerGroup.launch(spec(103, gpu_node_ids, entrypoint), placement_timeout_s=60)
+    try:
+        status = poll_until(group, {GroupPhase.SUCCEEDED, GroupPhase.FAILED})
+    finally:
+        group.teardown()
+    assert status.phase is GroupPhase.FAILED
+    assert status.error is not None
+    assert "rank 1 failed" in status.error
+    assert "RuntimeError: boom from rank 1" in status.error
+
+
+def test_a_new_driver_reattaches_to_a_running_group(gpu_node_ids: list[str]) -> None:
+    entrypoint = {
+        "kind": "function",
+        "target": "workers.examples:sleep_steps",
+        "kwargs": {"steps": 600},
+    }
+    group_spec = spec(104, gpu_node_ids[:1] * 2, entrypoint)
+    group = WorkerGroup.launch(group_spec, placement_timeout_s=60)
+    poll_until(group, {GroupPhase.RUNNING})
+    attached = WorkerGroup.attach(group_spec)
+    assert attached is not None
+    status = poll_until(attached, {GroupPhase.RUNNING})
+    assert status.ranks_started
+    attached.teardown()
+    assert WorkerGroup.attach(group_spec) is None
+    wait_for_free_gpus(8.0)
+
+
+def test_a_placement_ray_cannot_satisfy_times_out_and_holds_nothing(
+    gpu_node_ids: list[str],
+) -> None:
+    entrypoint = {"kind": "builtin", "model": "gpt-tiny", "steps": 1}
+    too_many = spec(105, gpu_node_ids[:1] * 5, entrypoint)  # 5 GPUs pinned to a 4-GPU node
+    group = WorkerGroup.launch(too_many, placement_timeout_s=1.0)
+    status = poll_until(group, {GroupPhase.PLACEMENT_TIMEOUT}, timeout_s=10)
+    assert "could not reserve" in (status.error or "")
+    group.teardown()
+    wait_for_free_gpus(8.0)

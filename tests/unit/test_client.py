@@ -1,0 +1,146 @@
+"""The SDK against httpx.MockTransport: requests it sends, typed errors, wait()."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from gangway import (
+    Builtin,
+    Client,
+    Conflict,
+    JobFailed,
+    NotFound,
+    Parallelism,
+    TransportError,
+    ValidationFailed,
+    WaitTimeout,
+)
+
+
+def job_json(job_id: int = 7, state: str = "PENDING", **extra: Any) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "name": "demo",
+        "queue": "default",
+        "priority": 0,
+        "state": state,
+        "status_reason": "waiting",
+        "error": extra.get("error"),
+        "num_gpus": 2,
+        "attempt": 0,
+        "restarts": 0,
+        "submitted_at": "2026-01-01T00:00:00Z",
+        "admitted_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "spec": {"name": "demo", "entrypoint": {"kind": "builtin"}},
+        "placement": None,
+        "progress": {
+            "step": 0,
+            "total_steps": 100,
+            "loss": None,
+            "first_loss": None,
+            "tokens_per_s": None,
+            "updated_at": None,
+        },
+    }
+
+
+def client_for(handler: Callable[[httpx.Request], httpx.Response]) -> Client:
+    return Client("http://gangway.test", api_key="secret", transport=httpx.MockTransport(handler))
+
+
+def test_submit_posts_the_full_spec_with_auth() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(201, json=job_json())
+
+    job = client_for(handler).submit(
+        name="demo", parallelism=Parallelism(dp=2), entrypoint=Builtin(steps=5)
+    )
+    assert job.id == 7
+    (request,) = seen
+    assert (request.method, request.url.path) == ("POST", "/v1/jobs")
+    assert request.headers["authorization"] == "Bearer secret"
+    sent = json.loads(request.content)
+    assert sent["parallelism"] == {"dp": 2, "tp": 1, "pp": 1}
+    assert sent["entrypoint"]["steps"] == 5
+
+
+def test_local_validation_names_the_field_before_any_request() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("no request expected")
+
+    with pytest.raises(ValidationFailed) as info:
+        client_for(handler).submit(name="x", entrypoint=Builtin(), parallelism={"dp": 0})
+    assert info.value.field == "parallelism.dp"
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "error_type"),
+    [
+        (404, "not_found", NotFound),
+        (409, "conflict", Conflict),
+        (422, "validation_error", ValidationFailed),
+    ],
+)
+def test_error_bodies_become_typed_errors(
+    status: int, code: str, error_type: type[Exception]
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            status, json={"error": {"code": code, "message": "nope", "field": "f"}}
+        )
+
+    with pytest.raises(error_type) as info:
+        client_for(handler).get(1)
+    assert info.value.code == code  # type: ignore[attr-defined]
+    assert info.value.field == "f"  # type: ignore[attr-defined]
+
+
+def test_unreachable_server_is_a_transport_error() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    with pytest.raises(TransportError, match="cannot reach Gangway"):
+        client_for(handler).get(1)
+
+
+def test_wait_returns_on_success_and_raises_on_failure() -> None:
+    states = iter(["PENDING", "RUNNING", "SUCCEEDED"])
+
+    def succeed(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=job_json(state=next(states)))
+
+    assert client_for(succeed).wait(7, poll_s=0).state == "SUCCEEDED"
+
+    def fail(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=job_json(state="FAILED", error="RuntimeError: boom"))
+
+    with pytest.raises(JobFailed, match="boom") as info:
+        client_for(fail).wait(7, poll_s=0)
+    assert info.value.job.id == 7
+
+
+def test_wait_times_out() -> None:
+    def pending(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=job_json(state="PENDING"))
+
+    with pytest.raises(WaitTimeout):
+        client_for(pending).wait(7, timeout_s=0, poll_s=0)
+
+
+def test_list_passes_filters_and_cursor() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert dict(request.url.params) == {"limit": "10", "state": "RUNNING", "cursor": "5"}
+        return httpx.Response(200, json={"items": [job_json(state="RUNNING")], "next_cursor": None})
+
+    page = client_for(handler).list(state="RUNNING", limit=10, cursor=5)
+    assert [j.state for j in page.items] == ["RUNNING"]

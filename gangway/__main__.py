@@ -1,0 +1,5 @@
+"""`python -m gangway` is the `gangway` command."""
+
+from gangway.cli import app
+
+app()

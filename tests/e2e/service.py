@@ -1,0 +1,85 @@
+"""Run `gangway serve` as a real subprocess, the way a user starts it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from gangway import Client, JobInfo, JobState
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Service:
+    """One `gangway serve` process; `restart()` starts a new one on the same settings."""
+
+    def __init__(self, *, data_dir: Path, database_url: str = "", ray_address: str = "") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = data_dir / "serve.log"
+        self.env = {
+            **os.environ,
+            "GANGWAY_DATA_DIR": str(data_dir),
+            "GANGWAY_DATABASE_URL": database_url,
+            "GANGWAY_RAY_ADDRESS": ray_address,
+            "GANGWAY_PORT": str(self.port),
+            "GANGWAY_SCHEDULE_INTERVAL_S": "0.5",
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 120) -> Client:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gangway", "serve"], env=self.env, stdout=log, stderr=log
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.process.returncode}: {self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return Client(self.url)
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"serve did not come up in {timeout_s} s: {self.log_tail()}")
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 60) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+def wait_for(client: Client, job_id: int, predicate: str, timeout_s: float = 120) -> JobInfo:
+    """Poll until `predicate` holds: a state name, or 'stepping' for RUNNING with step > 0."""
+    deadline = time.monotonic() + timeout_s
+    job = client.get(job_id)
+    while time.monotonic() < deadline:
+        job = client.get(job_id)
+        if predicate == "stepping" and job.state is JobState.RUNNING and job.progress.step > 0:
+            return job
+        if job.state.value == predicate:
+            return job
+        if job.state.is_terminal:
+            break
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} is {job.state} ({job.status_reason}), wanted {predicate}")

@@ -1,0 +1,137 @@
+"""The whole path through the real HTTP API, the real loop and a real local Ray.
+
+These tests join the session's shared Ray cluster (production shape: Ray outlives the
+service), except the embedded-default test, which lets `gangway serve` start its own.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+
+from gangway import Builtin, Client, Function, JobState, Parallelism
+from tests.e2e.service import Service, wait_for
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture
+def service(tmp_path: Path, database_url: str, ray_cluster: Any) -> Iterator[Service]:
+    svc = Service(data_dir=tmp_path, database_url=database_url, ray_address=ray_cluster.address)
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+def states(client: Client, job_id: int) -> list[str]:
+    return [e.to_state.value for e in client.events(job_id)]
+
+
+def test_dp2_builtin_job_trains_to_success(service: Service) -> None:
+    client = service.start()
+    submitted_at = time.monotonic()
+    job = client.submit(
+        name="demo-dp2", parallelism=Parallelism(dp=2), entrypoint=Builtin(model="gpt-tiny", steps=30)
+    )
+    assert job.state is JobState.PENDING
+    done = client.wait(job.id, timeout_s=180, poll_s=0.3)
+    elapsed = time.monotonic() - submitted_at
+
+    assert done.progress.step == 30
+    assert done.progress.first_loss is not None and done.progress.loss is not None
+    assert done.progress.loss < done.progress.first_loss - 1.0
+    assert done.progress.loss < math.log(256)
+    assert done.progress.tokens_per_s and done.progress.tokens_per_s > 0
+    assert done.placement is not None and len(done.placement) == 2
+    assert {p.node_name for p in done.placement} <= {"local-1", "local-2"}
+    assert states(client, job.id) == ["PENDING", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
+    assert client.cluster().gpus_free == 8
+    page = httpx.get(service.url + "/").text
+    assert "demo-dp2" in page and "SUCCEEDED" in page
+    print(f"dp=2 demo: submit -> SUCCEEDED in {elapsed:.1f} s")
+
+
+def test_cancel_stops_the_ranks_and_frees_the_gpus(service: Service) -> None:
+    client = service.start()
+    job = client.submit(
+        name="long",
+        parallelism=Parallelism(dp=2),
+        entrypoint=Function(target="workers.examples:sleep_steps", kwargs={"steps": 10_000}),
+    )
+    wait_for(client, job.id, "stepping")
+    assert client.cluster().gpus_allocated == 2
+    assert client.cancel(job.id).state is JobState.CANCELLED
+    deadline = time.monotonic() + 15
+    while ray.available_resources().get("GPU", 0) != 8 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("GPU", 0) == 8
+    assert client.cluster().gpus_free == 8
+    assert client.get(job.id).state is JobState.CANCELLED
+
+
+def test_a_user_error_fails_the_job_with_the_traceback(service: Service) -> None:
+    client = service.start()
+    job = client.submit(
+        name="bad",
+        parallelism=Parallelism(dp=2),
+        entrypoint=Function(target="workers.examples:fail_on_rank", kwargs={"message": "bad batch"}),
+    )
+    failed = wait_for(client, job.id, "FAILED")
+    assert failed.error is not None and "RuntimeError: bad batch" in failed.error
+    assert "Traceback" in failed.error
+
+
+def test_restarts_with_kill_and_sigterm_reattach_the_running_job(service: Service) -> None:
+    client = service.start()
+    job = client.submit(
+        name="survivor",
+        parallelism=Parallelism(dp=2),
+        entrypoint=Function(
+            target="workers.examples:sleep_steps", kwargs={"steps": 80, "step_s": 0.25}
+        ),
+    )
+    before = wait_for(client, job.id, "stepping")
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        service.stop(sig)
+        client = service.start()
+        again = client.get(job.id)
+        assert again.state is JobState.RUNNING, again.status_reason
+        assert again.attempt == before.attempt
+    done = client.wait(job.id, timeout_s=120, poll_s=0.3)
+    assert done.progress.step == 80
+    assert done.attempt == 1 and done.restarts == 0
+    assert states(client, job.id) == ["PENDING", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
+
+
+def test_embedded_default_starts_its_own_ray_and_requeues_after_restart(tmp_path: Path) -> None:
+    """`gangway serve` with no settings: SQLite in the data dir + a local 2 x 4 GPU Ray.
+    Its Ray ends with it, so a job running at shutdown is requeued, never lost."""
+    service = Service(data_dir=tmp_path)
+    try:
+        client = service.start()
+        cluster = client.cluster()
+        assert [(n.name, n.gpus_total) for n in cluster.nodes] == [("local-1", 4), ("local-2", 4)]
+        assert (tmp_path / "gangway.db").exists()
+        job = client.submit(
+            name="requeued",
+            entrypoint=Function(target="workers.examples:sleep_steps", kwargs={"steps": 20}),
+        )
+        wait_for(client, job.id, "stepping")
+        service.stop(signal.SIGTERM)
+        client = service.start()
+        done = client.wait(job.id, timeout_s=120, poll_s=0.3)
+        assert done.attempt == 2 and done.restarts == 0
+        requeue = [e for e in client.events(job.id) if e.from_state is JobState.RUNNING]
+        assert requeue[0].to_state is JobState.PENDING
+        assert "service restarted" in requeue[0].reason
+    finally:
+        service.stop()

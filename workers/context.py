@@ -25,6 +25,7 @@ class Progress:
 
     step: int = 0
     loss: float | None = None
+    first_loss: float | None = None
     tokens_per_s: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     reported_at: float = 0.0
@@ -78,7 +79,12 @@ class RankContext:
         **metrics: float,
     ) -> None:
         with self._lock:
-            self._progress = Progress(step, loss, tokens_per_s, dict(metrics), time.time())
+            first_loss = (
+                self._progress.first_loss if self._progress.first_loss is not None else loss
+            )
+            self._progress = Progress(
+                step, loss, first_loss, tokens_per_s, dict(metrics), time.time()
+            )
 
     def progress(self) -> Progress:
         with self._lock:

@@ -78,6 +78,7 @@ class GroupStatus:
     ranks_started: bool = False
     step: int = 0
     loss: float | None = None
+    first_loss: float | None = None
     tokens_per_s: float | None = None
     error: str | None = None
 
@@ -156,6 +157,7 @@ class WorkerGroup:
                 ranks_started=self._last.ranks_started,
                 step=self._last.step,
                 loss=self._last.loss,
+                first_loss=self._last.first_loss,
                 tokens_per_s=self._last.tokens_per_s,
                 error=self._error,
             )
@@ -253,7 +255,7 @@ class WorkerGroup:
 def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     """One status for the gang: a failed rank fails it, all succeeded succeeds it."""
     lead = statuses[0]
-    progress = {"step": lead["step"], "loss": lead["loss"], "tokens_per_s": lead["tokens_per_s"]}
+    progress = {key: lead[key] for key in ("step", "loss", "first_loss", "tokens_per_s")}
     phases = Counter(s["phase"] for s in statuses)
     if phases[FAILED]:
         return GroupStatus(

@@ -79,6 +79,7 @@ class RankActor:
             "failed_at": self._failed_at,
             "step": progress.step if progress else 0,
             "loss": progress.loss if progress else None,
+            "first_loss": progress.first_loss if progress else None,
             "tokens_per_s": progress.tokens_per_s if progress else None,
             "reported_at": progress.reported_at if progress else 0.0,
             "pid": os.getpid(),

@@ -130,7 +130,11 @@ class SchedulerLoop:
     def _observe(self, job: JobRecord, status: GroupStatus) -> None:
         if status.step != job.step:
             self._repo.record_progress(
-                job.id, step=status.step, loss=status.loss, tokens_per_s=status.tokens_per_s
+                job.id,
+                step=status.step,
+                loss=status.loss,
+                first_loss=status.first_loss,
+                tokens_per_s=status.tokens_per_s,
             )
         if status.ranks_started and job.state is JobState.STARTING:
             job = self._transition(

@@ -237,15 +237,23 @@ class JobRepository:
             )
 
     def record_progress(
-        self, job_id: int, *, step: int, loss: float | None, tokens_per_s: float | None
+        self,
+        job_id: int,
+        *,
+        step: int,
+        loss: float | None,
+        first_loss: float | None,
+        tokens_per_s: float | None,
     ) -> None:
-        """Store the latest training progress; the first loss is kept to show the trend."""
+        """Store the latest training progress. `first_loss` is the loss of the attempt's
+        first step (ranks keep it, since the loop may first look several steps in); the
+        job keeps the first one it ever saw, to show the trend across restarts."""
         with Session(self._engine) as session, session.begin():
             row = session.get(JobRow, job_id)
             if row is None:
                 raise JobNotFound(job_id)
-            if row.first_loss is None and loss is not None:
-                row.first_loss = loss
+            if row.first_loss is None:
+                row.first_loss = first_loss
             row.step, row.loss, row.tokens_per_s = step, loss, tokens_per_s
             row.progress_at = self._clock()
 

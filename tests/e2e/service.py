@@ -46,7 +46,9 @@ class Service:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"serve exited with {self.process.returncode}: {self.log_tail()}")
+                raise RuntimeError(
+                    f"serve exited with {self.process.returncode}: {self.log_tail()}"
+                )
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return Client(self.url)

@@ -6,8 +6,11 @@ service), except the embedded-default test, which lets `gangway serve` start its
 
 from __future__ import annotations
 
+import json
 import math
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +43,9 @@ def test_dp2_builtin_job_trains_to_success(service: Service) -> None:
     client = service.start()
     submitted_at = time.monotonic()
     job = client.submit(
-        name="demo-dp2", parallelism=Parallelism(dp=2), entrypoint=Builtin(model="gpt-tiny", steps=30)
+        name="demo-dp2",
+        parallelism=Parallelism(dp=2),
+        entrypoint=Builtin(model="gpt-tiny", steps=30),
     )
     assert job.state is JobState.PENDING
     done = client.wait(job.id, timeout_s=180, poll_s=0.3)
@@ -83,7 +88,9 @@ def test_a_user_error_fails_the_job_with_the_traceback(service: Service) -> None
     job = client.submit(
         name="bad",
         parallelism=Parallelism(dp=2),
-        entrypoint=Function(target="workers.examples:fail_on_rank", kwargs={"message": "bad batch"}),
+        entrypoint=Function(
+            target="workers.examples:fail_on_rank", kwargs={"message": "bad batch"}
+        ),
     )
     failed = wait_for(client, job.id, "FAILED")
     assert failed.error is not None and "RuntimeError: bad batch" in failed.error
@@ -135,3 +142,49 @@ def test_embedded_default_starts_its_own_ray_and_requeues_after_restart(tmp_path
         assert "service restarted" in requeue[0].reason
     finally:
         service.stop()
+
+
+def gangway_cli(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "gangway", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_cli_submit_jobs_status_cancel(service: Service) -> None:
+    service.start()
+    url = ["--url", service.url]
+    submitted = json.loads(
+        gangway_cli(
+            "submit",
+            "--name",
+            "from-cli",
+            "--function",
+            "workers.examples:sleep_steps",
+            "--kwargs",
+            '{"steps": 10000}',
+            "--dp",
+            "2",
+            "--json",
+            *url,
+        )
+    )
+    job_id = str(submitted["id"])
+    assert submitted["spec"]["parallelism"]["dp"] == 2
+    assert "from-cli" in gangway_cli("jobs", *url)
+    assert f"job {job_id} 'from-cli'" in gangway_cli("status", job_id, *url)
+    assert "CANCELLED" in gangway_cli("cancel", job_id, *url)
+    bad = subprocess.run(
+        [sys.executable, "-m", "gangway", "submit", "--name", "x", "--dp", "99", *url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 1
+    assert "422" in bad.stderr and "parallelism" in bad.stderr

@@ -112,7 +112,7 @@ def test_a_job_goes_from_pending_to_succeeded(
     assert [n.name for n in repo.nodes()] == ["local-1", "local-2"]
 
     executor.statuses[job.id] = GroupStatus(
-        GroupPhase.RUNNING, True, step=4, loss=3.0, tokens_per_s=9.0
+        GroupPhase.RUNNING, True, step=4, loss=3.0, first_loss=5.5, tokens_per_s=9.0
     )
     loop.tick()
     running = repo.get(job.id)
@@ -120,7 +120,7 @@ def test_a_job_goes_from_pending_to_succeeded(
         JobState.RUNNING,
         4,
         3.0,
-        3.0,
+        5.5,
     )
 
     executor.statuses[job.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10, loss=1.0)

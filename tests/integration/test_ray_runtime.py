@@ -80,6 +80,7 @@ def test_builtin_trainer_dp2_lowers_the_loss(gpu_node_ids: list[str]) -> None:
     assert status.phase is GroupPhase.SUCCEEDED, status.error
     assert status.step == 40
     assert status.loss is not None and status.loss < math.log(256) - 1.0
+    assert status.first_loss is not None and abs(status.first_loss - math.log(256)) < 0.3
     assert status.tokens_per_s is not None and status.tokens_per_s > 0
 
 

@@ -73,10 +73,10 @@ def test_page_is_newest_first_filtered_and_cursor_paginated(repo: JobRepository)
 
 def test_progress_keeps_the_first_loss(repo: JobRepository) -> None:
     job = repo.create(new_job())
-    repo.record_progress(job.id, step=1, loss=5.5, tokens_per_s=100.0)
-    repo.record_progress(job.id, step=2, loss=4.0, tokens_per_s=120.0)
+    repo.record_progress(job.id, step=3, loss=5.0, first_loss=5.5, tokens_per_s=100.0)
+    repo.record_progress(job.id, step=4, loss=4.0, first_loss=4.8, tokens_per_s=120.0)
     got = repo.get(job.id)
-    assert (got.step, got.loss, got.first_loss, got.tokens_per_s) == (2, 4.0, 5.5, 120.0)
+    assert (got.step, got.loss, got.first_loss, got.tokens_per_s) == (4, 4.0, 5.5, 120.0)
 
 
 def test_explain_wait_updates_pending_jobs_only(repo: JobRepository) -> None:

@@ -1,0 +1,18 @@
+# Sourced by scripts/serve and scripts/test: make .venv hold this checkout's dependencies.
+# Re-installs only when pyproject.toml changed since the last install (a stamp in .venv).
+ensure_venv() {
+    local extras="$1"
+    local python="${PYTHON:-python3}"
+    local stamp=".venv/.gangway-install-${extras:-base}"
+    local wanted
+    wanted="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+    if [ ! -x .venv/bin/python ]; then
+        "$python" -m venv .venv
+        .venv/bin/pip install --quiet --upgrade pip
+    fi
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+        echo "installing gangway${extras:+[$extras]} into .venv (torch==2.13.0 CPU, ray 2.60.0) ..."
+        .venv/bin/pip install --quiet -e ".${extras:+[$extras]}"
+        echo "$wanted" > "$stamp"
+    fi
+}

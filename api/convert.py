@@ -8,7 +8,6 @@ from gangway.models import (
     ClusterInfo,
     JobEvent,
     JobInfo,
-    JobState,
     JobSubmit,
     NodeInfo,
     Progress,
@@ -32,7 +31,7 @@ def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:
         name=job.name,
         queue=job.queue,
         priority=job.priority,
-        state=JobState(job.state.value),
+        state=job.state,
         status_reason=job.status_reason,
         error=job.error,
         num_gpus=job.num_gpus,
@@ -59,8 +58,8 @@ def job_event(event: EventRecord) -> JobEvent:
     return JobEvent(
         id=event.id,
         at=event.at,
-        from_state=JobState(event.from_state.value) if event.from_state else None,
-        to_state=JobState(event.to_state.value),
+        from_state=event.from_state,
+        to_state=event.to_state,
         reason=event.reason,
     )
 

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from api.convert import cluster_info, job_event, job_info
 from api.validation import validate_submission
 from gangway.models import ClusterInfo, ErrorBody, JobEvent, JobInfo, JobPage, JobState, JobSubmit
-from scheduler.model import JobState as CoreState
+from scheduler.model import RESOURCE_HOLDING_STATES
+from scheduler.runtime.views import gang_shape
 from scheduler.store import JobRepository, NewJob
 
 router = APIRouter()
@@ -36,18 +37,15 @@ def _node_names(repo: JobRepository) -> dict[str, str]:
 @router.post("/v1/jobs", status_code=201, response_model=JobInfo, responses=_ERRORS)
 def submit_job(submit: JobSubmit, repo: Repo) -> JobInfo:
     validate_submission(submit, repo.nodes())
-    entrypoint = submit.entrypoint
+    spec = submit.model_dump(mode="json")
     record = repo.create(
         NewJob(
             name=submit.name,
             queue=submit.queue,
             priority=submit.priority,
-            spec=submit.model_dump(mode="json"),
-            num_gpus=submit.parallelism.dp
-            * submit.parallelism.tp
-            * submit.parallelism.pp
-            * submit.resources.gpus_per_rank,
-            total_steps=getattr(entrypoint, "steps", None),
+            spec=spec,
+            num_gpus=gang_shape(spec).num_gpus,
+            total_steps=getattr(submit.entrypoint, "steps", None),
         )
     )
     return job_info(record, _node_names(repo))
@@ -62,8 +60,7 @@ def list_jobs(
         int | None, Query(ge=1, description="next_cursor of the previous page")
     ] = None,
 ) -> JobPage:
-    states = [CoreState(s.value) for s in state or ()]
-    records = repo.page(states=states, limit=limit + 1, before_id=cursor)
+    records = repo.page(states=state or (), limit=limit + 1, before_id=cursor)
     page, more = records[:limit], len(records) > limit
     names = _node_names(repo)
     return JobPage(
@@ -82,7 +79,7 @@ def cancel_job(job_id: int, repo: Repo) -> JobInfo:
 
     Cancelling a job that already ended is a 409 (its outcome is kept, not overwritten).
     """
-    record = repo.transition(job_id, CoreState.CANCELLED, reason="cancelled by user")
+    record = repo.transition(job_id, JobState.CANCELLED, reason="cancelled by user")
     return job_info(record, _node_names(repo))
 
 
@@ -93,8 +90,7 @@ def job_events(job_id: int, repo: Repo) -> list[JobEvent]:
 
 @router.get("/v1/cluster", response_model=ClusterInfo)
 def get_cluster(repo: Repo) -> ClusterInfo:
-    holders = [j for j in repo.in_states(s for s in CoreState if s.holds_resources)]
-    return cluster_info(repo.nodes(), holders)
+    return cluster_info(repo.nodes(), repo.in_states(RESOURCE_HOLDING_STATES))
 
 
 @router.get("/healthz")

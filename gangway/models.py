@@ -6,31 +6,16 @@ with the very same classes. Unknown fields are errors, so a typo never silently 
 
 from __future__ import annotations
 
-import enum
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gangway.states import JobState as JobState  # re-exported: part of this contract
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class JobState(enum.StrEnum):
-    PENDING = "PENDING"
-    ADMITTED = "ADMITTED"
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    RESTARTING = "RESTARTING"
-    PREEMPTING = "PREEMPTING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 class Parallelism(_Strict):

@@ -6,36 +6,13 @@ depend on pydantic or on what the REST API happens to look like today.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from gangway.states import JobState as JobState  # re-exported: part of this contract
 
-class JobState(enum.StrEnum):
-    """The job state machine from DESIGN.md; `TRANSITIONS` lists every legal edge."""
-
-    PENDING = "PENDING"
-    ADMITTED = "ADMITTED"
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    RESTARTING = "RESTARTING"
-    PREEMPTING = "PREEMPTING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in _TERMINAL
-
-    @property
-    def holds_resources(self) -> bool:
-        """True while the job's placement is reserved on the cluster."""
-        return self in _HOLDING
-
-
-_TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-_HOLDING = frozenset(
+# States in which a job's placement is reserved on the cluster.
+RESOURCE_HOLDING_STATES = frozenset(
     {
         JobState.ADMITTED,
         JobState.STARTING,
@@ -45,7 +22,8 @@ _HOLDING = frozenset(
     }
 )
 
-_ACTIVE = (JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING)
+# States in which the runtime owns (or is about to own) a worker group for the job.
+ACTIVE_STATES = (JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING)
 
 # Every legal edge. Any non-terminal state may go to CANCELLED (user) or FAILED (an error
 # the runtime cannot recover from). An active state may go back to PENDING when the runtime
@@ -67,8 +45,6 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 for _state in JobState:
     if not _state.is_terminal:
         TRANSITIONS[_state] = TRANSITIONS[_state] | {JobState.CANCELLED, JobState.FAILED}
-
-ACTIVE_STATES: tuple[JobState, ...] = _ACTIVE
 
 
 def is_legal_transition(old: JobState, new: JobState) -> bool:

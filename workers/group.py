@@ -15,8 +15,9 @@ import contextlib
 import enum
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 from ray.exceptions import RayActorError, RayError
@@ -32,6 +33,7 @@ from workers.context import RankInfo
 from workers.rank import FAILED, IDLE, SUCCEEDED, RankActor
 
 NAMESPACE = "gangway"
+T = TypeVar("T")
 
 
 class GroupPhase(enum.StrEnum):
@@ -121,19 +123,18 @@ class WorkerGroup:
 
     @classmethod
     def attach(cls, spec: GroupSpec) -> WorkerGroup | None:
-        """Find a group a previous service process started; None if any part is gone."""
-        try:
-            pg = get_placement_group(spec.name)
-            actors = [
-                ray.get_actor(_actor_name(spec, rank), namespace=NAMESPACE)
-                for rank in range(spec.world_size)
-            ]
-            statuses = ray.get([a.status.remote() for a in actors], timeout=30)
-        except (ValueError, RayError):
-            return None
-        if any(s["phase"] == IDLE for s in statuses):
-            return None  # the ranks never got started: nothing to reattach to
-        return cls(spec, pg, placement_timeout_s=0, actors=actors)
+        """Reattach to the group a previous service process started for this attempt.
+
+        If only parts of it are left (the service died while launching, a rank is gone),
+        those parts are torn down, so no GPU stays reserved by a gang nobody watches.
+        """
+        pg = _lookup(lambda: get_placement_group(spec.name))
+        found = [_named_actor(spec, rank) for rank in range(spec.world_size)]
+        actors = [actor for actor in found if actor is not None]
+        if pg is not None and len(actors) == spec.world_size and _all_started(actors):
+            return cls(spec, pg, placement_timeout_s=0, actors=actors)
+        _teardown(pg, actors)
+        return None
 
     # -- polling ----------------------------------------------------------------------
 
@@ -244,12 +245,37 @@ class WorkerGroup:
 
     def teardown(self) -> None:
         """Kill the ranks and free the placement group; safe to call more than once."""
-        for actor in self._actors:
-            with contextlib.suppress(ValueError, RayError):
-                ray.kill(actor, no_restart=True)
+        _teardown(self._pg, self._actors)
         self._actors = []
+
+
+def _teardown(pg: PlacementGroup | None, actors: list[Any]) -> None:
+    for actor in actors:
         with contextlib.suppress(ValueError, RayError):
-            remove_placement_group(self._pg)
+            ray.kill(actor, no_restart=True)
+    if pg is not None:
+        with contextlib.suppress(ValueError, RayError):
+            remove_placement_group(pg)
+
+
+def _lookup(find: Callable[[], T]) -> T | None:
+    """A named Ray object, or None when Ray has no object of that name."""
+    try:
+        return find()
+    except ValueError:
+        return None
+
+
+def _named_actor(spec: GroupSpec, rank: int) -> Any | None:
+    return _lookup(lambda: ray.get_actor(_actor_name(spec, rank), namespace=NAMESPACE))
+
+
+def _all_started(actors: list[Any]) -> bool:
+    try:
+        statuses = ray.get([a.status.remote() for a in actors], timeout=30)
+    except RayError:
+        return False
+    return all(s["phase"] != IDLE for s in statuses)
 
 
 def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:

@@ -12,7 +12,13 @@ from datetime import datetime
 
 from scheduler.core.decisions import Admit, Decision, Wait
 from scheduler.core.placement import free_capacity, place_gang
-from scheduler.model import ClusterSnapshot, JobState, JobView, Placement
+from scheduler.model import (
+    RESOURCE_HOLDING_STATES,
+    ClusterSnapshot,
+    JobState,
+    JobView,
+    Placement,
+)
 
 
 def queue_order(jobs: Sequence[JobView]) -> list[JobView]:
@@ -27,7 +33,7 @@ def schedule(snapshot: ClusterSnapshot, jobs: Sequence[JobView], now: datetime) 
     does not read it.
     """
     del now
-    holders = [j for j in jobs if j.state.holds_resources]
+    holders = [j for j in jobs if j.state in RESOURCE_HOLDING_STATES]
     free = free_capacity(snapshot.nodes, holders)
     pending = queue_order([j for j in jobs if j.state is JobState.PENDING])
     decisions: list[Decision] = []

@@ -129,3 +129,14 @@ def test_a_placement_ray_cannot_satisfy_times_out_and_holds_nothing(
     assert "could not reserve" in (status.error or "")
     group.teardown()
     wait_for_free_gpus(8.0)
+
+
+def test_attach_reaps_a_half_launched_group(gpu_node_ids: list[str]) -> None:
+    """A service killed between reserving the placement and starting the ranks leaves a
+    detached placement group behind; attaching finds it incomplete and frees it."""
+    entrypoint = {"kind": "builtin", "model": "gpt-tiny", "steps": 1}
+    group_spec = spec(106, gpu_node_ids, entrypoint)
+    WorkerGroup.launch(group_spec, placement_timeout_s=60)  # no poll: actors never created
+    wait_for_free_gpus(6.0)
+    assert WorkerGroup.attach(group_spec) is None
+    wait_for_free_gpus(8.0)

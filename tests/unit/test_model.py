@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from gangway.models import JobState as WireState
+from gangway import models
+from scheduler import model
 from scheduler.model import TRANSITIONS, JobState, Parallelism, is_legal_transition
 
 
-def test_wire_states_match_domain_states() -> None:
-    assert [s.value for s in WireState] == [s.value for s in JobState]
-    assert {s.value for s in WireState if s.is_terminal} == {
-        s.value for s in JobState if s.is_terminal
+def test_the_wire_and_the_scheduler_share_one_state_enum() -> None:
+    assert models.JobState is model.JobState
+    assert {s for s in JobState if s.is_terminal} == {
+        JobState.SUCCEEDED,
+        JobState.FAILED,
+        JobState.CANCELLED,
     }
 
 

@@ -1,0 +1,26 @@
+"""Job states: part of the wire contract, shared by the SDK and the server.
+
+Standard library only, so the scheduler core can use the very same enum without
+depending on pydantic or the SDK's HTTP code. The legal transitions live with the
+scheduler (`scheduler.model.TRANSITIONS`).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class JobState(enum.StrEnum):
+    PENDING = "PENDING"
+    ADMITTED = "ADMITTED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    PREEMPTING = "PREEMPTING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import uvicorn
@@ -33,7 +34,8 @@ class Runtime:
         self._local_cluster: Any = None
 
     def start(self) -> None:
-        self._connect_ray()
+        with _keep_signal_handlers():
+            self._connect_ray()
         loop = SchedulerLoop(
             repo=self._repo,
             cluster=RayClusterSource(),
@@ -78,6 +80,18 @@ class Runtime:
         log.info(
             "started a local Ray: %d nodes x %d logical GPUs", shape.num_nodes, shape.gpus_per_node
         )
+
+
+@contextmanager
+def _keep_signal_handlers() -> Iterator[None]:
+    """`ray.init` installs a SIGTERM handler that raises SystemExit inside the event loop;
+    keep uvicorn's, so SIGTERM stops the loop thread and Ray in order (`Runtime.stop`)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def build_app(settings: Settings) -> FastAPI:

@@ -12,6 +12,7 @@ from gangway.models import (
     NodeInfo,
     Progress,
     RankPlacement,
+    WaitExplanation,
 )
 from scheduler.core import free_capacity
 from scheduler.model import Node
@@ -43,6 +44,8 @@ def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:
         finished_at=job.finished_at,
         spec=JobSubmit.model_validate(job.spec),
         placement=placement,
+        estimated_start_at=job.estimated_start_at,
+        explanation=WaitExplanation.model_validate(job.explanation) if job.explanation else None,
         progress=Progress(
             step=job.step,
             total_steps=job.total_steps,

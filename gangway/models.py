@@ -61,7 +61,10 @@ class JobSubmit(_Strict):
     resources: Resources = Field(default_factory=Resources)
     entrypoint: Entrypoint
     max_restarts: int = Field(0, ge=0, le=100)
-    time_limit_s: int | None = Field(None, ge=1, le=365 * 24 * 3600)
+    time_limit_s: int | None = Field(
+        None, ge=1, le=365 * 24 * 3600, description="also lets the job backfill idle GPUs"
+    )
+    preemptible: bool = Field(True, description="may be stopped for a higher-priority job")
 
 
 class RankPlacement(BaseModel):
@@ -77,6 +80,15 @@ class Progress(BaseModel):
     first_loss: float | None
     tokens_per_s: float | None
     updated_at: datetime | None
+
+
+class WaitExplanation(BaseModel):
+    """Why a pending job is not running: the constraint that failed and what unblocks it."""
+
+    blocker: str = Field(description="cluster_full | node_shape | reservation | preempting")
+    message: str
+    unblock: str
+    blocking_job_id: int | None = None
 
 
 class JobInfo(BaseModel):
@@ -97,6 +109,10 @@ class JobInfo(BaseModel):
     spec: JobSubmit
     placement: list[RankPlacement] | None
     progress: Progress
+    estimated_start_at: datetime | None = Field(
+        None, description="pending jobs: when the scheduler expects it to start"
+    )
+    explanation: WaitExplanation | None = None
 
 
 class JobPage(BaseModel):

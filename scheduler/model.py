@@ -37,7 +37,8 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
         {JobState.SUCCEEDED, JobState.PREEMPTING, JobState.RESTARTING, JobState.PENDING}
     ),
     JobState.RESTARTING: frozenset({JobState.STARTING, JobState.PENDING}),
-    JobState.PREEMPTING: frozenset({JobState.PENDING}),
+    # SUCCEEDED: the job finished its last step before it could stop.
+    JobState.PREEMPTING: frozenset({JobState.PENDING, JobState.SUCCEEDED}),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),
@@ -117,6 +118,21 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class RunInfo:
+    """What the runtime has measured of a job that holds resources.
+
+    The core estimates when the job ends from these (never from the true duration):
+    `time_limit_s` when the user gave one, else steps left x measured step time.
+    """
+
+    started_at: datetime
+    step: int = 0
+    total_steps: int | None = None
+    step_time_s: float | None = None
+    steps_since_checkpoint: int = 0
+
+
+@dataclass(frozen=True)
 class JobView:
     """One job as the scheduling core sees it (pending or holding resources)."""
 
@@ -126,6 +142,9 @@ class JobView:
     state: JobState
     shape: GangShape
     placement: Placement | None = None
+    preemptible: bool = True
+    time_limit_s: float | None = None
+    run: RunInfo | None = None
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import settings
 
 from scheduler.store import JobRepository, make_engine, upgrade_to_head
+
+# Property tests: 300 examples by default; HYPOTHESIS_PROFILE=deep for a long soak.
+settings.register_profile("default", max_examples=300, deadline=None)
+settings.register_profile("deep", max_examples=5000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 POSTGRES_URL = os.environ.get(
     "GANGWAY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

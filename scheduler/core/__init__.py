@@ -1,21 +1,30 @@
 """The pure scheduling policy: no Ray, SQL, FastAPI, asyncio, clock or randomness.
 
-`schedule(snapshot, jobs, now)` is the whole contract; everything here is deterministic.
+`schedule(snapshot, jobs, now, config)` is the whole contract; everything here is
+deterministic.
 """
 
-from scheduler.core.decisions import Admit, Decision, Wait
+from scheduler.core.config import PolicyConfig
+from scheduler.core.decisions import Admit, Blocker, Decision, Explanation, Preempt, Wait
 from scheduler.core.feasibility import never_fits_reason
+from scheduler.core.ordering import effective_priority, queue_order, victim_order
 from scheduler.core.placement import Capacity, free_capacity, place_gang
-from scheduler.core.schedule import queue_order, schedule
+from scheduler.core.schedule import schedule
 
 __all__ = [
     "Admit",
+    "Blocker",
     "Capacity",
     "Decision",
+    "Explanation",
+    "PolicyConfig",
+    "Preempt",
     "Wait",
+    "effective_priority",
     "free_capacity",
     "never_fits_reason",
     "place_gang",
     "queue_order",
     "schedule",
+    "victim_order",
 ]

@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from datetime import datetime
 
 from scheduler.model import Placement
+
+
+class Blocker(enum.StrEnum):
+    """Which constraint keeps a pending job from starting now."""
+
+    CLUSTER_FULL = "cluster_full"  # fewer free GPUs than the gang needs
+    NODE_SHAPE = "node_shape"  # enough GPUs in total, not in the per-node shape it needs
+    RESERVATION = "reservation"  # would delay the start reserved for a job ahead of it
+    PREEMPTING = "preempting"  # lower-priority jobs are checkpointing to make room for it
+
+
+@dataclass(frozen=True)
+class Explanation:
+    blocker: Blocker
+    message: str  # what failed, in numbers
+    unblock: str  # what would let it start
+    blocking_job_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -17,11 +36,28 @@ class Admit:
 
 
 @dataclass(frozen=True)
-class Wait:
-    """Job `job_id` stays pending; `reason` says why in words a user understands."""
+class Preempt:
+    """Stop `job_id` (a whole gang) for `for_job_id`: checkpoint and exit by `deadline`."""
 
     job_id: int
+    for_job_id: int
+    deadline: datetime
     reason: str
 
 
-Decision = Admit | Wait
+@dataclass(frozen=True)
+class Wait:
+    """Job `job_id` stays pending. `estimated_start_at` is None when it cannot be told
+    (beyond the ETA horizon, or the cluster's alive nodes can never hold it)."""
+
+    job_id: int
+    explanation: Explanation
+    estimated_start_at: datetime | None = None
+    reserved: bool = False  # backfill may not delay this job's estimated start
+
+    @property
+    def reason(self) -> str:
+        return f"{self.explanation.message}; {self.explanation.unblock}"
+
+
+Decision = Admit | Preempt | Wait

@@ -1,17 +1,45 @@
-"""One scheduling pass: order the queue, place gangs in order, explain who waits and why.
+"""One scheduling pass: order, admit, reserve, preempt, backfill, explain.
 
-Policy (foundation): strict priority order, then submit time, then job id; a job that
-does not fit blocks the jobs behind it (no backfill yet), so a large gang is never
-starved by a stream of small ones. No preemption yet.
+    schedule(snapshot, jobs, now) -> [Admit | Preempt | Wait]
+
+1. Free capacity = alive nodes minus what holders (admitted .. preempting jobs) use.
+2. Pending jobs in queue order: priority + aging, then submit time, then id.
+3. The release timeline: when each holder is expected to give its resources back.
+4. Walk the queue. A job that fits and does not delay the reservation is admitted. The
+   first job that cannot start gets the reservation: it preempts lower-priority gangs if
+   that makes it fit, else it is reserved its earliest start on the timeline. Later jobs
+   start now only if they leave that start intact (EASY backfill); the others wait with a
+   structured explanation and, for the first `eta_jobs` of them, an estimated start.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
-from scheduler.core.decisions import Admit, Decision, Wait
-from scheduler.core.placement import free_capacity, place_gang
+from scheduler.core.config import PolicyConfig
+from scheduler.core.decisions import Admit, Blocker, Decision, Explanation, Preempt, Wait
+from scheduler.core.ordering import queue_order
+from scheduler.core.placement import (
+    Capacity,
+    free_capacity,
+    free_gpus,
+    place_gang,
+    usage,
+    with_removed,
+    without_reserved,
+)
+from scheduler.core.preemption import choose_victims, freed_by
+from scheduler.core.timeline import (
+    Release,
+    Start,
+    earliest_start,
+    expected_end,
+    expected_runtime_s,
+    release_timeline,
+)
 from scheduler.model import (
     RESOURCE_HOLDING_STATES,
     ClusterSnapshot,
@@ -21,53 +49,235 @@ from scheduler.model import (
 )
 
 
-def queue_order(jobs: Sequence[JobView]) -> list[JobView]:
-    """Higher priority first, then earlier submit, then lower id: a total order."""
-    return sorted(jobs, key=lambda j: (-j.priority, j.submitted_at, j.id))
+@dataclass
+class _Reservation:
+    job: JobView
+    start: Start  # `start.free`: capacity at the reserved time, kept intact by backfill
 
 
-def schedule(snapshot: ClusterSnapshot, jobs: Sequence[JobView], now: datetime) -> list[Decision]:
-    """Decide for every pending job in `jobs`: Admit with a placement, or Wait with a reason.
+@dataclass
+class _Pass:
+    now: datetime
+    config: PolicyConfig
+    free: dict[str, Capacity]
+    holders: list[JobView]
+    releases: list[Release]
+    reservation: _Reservation | None = None
+    decisions: list[Decision] = field(default_factory=list)
+    etas_left: int = 0
 
-    `now` is part of the contract (later policies age priorities with it); this policy
-    does not read it.
-    """
-    del now
+
+def schedule(
+    snapshot: ClusterSnapshot,
+    jobs: Sequence[JobView],
+    now: datetime,
+    config: PolicyConfig | None = None,
+) -> list[Decision]:
+    config = config or PolicyConfig()
     holders = [j for j in jobs if j.state in RESOURCE_HOLDING_STATES]
-    free = free_capacity(snapshot.nodes, holders)
-    pending = queue_order([j for j in jobs if j.state is JobState.PENDING])
-    decisions: list[Decision] = []
-    blocker: JobView | None = None
-    for job in pending:
-        if blocker is not None:
-            decisions.append(Wait(job.id, _behind_reason(blocker)))
-            continue
-        placement = place_gang(job.shape, free)
-        if placement is None:
-            blocker = job
-            decisions.append(Wait(job.id, _no_room_reason(job, sum(c.gpus for c in free.values()))))
-            continue
-        for node_id in placement.node_ids:
-            free[node_id] = free[node_id].minus(job.shape.gpus_per_rank, job.shape.cpus_per_rank)
-        decisions.append(Admit(job.id, placement, _admit_reason(job, placement)))
-    return decisions
+    state = _Pass(
+        now=now,
+        config=config,
+        free=free_capacity(snapshot.nodes, holders),
+        holders=holders,
+        releases=release_timeline(holders, now, config),
+        etas_left=config.eta_jobs,
+    )
+    pending = [j for j in jobs if j.state is JobState.PENDING]
+    for position, job in enumerate(queue_order(pending, now, config), start=1):
+        _decide(state, job, position)
+    return state.decisions
 
 
-def _admit_reason(job: JobView, placement: Placement) -> str:
+def _decide(state: _Pass, job: JobView, position: int) -> None:
+    for candidate in _candidate_placements(state, job):
+        if _harmless(state, job, candidate):
+            _admit(state, job, candidate, position)
+            return
+    placement = place_gang(job.shape, state.free)
+    if state.reservation is None:
+        _reserve(state, job, placement)
+    else:
+        _wait(state, job, placement)
+
+
+def _candidate_placements(state: _Pass, job: JobView) -> list[Placement]:
+    """Best fit on what the reserved job will not need first (harmless by construction),
+    then best fit on everything."""
+    spots = []
+    reservation = state.reservation
+    if reservation is not None and state.config.backfill:
+        needed = usage(reservation.job.shape, reservation.start.placement)
+        spots.append(place_gang(job.shape, without_reserved(state.free, needed)))
+    spots.append(place_gang(job.shape, state.free))
+    return [p for p in spots if p is not None]
+
+
+def _admit(state: _Pass, job: JobView, placement: Placement, position: int) -> None:
+    """Take the resources now and put their expected return on the timeline, so later
+    reservations and estimates account for this job too."""
+    used = usage(job.shape, placement)
+    state.free = with_removed(state.free, used)
+    ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
+    bisect.insort(state.releases, Release(ends, job.id, used), key=lambda r: (r.at, r.job_id))
     nodes = len(set(placement.node_ids))
-    return f"first in queue order; {job.shape.num_gpus} GPUs free on {nodes} node(s)"
+    if state.reservation is None:
+        reason = f"queue position {position}; {job.shape.num_gpus} GPUs free on {nodes} node(s)"
+    else:
+        reason = (
+            f"backfilled at queue position {position} on {nodes} node(s) without delaying "
+            f"job {state.reservation.job.id}'s reserved start"
+        )
+    state.decisions.append(Admit(job.id, placement, reason))
 
 
-def _no_room_reason(job: JobView, free_gpus: int) -> str:
-    return (
-        f"waiting for resources: needs {job.shape.num_gpus} GPUs "
-        f"({job.shape.num_ranks} ranks, tp={job.shape.parallelism.tp} per node); "
-        f"{free_gpus} GPUs free now"
+def _harmless(state: _Pass, job: JobView, placement: Placement) -> bool:
+    """Does starting `job` now leave the reserved job's start intact? If so, and it would
+    still hold resources at that time, take them out of the reserved future capacity."""
+    reservation = state.reservation
+    if reservation is None:
+        return True
+    if not state.config.backfill:
+        return False
+    ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
+    if ends <= reservation.start.at:
+        return True
+    future = with_removed(reservation.start.free, usage(job.shape, placement))
+    if place_gang(reservation.job.shape, future) is None:
+        return False
+    reservation.start = Start(reservation.start.at, reservation.start.placement, future)
+    return True
+
+
+def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
+    """The first job that cannot start now: make room by preemption, or reserve its start."""
+    if placement is None and _room_is_coming(state, job):
+        return
+    if placement is None and state.config.preemption and _preempt_for(state, job):
+        return
+    start = earliest_start(job.shape, state.free, state.releases, state.now)
+    if start is None:
+        state.decisions.append(Wait(job.id, _never_on_alive_nodes(job)))
+        return
+    state.reservation = _Reservation(job, start)
+    state.decisions.append(
+        Wait(job.id, _explain_blocked(state, job, start), start.at, reserved=True)
     )
 
 
-def _behind_reason(blocker: JobView) -> str:
+def _room_is_coming(state: _Pass, job: JobView) -> bool:
+    """Gangs already preempting free enough for this job: wait for them, take no more."""
+    leaving = [h for h in state.holders if h.state is JobState.PREEMPTING]
+    capacity = freed_by(state.free, leaving)
+    placement = place_gang(job.shape, capacity)
+    if not leaving or placement is None:
+        return False
+    deadline = max(expected_end(h, state.now, state.config) for h in leaving)
+    ids = ", ".join(str(h.id) for h in leaving)
+    explanation = Explanation(
+        Blocker.PREEMPTING,
+        f"waiting for preempted job(s) {ids} to checkpoint and exit",
+        f"starts when they have gone (by {deadline:%Y-%m-%d %H:%M:%S} UTC at the latest)",
+    )
+    state.reservation = _Reservation(job, Start(deadline, placement, capacity))
+    state.decisions.append(Wait(job.id, explanation, deadline, reserved=True))
+    return True
+
+
+def _preempt_for(state: _Pass, job: JobView) -> bool:
+    victims = choose_victims(job, state.free, state.holders, state.now, state.config)
+    if not victims:
+        return False
+    deadline = state.now + timedelta(seconds=state.config.checkpoint_grace_s)
+    for victim in victims:
+        reason = (
+            f"preempted for job {job.id} (priority {job.priority} > {victim.priority}); "
+            f"checkpoint and exit by {deadline:%H:%M:%S} UTC"
+        )
+        state.decisions.append(Preempt(victim.id, job.id, deadline, reason))
+    capacity = freed_by(state.free, victims)
+    placement = place_gang(job.shape, capacity)
+    assert placement is not None  # choose_victims guarantees the fit
+    state.reservation = _Reservation(job, Start(deadline, placement, capacity))
+    ids = ", ".join(str(v.id) for v in victims)
+    explanation = Explanation(
+        Blocker.PREEMPTING,
+        f"preempting lower-priority job(s) {ids} to make room",
+        f"starts when they have checkpointed (by {deadline:%H:%M:%S} UTC)",
+    )
+    state.decisions.append(Wait(job.id, explanation, deadline, reserved=True))
+    return True
+
+
+def _wait(state: _Pass, job: JobView, placement: Placement | None) -> None:
+    reservation = state.reservation
+    assert reservation is not None
+    eta = _estimate_start(state, job)
+    if placement is not None:
+        explanation = Explanation(
+            Blocker.RESERVATION,
+            f"fits now, but would delay the start reserved for job {reservation.job.id} "
+            f"at {reservation.start.at:%Y-%m-%d %H:%M:%S} UTC",
+            "starts when it can run without delaying that job (a time limit short enough "
+            "to end before then lets it start now)",
+            reservation.job.id,
+        )
+    elif eta is None:
+        explanation = _explain_shortage(state, job, f"queue behind job {reservation.job.id}")
+    else:
+        explanation = _explain_blocked(state, job, eta)
+    state.decisions.append(Wait(job.id, explanation, eta.at if eta else None))
+
+
+def _estimate_start(state: _Pass, job: JobView) -> Start | None:
+    """Conservative ETA: on the release timeline, with the reserved job holding its
+    placement from now on. Only the first `eta_jobs` blocked jobs get one (cost bound)."""
+    if state.etas_left <= 0 or state.reservation is None:
+        return None
+    state.etas_left -= 1
+    reserved = state.reservation
+    held = usage(reserved.job.shape, reserved.start.placement)
+    start = earliest_start(job.shape, with_removed(state.free, held), state.releases, state.now)
+    if start is None:
+        return None
     return (
-        f"waiting behind job {blocker.id} (earlier in queue order), which needs "
-        f"{blocker.shape.num_gpus} GPUs and has not started yet"
+        start
+        if start.at >= reserved.start.at
+        else Start(reserved.start.at, start.placement, start.free)
+    )
+
+
+def _explain_blocked(state: _Pass, job: JobView, start: Start) -> Explanation:
+    when = f"{start.at:%Y-%m-%d %H:%M:%S} UTC"
+    freeing = [r.job_id for r in state.releases if r.at <= start.at][-3:]
+    by = (
+        f"; job(s) {', '.join(map(str, freeing))} are expected to free GPUs by then"
+        if freeing
+        else ""
+    )
+    return _explain_shortage(state, job, f"expected to start at {when}{by}")
+
+
+def _explain_shortage(state: _Pass, job: JobView, unblock: str) -> Explanation:
+    shape = job.shape
+    need = shape.num_gpus
+    free_now = free_gpus(state.free)
+    if free_now < need:
+        return Explanation(Blocker.CLUSTER_FULL, f"needs {need} GPUs; {free_now} free now", unblock)
+    group = shape.ranks_per_group * shape.gpus_per_rank
+    largest = max((c.gpus for c in state.free.values()), default=0)
+    return Explanation(
+        Blocker.NODE_SHAPE,
+        f"needs {shape.num_ranks // shape.ranks_per_group} block(s) of {group} GPUs on one "
+        f"node; {free_now} GPUs are free but the largest free block is {largest}",
+        unblock,
+    )
+
+
+def _never_on_alive_nodes(job: JobView) -> Explanation:
+    return Explanation(
+        Blocker.NODE_SHAPE,
+        f"needs {job.shape.num_gpus} GPUs in blocks of {job.shape.ranks_per_group} ranks; the "
+        "alive nodes cannot hold it even when every running job has ended",
+        "starts when enough nodes come back",
     )

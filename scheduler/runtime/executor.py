@@ -15,6 +15,7 @@ from workers.group import GroupSpec, GroupStatus, WorkerGroup
 class Executor(Protocol):
     def launch(self, job: JobRecord) -> None: ...
     def attach(self, job: JobRecord) -> bool: ...
+    def stop(self, job_id: int) -> None: ...
     def poll(self) -> dict[int, GroupStatus]: ...
     def release(self, job_id: int) -> None: ...
     def job_ids(self) -> set[int]: ...
@@ -54,6 +55,12 @@ class RayExecutor:
         if group is not None:
             self._groups[job.id] = group
         return group is not None
+
+    def stop(self, job_id: int) -> None:
+        """Ask the ranks to stop after their current step (preemption notice)."""
+        group = self._groups.get(job_id)
+        if group is not None:
+            group.stop()
 
     def poll(self) -> dict[int, GroupStatus]:
         return {job_id: group.poll() for job_id, group in self._groups.items()}

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import datetime
 
-from scheduler.core import Admit, schedule
+from scheduler.core import Admit, PolicyConfig, Preempt, Wait, schedule
 from scheduler.model import ACTIVE_STATES, ClusterSnapshot, JobState, Node
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.runtime.executor import Executor
@@ -24,7 +25,8 @@ from workers.group import GroupPhase, GroupStatus
 
 log = logging.getLogger(__name__)
 
-_SCHEDULED_STATES = (JobState.PENDING, *ACTIVE_STATES)
+_SCHEDULED_STATES = (JobState.PENDING, *ACTIVE_STATES, JobState.PREEMPTING)
+_WATCHED_STATES = (*ACTIVE_STATES, JobState.PREEMPTING)  # states with a live group
 
 
 class SchedulerLoop:
@@ -35,18 +37,21 @@ class SchedulerLoop:
         cluster: ClusterSource,
         executor: Executor,
         clock: Callable[[], datetime] = utcnow,
+        policy: PolicyConfig | None = None,
     ) -> None:
         self._repo = repo
         self._cluster = cluster
         self._executor = executor
         self._clock = clock
+        self._policy = policy or PolicyConfig()
 
     # -- start-up ---------------------------------------------------------------------
 
     def reconcile(self) -> None:
         """Match every active job in the store with what Ray runs: reattach or requeue."""
-        for job in self._repo.in_states(ACTIVE_STATES):
-            if job.state is JobState.RUNNING and self._executor.attach(job):
+        for job in self._repo.in_states(_WATCHED_STATES):
+            running = job.state in (JobState.RUNNING, JobState.PREEMPTING)
+            if running and self._executor.attach(job):
                 log.info("job %s: reattached to its running ranks", job.id)
                 continue
             self._requeue(
@@ -81,17 +86,36 @@ class SchedulerLoop:
 
     def _release_inactive_groups(self) -> None:
         for job_id in self._executor.job_ids():
-            if self._repo.get(job_id).state not in ACTIVE_STATES:
+            if self._repo.get(job_id).state not in _WATCHED_STATES:
                 self._executor.release(job_id)
 
     def _apply_decisions(self, nodes: list[Node], jobs: list[JobRecord]) -> None:
         records = {job.id: job for job in jobs}
         views = [job_view(job) for job in jobs]
-        for decision in schedule(ClusterSnapshot(tuple(nodes)), views, self._clock()):
+        snapshot = ClusterSnapshot(tuple(nodes))
+        for decision in schedule(snapshot, views, self._clock(), self._policy):
             if isinstance(decision, Admit):
                 self._admit(records[decision.job_id], decision)
+            elif isinstance(decision, Preempt):
+                self._preempt(records[decision.job_id], decision)
             else:
-                self._repo.explain_wait(decision.job_id, decision.reason)
+                self._explain(decision)
+
+    def _explain(self, decision: Wait) -> None:
+        self._repo.explain_wait(
+            decision.job_id,
+            decision.reason,
+            explanation=asdict(decision.explanation),
+            estimated_start_at=decision.estimated_start_at,
+        )
+
+    def _preempt(self, job: JobRecord, decision: Preempt) -> None:
+        """Send the stop notice; the gang is released when it exits or at the deadline."""
+        preempting = self._transition(
+            job, JobState.PREEMPTING, decision.reason, preempt_deadline=decision.deadline
+        )
+        if preempting.state is JobState.PREEMPTING:
+            self._executor.stop(job.id)
 
     def _admit(self, job: JobRecord, decision: Admit) -> None:
         try:
@@ -103,6 +127,9 @@ class SchedulerLoop:
                 placement=list(decision.placement.node_ids),
                 attempt=job.attempt + 1,
                 error=None,
+                step=0,
+                loss=None,
+                tokens_per_s=None,
             )
         except StaleState:
             return  # cancelled meanwhile
@@ -122,12 +149,14 @@ class SchedulerLoop:
     def _poll_groups(self) -> None:
         for job_id, status in self._executor.poll().items():
             job = self._repo.get(job_id)
-            if job.state not in ACTIVE_STATES:
+            if job.state is JobState.PREEMPTING:
+                self._observe_preempting(job, status)
+            elif job.state in ACTIVE_STATES:
+                self._observe(job, status)
+            else:
                 self._executor.release(job_id)
-                continue
-            self._observe(job, status)
 
-    def _observe(self, job: JobRecord, status: GroupStatus) -> None:
+    def _record_progress(self, job: JobRecord, status: GroupStatus) -> None:
         if status.step != job.step:
             self._repo.record_progress(
                 job.id,
@@ -136,6 +165,9 @@ class SchedulerLoop:
                 first_loss=status.first_loss,
                 tokens_per_s=status.tokens_per_s,
             )
+
+    def _observe(self, job: JobRecord, status: GroupStatus) -> None:
+        self._record_progress(job, status)
         if status.ranks_started and job.state is JobState.STARTING:
             job = self._transition(
                 job, JobState.RUNNING, f"all {len(job.placement or ())} ranks started"
@@ -160,6 +192,30 @@ class SchedulerLoop:
                 f"time limit of {limit} s exceeded",
                 error="time limit exceeded",
             )
+
+    def _observe_preempting(self, job: JobRecord, status: GroupStatus) -> None:
+        """Requeue once the ranks have stopped, or at the deadline (then they are killed)."""
+        self._record_progress(job, status)
+        exited = status.phase in (GroupPhase.SUCCEEDED, GroupPhase.FAILED)
+        deadline = job.preempt_deadline
+        if not exited and (deadline is None or self._clock() < deadline):
+            return
+        self._executor.release(job.id)
+        finished = job.total_steps is not None and status.step >= job.total_steps
+        if status.phase is GroupPhase.SUCCEEDED and finished:
+            self._transition(
+                job, JobState.SUCCEEDED, f"finished at step {status.step} while preempted"
+            )
+            return
+        how = "stopped" if exited else "killed at the deadline"
+        self._transition(
+            job,
+            JobState.PENDING,
+            f"{how} at step {status.step} and requeued; no checkpoint yet, so it restarts "
+            f"from step 0 ({status.step} steps lost)",
+            placement=None,
+            preempt_deadline=None,
+        )
 
     def _fail_or_restart(self, job: JobRecord, error: str) -> None:
         max_restarts = int(job.spec.get("max_restarts", 0))

@@ -76,6 +76,9 @@ class JobRecord:
     first_loss: float | None
     tokens_per_s: float | None
     progress_at: datetime | None
+    estimated_start_at: datetime | None
+    explanation: dict[str, Any] | None
+    preempt_deadline: datetime | None
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,9 @@ class JobRepository:
                 raise IllegalTransition(job_id, old, new_state)
             values: dict[str, Any] = {"state": new_state.value, "updated_at": now, **fields}
             values.setdefault("status_reason", reason)
+            if new_state is not JobState.PENDING:
+                values.setdefault("estimated_start_at", None)
+                values.setdefault("explanation", None)
             stamp = _TIMESTAMP_ON_ENTRY.get(new_state)
             if stamp is not None:
                 values.setdefault(stamp, now)
@@ -223,17 +229,30 @@ class JobRepository:
             assert fresh is not None
             return _job_record(fresh)
 
-    def explain_wait(self, job_id: int, reason: str) -> None:
-        """Record why a pending job waits (no event: it is not a state change)."""
+    def explain_wait(
+        self,
+        job_id: int,
+        reason: str,
+        *,
+        explanation: dict[str, Any] | None = None,
+        estimated_start_at: datetime | None = None,
+    ) -> None:
+        """Record why a pending job waits and when it should start (no event: it is not a
+        state change). Rows whose explanation is unchanged are not rewritten."""
         with Session(self._engine) as session, session.begin():
             session.execute(
                 update(JobRow)
+                .where(JobRow.id == job_id, JobRow.state == JobState.PENDING.value)
                 .where(
-                    JobRow.id == job_id,
-                    JobRow.state == JobState.PENDING.value,
-                    JobRow.status_reason != reason,
+                    (JobRow.status_reason != reason)
+                    | _differs(JobRow.estimated_start_at, estimated_start_at)
                 )
-                .values(status_reason=reason, updated_at=self._clock())
+                .values(
+                    status_reason=reason,
+                    explanation=explanation,
+                    estimated_start_at=estimated_start_at,
+                    updated_at=self._clock(),
+                )
             )
 
     def record_progress(
@@ -296,6 +315,10 @@ class JobRepository:
         return state or "?"
 
 
+def _differs(column: Any, value: datetime | None) -> Any:
+    return column.is_not(None) if value is None else (column.is_(None) | (column != value))
+
+
 def _job_record(row: JobRow) -> JobRecord:
     return JobRecord(
         id=row.id,
@@ -321,6 +344,9 @@ def _job_record(row: JobRow) -> JobRecord:
         first_loss=row.first_loss,
         tokens_per_s=row.tokens_per_s,
         progress_at=row.progress_at,
+        estimated_start_at=row.estimated_start_at,
+        explanation=row.explanation,
+        preempt_deadline=row.preempt_deadline,
     )
 
 

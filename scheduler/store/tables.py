@@ -77,6 +77,9 @@ class JobRow(Base):
     first_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    estimated_start_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    explanation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    preempt_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class JobEventRow(Base):

@@ -31,7 +31,11 @@ class FakeExecutor:
     statuses: dict[int, GroupStatus] = field(default_factory=dict)
     launched: list[tuple[int, int, tuple[str, ...]]] = field(default_factory=list)
     released: list[int] = field(default_factory=list)
+    stopped: list[int] = field(default_factory=list)
     attachable: set[int] = field(default_factory=set)
+
+    def stop(self, job_id: int) -> None:
+        self.stopped.append(job_id)
 
     def launch(self, job: JobRecord) -> None:
         assert job.placement is not None
@@ -150,7 +154,9 @@ def test_waiting_jobs_get_a_reason_and_start_when_room_frees(
     assert repo.get(big.id).state is JobState.STARTING
     waiting = repo.get(small.id)
     assert waiting.state is JobState.PENDING
-    assert "needs 4 GPUs" in waiting.status_reason and "2 GPUs free" in waiting.status_reason
+    assert waiting.status_reason.startswith("needs 4 GPUs; 2 free now; expected to start at")
+    assert waiting.explanation is not None and waiting.explanation["blocker"] == "cluster_full"
+    assert waiting.estimated_start_at is not None
 
     executor.statuses[big.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
     loop.tick()
@@ -245,3 +251,53 @@ def test_reconcile_reattaches_running_jobs_and_requeues_lost_ones(
         assert record.state is JobState.PENDING
         assert "service restarted" in record.status_reason
         assert record.restarts == 0
+
+
+def test_preemption_notice_then_requeue_then_the_preemptor_starts(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
+) -> None:
+    low = submit(repo, dp=8, priority=0)
+    loop.tick()
+    executor.statuses[low.id] = GroupStatus(GroupPhase.RUNNING, True, step=5)
+    loop.tick()
+    clock.now += timedelta(hours=1)  # past the minimum runtime
+    high = submit(repo, dp=4, priority=5)
+    loop.tick()
+    victim = repo.get(low.id)
+    assert victim.state is JobState.PREEMPTING
+    assert victim.preempt_deadline is not None
+    assert executor.stopped == [low.id]
+    waiting = repo.get(high.id)
+    assert waiting.explanation is not None and waiting.explanation["blocker"] == "preempting"
+
+    loop.tick()  # still stopping: nothing changes, no second notice
+    assert repo.get(low.id).state is JobState.PREEMPTING and executor.stopped == [low.id]
+
+    executor.statuses[low.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=6)  # it stopped
+    loop.tick()
+    requeued = repo.get(low.id)
+    assert requeued.state is JobState.PENDING
+    assert "stopped at step 6 and requeued" in requeued.status_reason
+    assert "(6 steps lost)" in requeued.status_reason
+    loop.tick()
+    assert repo.get(high.id).state is JobState.STARTING
+    assert transitions(repo, low.id)[-3:] == ["RUNNING", "PREEMPTING", "PENDING"]
+
+
+def test_a_victim_that_ignores_the_notice_is_killed_at_the_deadline(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
+) -> None:
+    low = submit(repo, dp=8, priority=0)
+    loop.tick()
+    executor.statuses[low.id] = GroupStatus(GroupPhase.RUNNING, True, step=5)
+    loop.tick()
+    clock.now += timedelta(hours=1)
+    submit(repo, dp=4, priority=5)
+    loop.tick()
+    loop.tick()
+    assert repo.get(low.id).state is JobState.PREEMPTING
+    clock.now += timedelta(minutes=10)
+    loop.tick()
+    assert repo.get(low.id).state is JobState.PENDING
+    assert low.id in executor.released
+    assert "killed at the deadline" in repo.get(low.id).status_reason

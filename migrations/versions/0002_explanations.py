@@ -1,0 +1,31 @@
+"""scheduling explanations, estimated start, preemption deadline
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-11-29 17:06:08.110065
+"""
+
+from alembic import op
+import sqlalchemy as sa
+
+
+revision = '0002'
+down_revision = '0001'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('jobs', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('estimated_start_at', sa.DateTime(timezone=True), nullable=True))
+        batch_op.add_column(sa.Column('explanation', sa.JSON(), nullable=True))
+        batch_op.add_column(sa.Column('preempt_deadline', sa.DateTime(timezone=True), nullable=True))
+
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('jobs', schema=None) as batch_op:
+        batch_op.drop_column('preempt_deadline')
+        batch_op.drop_column('explanation')
+        batch_op.drop_column('estimated_start_at')
+

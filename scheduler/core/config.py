@@ -1,0 +1,41 @@
+"""Policy knobs, validated at construction (principle 9)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Defaults are reasoned guesses, not yet tuned on traces (the simulator will do that).
+
+    aging_interval_s: a pending job gains one priority point per interval waited. Bound: a
+        job of priority p can be overtaken by newly submitted jobs of priority p + d only
+        for (d + 1) x aging_interval_s; after that it ranks ahead of every new arrival, so
+        it waits at most that long plus the time for the finitely many jobs already ahead
+        of it to start.
+    min_runtime_s: a job that has run for less than this is never a preemption victim
+        (no thrashing).
+    checkpoint_grace_s: how long a victim has to checkpoint and exit before its
+        resources are taken.
+    default_runtime_s: the runtime assumed for a job with no time limit and no measured
+        progress yet (conservative: a long guess protects reservations).
+    eta_jobs: how many blocked jobs, in queue order, get an exact estimated start time
+        per pass (each costs a search over the release timeline); later ones get none.
+    """
+
+    aging_interval_s: float = 3600.0
+    min_runtime_s: float = 600.0
+    checkpoint_grace_s: float = 120.0
+    default_runtime_s: float = 24 * 3600.0
+    eta_jobs: int = 50
+    backfill: bool = True
+    preemption: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("aging_interval_s", "default_runtime_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        for name in ("min_runtime_s", "checkpoint_grace_s", "eta_jobs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")

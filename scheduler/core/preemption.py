@@ -1,0 +1,58 @@
+"""Choose victims for a pending job: whole gangs, only if removing them makes it fit.
+
+Victims are simulated away on a copy of the free capacity; nothing is committed unless the
+job then fits (principle 6). Only RUNNING jobs that are preemptible, have strictly lower
+(base, un-aged) priority than the job and have run at least `min_runtime_s` qualify: so a
+job of priority p is never preempted for a job of priority <= p, and aging alone never
+causes a preemption.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from scheduler.core.config import PolicyConfig
+from scheduler.core.ordering import victim_order
+from scheduler.core.placement import Capacity, FreeMap, place_gang, usage, with_added
+from scheduler.model import JobState, JobView
+
+
+def choose_victims(
+    job: JobView,
+    free: FreeMap,
+    holders: Sequence[JobView],
+    now: datetime,
+    config: PolicyConfig,
+) -> list[JobView] | None:
+    """The cheapest set of gangs (in `victim_order`) whose removal lets `job` fit, pruned
+    so that no victim could be spared; None when no such set exists."""
+    eligible = victim_order([v for v in holders if _eligible(v, job, now, config)], now)
+    chosen: list[JobView] = []
+    for victim in eligible:
+        chosen.append(victim)
+        if place_gang(job.shape, freed_by(free, chosen)) is not None:
+            break
+    else:
+        return None
+    for victim in reversed(list(chosen)):  # spare the most expensive first
+        rest = [v for v in chosen if v is not victim]
+        if place_gang(job.shape, freed_by(free, rest)) is not None:
+            chosen = rest
+    return chosen
+
+
+def freed_by(free: FreeMap, jobs: Sequence[JobView]) -> dict[str, Capacity]:
+    """`free` plus everything `jobs` hold."""
+    capacity = dict(free)
+    for job in jobs:
+        if job.placement is not None:
+            capacity = with_added(capacity, usage(job.shape, job.placement))
+    return capacity
+
+
+def _eligible(victim: JobView, job: JobView, now: datetime, config: PolicyConfig) -> bool:
+    if victim.state is not JobState.RUNNING or not victim.preemptible or victim.run is None:
+        return False
+    ran_s = (now - victim.run.started_at).total_seconds()
+    return victim.priority < job.priority and ran_s >= config.min_runtime_s

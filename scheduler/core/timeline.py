@@ -1,0 +1,93 @@
+"""When will resources free up? Expected ends of running jobs and earliest start times.
+
+Estimates use only what a real cluster knows: the job's time limit, or steps left x the
+measured step time, or `default_runtime_s` when neither is known. A job past its estimate
+is assumed to end now (it may end any moment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from scheduler.core.config import PolicyConfig
+from scheduler.core.placement import Capacity, FreeMap, place_gang, usage
+from scheduler.model import GangShape, JobState, JobView, Placement
+
+
+@dataclass(frozen=True)
+class Release:
+    at: datetime
+    job_id: int
+    capacity: Mapping[str, Capacity]
+
+
+@dataclass(frozen=True)
+class Start:
+    at: datetime
+    placement: Placement
+    free: dict[str, Capacity]  # capacity at `at`, before this job takes its placement
+
+
+def expected_end(job: JobView, now: datetime, config: PolicyConfig) -> datetime:
+    if job.state is JobState.PREEMPTING:
+        return now + timedelta(seconds=config.checkpoint_grace_s)
+    started = job.run.started_at if job.run else now
+    return max(now, started + timedelta(seconds=expected_runtime_s(job, config)))
+
+
+def expected_runtime_s(job: JobView, config: PolicyConfig) -> float:
+    if job.time_limit_s is not None:
+        return job.time_limit_s
+    run = job.run
+    if run and run.step_time_s is not None and run.total_steps is not None:
+        return run.total_steps * run.step_time_s
+    return config.default_runtime_s
+
+
+def release_timeline(
+    holders: Sequence[JobView], now: datetime, config: PolicyConfig
+) -> list[Release]:
+    """Every holder's resources, in the order they are expected back (ties by job id)."""
+    releases = [
+        Release(expected_end(job, now, config), job.id, usage(job.shape, job.placement))
+        for job in holders
+        if job.placement is not None
+    ]
+    return sorted(releases, key=lambda r: (r.at, r.job_id))
+
+
+def earliest_start(
+    shape: GangShape, free: FreeMap, releases: Sequence[Release], now: datetime
+) -> Start | None:
+    """The first time the gang fits, adding releases in order; None if it never does.
+
+    Fitting only gets easier as releases add capacity, so the first fitting prefix is
+    found by binary search: O(log R) placements instead of R.
+    """
+    placement = place_gang(shape, free)
+    if placement is not None:
+        return Start(now, placement, dict(free))
+    low, high = 1, len(releases)
+    found: Start | None = None
+    while low <= high:
+        middle = (low + high) // 2
+        capacity = _after(free, releases[:middle])
+        placement = place_gang(shape, capacity)
+        if placement is None:
+            low = middle + 1
+        else:
+            found = Start(releases[middle - 1].at, placement, capacity)
+            high = middle - 1
+    return found
+
+
+def _after(free: FreeMap, releases: Sequence[Release]) -> dict[str, Capacity]:
+    """Capacity once `releases` have happened (one copy, updated in place: this is hot)."""
+    capacity = dict(free)
+    for release in releases:
+        for node_id, cap in release.capacity.items():
+            if node_id in capacity:
+                capacity[node_id] = capacity[node_id].plus(cap)
+    return capacity

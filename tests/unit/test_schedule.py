@@ -1,0 +1,318 @@
+"""schedule(): ordering, aging, reservations, backfill, preemption, explanations, ETAs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.core import Admit, Blocker, Decision, PolicyConfig, Preempt, Wait, schedule
+from scheduler.model import ClusterSnapshot, JobState, JobView
+from tests.unit.builders import NOW, Cluster, at, pending, running
+
+TWO_BY_FOUR = Cluster().nodes(2, 4).snapshot()
+NO_PREEMPTION = PolicyConfig(preemption=False)
+
+
+def by_id(decisions: Sequence[Decision]) -> dict[int, Decision]:
+    return {d.job_id: d for d in decisions if not isinstance(d, Preempt)}
+
+
+def admitted(decisions: Sequence[Decision]) -> list[int]:
+    return [d.job_id for d in decisions if isinstance(d, Admit)]
+
+
+def test_orders_by_priority_then_submit_time_then_id() -> None:
+    jobs = [
+        pending(3, submitted=-5),
+        pending(1, submitted=-5),
+        pending(2, priority=10, submitted=-1),
+    ]
+    decisions = schedule(Cluster().nodes(3, 1).snapshot(), jobs, NOW)
+    assert admitted(decisions) == [2, 1, 3]
+
+
+def test_aging_lets_an_old_job_overtake_newer_higher_priority_ones() -> None:
+    config = PolicyConfig(aging_interval_s=600)
+    old = pending(1, priority=0, submitted=-1900)  # waited 3 intervals: effective 3
+    new = pending(2, priority=2, submitted=-10)  # effective 2
+    decisions = schedule(Cluster().nodes(1, 1).snapshot(), [new, old], NOW, config)
+    assert admitted(decisions) == [1]
+
+
+def test_running_jobs_hold_their_gpus() -> None:
+    jobs = [running(1, ["n0"] * 3), pending(2, dp=2)]
+    (wait,) = schedule(Cluster().nodes(1, 4).snapshot(), jobs, NOW)
+    assert isinstance(wait, Wait)
+    assert wait.explanation.blocker is Blocker.CLUSTER_FULL
+    assert wait.explanation.message == "needs 2 GPUs; 1 free now"
+
+
+def test_head_job_gets_a_reservation_at_the_expected_end_of_running_jobs() -> None:
+    jobs = [
+        running(1, ["n0"] * 4, started=-600, time_limit_s=3600),  # ends at +3000
+        running(2, ["n1"] * 4, started=-600, time_limit_s=7200),  # ends at +6600
+        pending(3, dp=4),
+    ]
+    (wait,) = schedule(TWO_BY_FOUR, jobs, NOW)
+    assert isinstance(wait, Wait) and wait.reserved
+    assert wait.estimated_start_at == at(3000)
+    assert "job(s) 1 are expected to free GPUs" in wait.explanation.unblock
+
+
+def test_runtime_estimate_from_measured_progress() -> None:
+    jobs = [
+        running(1, ["n0"] * 4, started=-100, step=100, total_steps=1000, step_time_s=1.0),
+        pending(2, dp=4),
+    ]
+    (wait,) = schedule(Cluster().nodes(1, 4).snapshot(), jobs, NOW)
+    assert isinstance(wait, Wait) and wait.estimated_start_at == at(900)
+
+
+def test_backfill_admits_a_short_job_that_ends_before_the_reservation() -> None:
+    jobs = [
+        running(1, ["n0"] * 4, started=-600, time_limit_s=3600),  # n0 free at +3000
+        running(2, ["n1"] * 2, started=-600, time_limit_s=7200),  # n1 has 2 free now
+        pending(3, dp=4, priority=5),  # head: reserved at +3000 on n0
+        pending(4, dp=2, time_limit_s=1800),  # ends at +1800 < +3000
+        pending(5, dp=2),  # no limit: assumed to run past +3000
+    ]
+    decisions = by_id(schedule(TWO_BY_FOUR, jobs, NOW, NO_PREEMPTION))
+    head, short, long_job = decisions[3], decisions[4], decisions[5]
+    assert isinstance(head, Wait) and head.reserved and head.estimated_start_at == at(3000)
+    assert isinstance(short, Admit) and "backfilled" in short.reason
+    assert isinstance(long_job, Wait)
+
+
+def test_backfill_may_use_gpus_the_reserved_job_does_not_need() -> None:
+    jobs = [
+        running(1, ["n0"] * 2, started=-600, time_limit_s=3600),  # n0: 2 free, 4 at +3000
+        running(3, ["n1"] * 4, started=-600, time_limit_s=7200),  # n1: full until +6600
+        pending(2, tp=4, priority=5),  # one 4-GPU block: reserved on n0 at +3000
+        pending(4, dp=2),  # fits n0's 2 free GPUs now, but with no limit runs past +3000
+    ]
+    decisions = by_id(schedule(TWO_BY_FOUR, jobs, NOW, NO_PREEMPTION))
+    assert isinstance(decisions[2], Wait) and decisions[2].estimated_start_at == at(3000)
+    four = decisions[4]
+    assert isinstance(four, Wait) and four.explanation.blocker is Blocker.RESERVATION
+    assert four.explanation.blocking_job_id == 2
+
+    # With a third node whose 2 free GPUs job 2 never needs, job 4 starts there now.
+    jobs.append(running(5, ["n2"] * 2, started=-600, time_limit_s=99_999))
+    three_nodes = Cluster().nodes(3, 4).snapshot()
+    decisions = by_id(schedule(three_nodes, jobs, NOW, NO_PREEMPTION))
+    assert isinstance(decisions[4], Admit) and set(decisions[4].placement.node_ids) == {"n2"}
+
+
+def test_backfill_off_keeps_strict_order() -> None:
+    jobs = [
+        running(1, ["n0"] * 4, started=-600, time_limit_s=3600),
+        pending(2, dp=8, priority=5),
+        pending(3, dp=1, time_limit_s=60),
+    ]
+    decisions = by_id(
+        schedule(TWO_BY_FOUR, jobs, NOW, PolicyConfig(backfill=False, preemption=False))
+    )
+    assert isinstance(decisions[3], Wait)
+
+
+def test_preempts_the_cheapest_lower_priority_gangs_that_make_room() -> None:
+    jobs = [
+        running(1, ["n0"] * 2, priority=1),
+        running(2, ["n0"] * 2, priority=0, step=10, step_time_s=1.0),  # 10 s lost
+        running(3, ["n1"] * 4, priority=0, step=500, step_time_s=1.0),  # 500 s lost
+        pending(4, dp=2, priority=9),
+    ]
+    decisions = schedule(TWO_BY_FOUR, jobs, NOW, PolicyConfig(checkpoint_grace_s=60))
+    preempts = [d for d in decisions if isinstance(d, Preempt)]
+    assert [(p.job_id, p.for_job_id, p.deadline) for p in preempts] == [(2, 4, at(60))]
+    wait = by_id(decisions)[4]
+    assert isinstance(wait, Wait) and wait.explanation.blocker is Blocker.PREEMPTING
+    assert wait.estimated_start_at == at(60)
+
+
+def test_preemption_prunes_victims_that_are_not_needed() -> None:
+    jobs = [
+        running(1, ["n0"], priority=0, started=-9000),  # cheapest by start time? older
+        running(2, ["n0"] * 3, priority=0, started=-8000),
+        pending(3, dp=3, priority=5),
+    ]
+    decisions = schedule(Cluster().nodes(1, 4).snapshot(), jobs, NOW)
+    assert [d.job_id for d in decisions if isinstance(d, Preempt)] == [2]
+
+
+def test_never_preempts_for_equal_priority_young_or_protected_jobs() -> None:
+    config = PolicyConfig(min_runtime_s=600)
+    for victim in (
+        running(1, ["n0"] * 4, priority=5),
+        running(1, ["n0"] * 4, priority=0, started=-60),
+        running(1, ["n0"] * 4, priority=0, preemptible=False),
+    ):
+        decisions = schedule(
+            Cluster().nodes(1, 4).snapshot(), [victim, pending(2, dp=4, priority=5)], NOW, config
+        )
+        assert not any(isinstance(d, Preempt) for d in decisions)
+
+
+def test_waits_for_gangs_already_preempting_instead_of_taking_more() -> None:
+    jobs = [
+        running(1, ["n0"] * 4, priority=0, state=JobState.PREEMPTING),
+        running(2, ["n1"] * 4, priority=0),
+        pending(3, dp=4, priority=9),
+    ]
+    decisions = schedule(TWO_BY_FOUR, jobs, NOW)
+    assert not any(isinstance(d, Preempt) for d in decisions)
+    wait = by_id(decisions)[3]
+    assert isinstance(wait, Wait) and wait.explanation.blocker is Blocker.PREEMPTING
+
+
+def test_node_shape_explanation() -> None:
+    jobs = [running(1, ["n0"] * 2), running(2, ["n1"] * 2), pending(3, tp=4, priority=0)]
+    (wait,) = schedule(TWO_BY_FOUR, jobs, NOW, PolicyConfig(preemption=False))
+    assert isinstance(wait, Wait)
+    assert wait.explanation.blocker is Blocker.NODE_SHAPE
+    assert "largest free block is 2" in wait.explanation.message
+
+
+def test_jobs_that_cannot_fit_the_alive_nodes_wait_without_an_eta() -> None:
+    snapshot = Cluster().nodes(1, 4).nodes(1, 4, alive=False).snapshot()
+    (wait,) = schedule(snapshot, [pending(1, dp=8)], NOW)
+    assert isinstance(wait, Wait) and wait.estimated_start_at is None
+    assert "cannot hold it" in wait.explanation.message
+
+
+def test_later_blocked_jobs_get_conservative_etas_up_to_the_horizon() -> None:
+    jobs = [
+        running(1, ["n0"] * 4, started=-600, time_limit_s=1200),  # free at +600
+        running(2, ["n1"] * 4, started=-600, time_limit_s=2400),  # free at +1800
+        pending(3, dp=4, priority=3),
+        pending(4, dp=4, priority=2),
+        pending(5, dp=4, priority=1),
+    ]
+    config = PolicyConfig(eta_jobs=1, preemption=False)
+    decisions = by_id(schedule(TWO_BY_FOUR, jobs, NOW, config))
+    assert [decisions[i].estimated_start_at for i in (3, 4, 5)] == [at(600), at(1800), None]  # type: ignore[union-attr]
+
+
+# -- properties ---------------------------------------------------------------------------
+
+NODE_IDS = [f"n{i}" for i in range(4)]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[ClusterSnapshot, list[JobView]]:
+    gpus = draw(st.lists(st.sampled_from([2, 4, 8]), min_size=1, max_size=4))
+    cluster = Cluster()
+    for count in gpus:
+        cluster.nodes(1, count)
+    snapshot = cluster.snapshot()
+    free = {n.id: n.num_gpus for n in snapshot.nodes}
+    jobs: list[JobView] = []
+    for job_id in range(1, draw(st.integers(0, 4)) + 1):
+        node = draw(st.sampled_from(sorted(free)))
+        size = draw(st.integers(0, free[node]))
+        if size:
+            free[node] -= size
+            jobs.append(
+                running(
+                    job_id,
+                    [node] * size,
+                    priority=draw(st.integers(0, 3)),
+                    started=-draw(st.integers(0, 7200)),
+                    time_limit_s=draw(st.sampled_from([None, 600.0, 3600.0])),
+                    preemptible=draw(st.booleans()),
+                )
+            )
+    for job_id in range(10, 10 + draw(st.integers(0, 8))):
+        jobs.append(
+            pending(
+                job_id,
+                dp=draw(st.integers(1, 4)),
+                tp=draw(st.sampled_from([1, 2])),
+                priority=draw(st.integers(0, 5)),
+                submitted=-draw(st.integers(0, 20_000)),
+                time_limit_s=draw(st.sampled_from([None, 300.0, 5000.0])),
+            )
+        )
+    return snapshot, jobs
+
+
+@given(scenarios())
+def test_properties_of_every_pass(scenario: tuple[ClusterSnapshot, list[JobView]]) -> None:
+    snapshot, jobs = scenario
+    decisions = schedule(snapshot, jobs, NOW)
+    views = {j.id: j for j in jobs}
+
+    # deterministic, whatever the input order
+    assert decisions == schedule(snapshot, list(reversed(jobs)), NOW)
+
+    # every pending job gets exactly one Admit or Wait; only running jobs are preempted
+    pending_ids = {j.id for j in jobs if j.state is JobState.PENDING}
+    assert sorted(d.job_id for d in decisions if not isinstance(d, Preempt)) == sorted(pending_ids)
+
+    # no node over-allocated; gangs whole; TP groups on one node
+    used: Counter[str] = Counter()
+    for job in jobs:
+        if job.placement:
+            used.update(job.placement.node_ids)
+    for decision in decisions:
+        if isinstance(decision, Admit):
+            shape = views[decision.job_id].shape
+            assert len(decision.placement.node_ids) == shape.num_ranks
+            tp = shape.parallelism.tp
+            for group in range(shape.num_ranks // tp):
+                assert len(set(decision.placement.node_ids[group * tp : (group + 1) * tp])) == 1
+            used.update(decision.placement.node_ids)
+    capacity = {n.id: n.num_gpus for n in snapshot.nodes}
+    assert all(used[node] <= capacity[node] for node in used)
+
+    # a job is only preempted for a job of strictly higher priority
+    for decision in decisions:
+        if isinstance(decision, Preempt):
+            assert views[decision.job_id].priority < views[decision.for_job_id].priority
+            assert views[decision.job_id].preemptible
+
+    # no admitted job delays the reserved job: it still fits at its reserved time
+    reserved = [d for d in decisions if isinstance(d, Wait) and d.reserved]
+    assert len(reserved) <= 1
+    if reserved and reserved[0].explanation.blocker is not Blocker.PREEMPTING:
+        later = {d.job_id for d in decisions if isinstance(d, Admit)}
+        check = [j for j in jobs if j.id not in later] + [
+            _as_running(views[d.job_id], d) for d in decisions if isinstance(d, Admit)
+        ]
+        again = by_id(schedule(snapshot, check, NOW))[reserved[0].job_id]
+        assert isinstance(again, Wait | Admit)
+        if isinstance(again, Wait):
+            assert again.estimated_start_at is not None
+            assert again.estimated_start_at <= reserved[0].estimated_start_at  # type: ignore[operator]
+
+
+def _as_running(job: JobView, admit: Admit) -> JobView:
+    nodes = list(admit.placement.node_ids)
+    return running(
+        job.id,
+        nodes,
+        tp=job.shape.parallelism.tp,
+        priority=job.priority,
+        started=0,
+        time_limit_s=job.time_limit_s,
+        preemptible=False,
+    )
+
+
+@given(st.integers(0, 5), st.integers(1, 20))
+def test_aging_bounds_the_wait_behind_a_stream_of_higher_priority_jobs(
+    delta: int, jobs_ahead: int
+) -> None:
+    """A priority-0 job on a one-GPU cluster, with a new priority-`delta` job arriving every
+    interval: after (delta + 1) intervals it ranks ahead of every new arrival."""
+    config = PolicyConfig(aging_interval_s=100)
+    waited = (delta + 1) * 100
+    old = pending(1, priority=0, submitted=-waited)
+    stream = [
+        pending(100 + i, priority=delta, submitted=-i * 1.0) for i in range(min(jobs_ahead, 100))
+    ]
+    decisions = schedule(Cluster().nodes(1, 1).snapshot(), [*stream, old], NOW, config)
+    assert admitted(decisions) == [1]

@@ -1,62 +1,134 @@
-"""Time one pass of the pure scheduling core on a large synthetic cluster and queue.
+"""Time full passes of the pure scheduling core on a large cluster and queue.
 
-.venv/bin/python -m bench.schedule_pass --nodes 128 --gpus-per-node 8 --pending 1000
+Gang sizes are drawn from the Philly trace digest (1 to 64 GPUs); a gang of g GPUs gets the
+largest tp in {1, 2, 4, 8} that divides g. The cluster first runs `--running` jobs (placed
+by the core itself, with time limits or measured progress), then each pending-queue size
+is timed over `--repeat` passes.
+
+    .venv/bin/python -m bench.schedule_pass --nodes 1000 --running 2000 \\
+        --pending 100 1000 10000 --repeat 10
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import random
 import statistics
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from scheduler.core import Admit, schedule
-from scheduler.model import ClusterSnapshot, GangShape, JobState, JobView, Node, Parallelism
+from scheduler.core import Admit, PolicyConfig, Preempt, free_capacity, place_gang, schedule
+from scheduler.core.placement import FreePool, usage
+from scheduler.model import (
+    ClusterSnapshot,
+    GangShape,
+    JobState,
+    JobView,
+    Node,
+    Parallelism,
+    RunInfo,
+)
+
+TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/philly/philly_digest.csv"
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def make_jobs(count: int, seed: int) -> list[JobView]:
-    rng = random.Random(seed)
-    t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    jobs = []
+def trace_sizes(path: Path) -> list[int]:
+    with path.open() as handle:
+        sizes = (int(row["num_gpus"]) for row in csv.DictReader(handle))
+        return [gpus for gpus in sizes if gpus <= 64]
+
+
+def shape_for(gpus: int) -> GangShape:
+    tp = max(t for t in (1, 2, 4, 8) if gpus % t == 0)
+    return GangShape(Parallelism(dp=gpus // tp, tp=tp))
+
+
+def running_jobs(
+    nodes: tuple[Node, ...], sizes: list[int], count: int, rng: random.Random
+) -> list[JobView]:
+    jobs: list[JobView] = []
+    pool = FreePool(free_capacity(nodes, []))
     for job_id in range(1, count + 1):
-        tp = rng.choice([1, 1, 1, 2, 4, 8])
-        dp = rng.choice([1, 1, 2, 4, 8])
+        shape = shape_for(rng.choice(sizes))
+        placement = place_gang(shape, pool)
+        if placement is None:
+            break
+        for node_id, cap in usage(shape, placement).items():
+            pool.take(node_id, cap.gpus, cap.cpus)
+        started = NOW - timedelta(seconds=rng.randint(60, 86_400))
         jobs.append(
             JobView(
                 id=job_id,
                 priority=rng.randint(0, 3),
-                submitted_at=t0 + timedelta(seconds=job_id),
-                state=JobState.PENDING,
-                shape=GangShape(Parallelism(dp=dp, tp=tp)),
+                submitted_at=started - timedelta(seconds=30),
+                state=JobState.RUNNING,
+                shape=shape,
+                placement=placement,
+                time_limit_s=rng.choice([None, 3600.0, 4 * 3600.0, 24 * 3600.0]),
+                run=RunInfo(
+                    started,
+                    step=rng.randint(0, 5000),
+                    total_steps=10_000,
+                    step_time_s=rng.uniform(0.2, 2.0),
+                ),
             )
         )
     return jobs
 
 
+def pending_jobs(sizes: list[int], count: int, first_id: int, rng: random.Random) -> list[JobView]:
+    return [
+        JobView(
+            id=first_id + index,
+            priority=rng.randint(0, 5),
+            submitted_at=NOW - timedelta(seconds=rng.randint(0, 7 * 86_400)),
+            state=JobState.PENDING,
+            shape=shape_for(rng.choice(sizes)),
+            time_limit_s=rng.choice([None, 1800.0, 3600.0, 8 * 3600.0]),
+        )
+        for index in range(count)
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--nodes", type=int, default=128)
+    parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--pending", type=int, default=1000)
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--running", type=int, default=2000)
+    parser.add_argument("--pending", type=int, nargs="+", default=[100, 1000, 10_000])
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--trace", type=Path, default=TRACE)
     args = parser.parse_args()
+    rng = random.Random(0)
+    sizes = trace_sizes(args.trace)
     nodes = tuple(
         Node(f"n{i:04d}", f"node-{i}", args.gpus_per_node, 96.0) for i in range(args.nodes)
     )
-    jobs = make_jobs(args.pending, seed=0)
-    now = datetime(2026, 1, 2, tzinfo=UTC)
-    timings = []
-    for _ in range(args.repeat):
-        started = time.perf_counter()
-        decisions = schedule(ClusterSnapshot(nodes), jobs, now)
-        timings.append(time.perf_counter() - started)
-    admitted = sum(isinstance(d, Admit) for d in decisions)
+    running = running_jobs(nodes, sizes, args.running, rng)
+    used = sum(j.shape.num_gpus for j in running)
     print(
-        f"{args.nodes} nodes x {args.gpus_per_node} GPUs, {args.pending} pending jobs: "
-        f"{admitted} admitted; pass median {statistics.median(timings) * 1000:.1f} ms, "
-        f"max {max(timings) * 1000:.1f} ms over {args.repeat} runs"
+        f"{args.nodes} nodes x {args.gpus_per_node} GPUs; {len(running)} running jobs on "
+        f"{used} GPUs; sizes from {args.trace.name} ({len(sizes)} jobs <= 64 GPUs)"
     )
+    for count in args.pending:
+        jobs = running + pending_jobs(sizes, count, 1_000_000, rng)
+        timings = []
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            decisions = schedule(ClusterSnapshot(nodes), jobs, NOW, PolicyConfig())
+            timings.append(time.perf_counter() - started)
+        timings.sort()
+        admits = sum(isinstance(d, Admit) for d in decisions)
+        preempts = sum(isinstance(d, Preempt) for d in decisions)
+        p95 = timings[min(len(timings) - 1, round(0.95 * (len(timings) - 1)))]
+        print(
+            f"pending {count:>6}: median {statistics.median(timings) * 1000:7.1f} ms, "
+            f"p95 {p95 * 1000:7.1f} ms ({args.repeat} passes); {admits} admitted, "
+            f"{preempts} preempted"
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 
 from gangway.states import JobState as JobState  # re-exported: part of this contract
 
@@ -79,11 +80,11 @@ class GangShape:
     gpus_per_rank: int = 1
     cpus_per_rank: float = 1.0
 
-    @property
+    @cached_property
     def num_ranks(self) -> int:
         return self.parallelism.world_size
 
-    @property
+    @cached_property
     def num_gpus(self) -> int:
         return self.num_ranks * self.gpus_per_rank
 

@@ -14,7 +14,7 @@ from datetime import datetime
 
 from scheduler.core.config import PolicyConfig
 from scheduler.core.ordering import victim_order
-from scheduler.core.placement import Capacity, FreeMap, place_gang, usage, with_added
+from scheduler.core.placement import Capacity, FreeMap, FreePool, place_gang, usage, with_added
 from scheduler.model import JobState, JobView
 
 
@@ -29,9 +29,12 @@ def choose_victims(
     so that no victim could be spared; None when no such set exists."""
     eligible = victim_order([v for v in holders if _eligible(v, job, now, config)], now)
     chosen: list[JobView] = []
+    capacity = FreePool(free)
     for victim in eligible:
         chosen.append(victim)
-        if place_gang(job.shape, freed_by(free, chosen)) is not None:
+        for node_id, cap in usage(victim.shape, victim.placement).items():  # type: ignore[arg-type]
+            capacity.give(node_id, cap)
+        if place_gang(job.shape, capacity) is not None:
             break
     else:
         return None

@@ -1,6 +1,6 @@
 """One scheduling pass: order, admit, reserve, preempt, backfill, explain.
 
-    schedule(snapshot, jobs, now) -> [Admit | Preempt | Wait]
+    schedule(snapshot, jobs, now, config) -> [Admit | Preempt | Wait]
 
 1. Free capacity = alive nodes minus what holders (admitted .. preempting jobs) use.
 2. Pending jobs in queue order: priority + aging, then submit time, then id.
@@ -24,8 +24,8 @@ from scheduler.core.decisions import Admit, Blocker, Decision, Explanation, Pree
 from scheduler.core.ordering import queue_order
 from scheduler.core.placement import (
     Capacity,
+    FreePool,
     free_capacity,
-    free_gpus,
     place_gang,
     usage,
     with_removed,
@@ -48,21 +48,30 @@ from scheduler.model import (
     Placement,
 )
 
+_NOTHING = Capacity(0, 0.0)
+
 
 @dataclass
 class _Reservation:
+    """The start held for the first job that cannot start now. Backfill must leave
+    `future` (capacity at `at`) able to hold `needed` (the planned placement's usage)."""
+
     job: JobView
-    start: Start  # `start.free`: capacity at the reserved time, kept intact by backfill
+    at: datetime
+    placement: Placement
+    future: dict[str, Capacity]
+    needed: dict[str, Capacity]
 
 
 @dataclass
 class _Pass:
     now: datetime
     config: PolicyConfig
-    free: dict[str, Capacity]
+    free: FreePool
     holders: list[JobView]
     releases: list[Release]
     reservation: _Reservation | None = None
+    spare: FreePool | None = None  # free minus what the reservation needs: harmless to use
     decisions: list[Decision] = field(default_factory=list)
     etas_left: int = 0
 
@@ -78,7 +87,7 @@ def schedule(
     state = _Pass(
         now=now,
         config=config,
-        free=free_capacity(snapshot.nodes, holders),
+        free=FreePool(free_capacity(snapshot.nodes, holders)),
         holders=holders,
         releases=release_timeline(holders, now, config),
         etas_left=config.eta_jobs,
@@ -90,63 +99,68 @@ def schedule(
 
 
 def _decide(state: _Pass, job: JobView, position: int) -> None:
-    for candidate in _candidate_placements(state, job):
-        if _harmless(state, job, candidate):
-            _admit(state, job, candidate, position)
+    if state.spare is not None:
+        spot = place_gang(job.shape, state.spare)
+        if spot is not None:  # on GPUs the reserved job will not need: harmless
+            _admit(state, job, spot, position)
             return
     placement = place_gang(job.shape, state.free)
-    if state.reservation is None:
+    if placement is not None and _harmless(state, job, placement):
+        _admit(state, job, placement, position)
+    elif state.reservation is None:
         _reserve(state, job, placement)
     else:
         _wait(state, job, placement)
 
 
-def _candidate_placements(state: _Pass, job: JobView) -> list[Placement]:
-    """Best fit on what the reserved job will not need first (harmless by construction),
-    then best fit on everything."""
-    spots = []
-    reservation = state.reservation
-    if reservation is not None and state.config.backfill:
-        needed = usage(reservation.job.shape, reservation.start.placement)
-        spots.append(place_gang(job.shape, without_reserved(state.free, needed)))
-    spots.append(place_gang(job.shape, state.free))
-    return [p for p in spots if p is not None]
+# -- admission -----------------------------------------------------------------------------
 
 
 def _admit(state: _Pass, job: JobView, placement: Placement, position: int) -> None:
     """Take the resources now and put their expected return on the timeline, so later
     reservations and estimates account for this job too."""
     used = usage(job.shape, placement)
-    state.free = with_removed(state.free, used)
+    for node_id, cap in used.items():
+        state.free.take(node_id, cap.gpus, cap.cpus)
     ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
+    reservation = state.reservation
+    if reservation is not None:
+        _refresh_spare(state, reservation, used)
+        if ends > reservation.at:
+            for node_id, cap in used.items():
+                reservation.future[node_id] = reservation.future[node_id].minus(cap.gpus, cap.cpus)
     bisect.insort(state.releases, Release(ends, job.id, used), key=lambda r: (r.at, r.job_id))
-    nodes = len(set(placement.node_ids))
-    if state.reservation is None:
-        reason = f"queue position {position}; {job.shape.num_gpus} GPUs free on {nodes} node(s)"
+    if reservation is None:
+        reason = f"queue position {position}; {job.shape.num_gpus} GPUs free on {len(used)} node(s)"
     else:
         reason = (
-            f"backfilled at queue position {position} on {nodes} node(s) without delaying "
-            f"job {state.reservation.job.id}'s reserved start"
+            f"backfilled at queue position {position} on {len(used)} node(s) without "
+            f"delaying job {reservation.job.id}'s reserved start"
         )
     state.decisions.append(Admit(job.id, placement, reason))
 
 
 def _harmless(state: _Pass, job: JobView, placement: Placement) -> bool:
-    """Does starting `job` now leave the reserved job's start intact? If so, and it would
-    still hold resources at that time, take them out of the reserved future capacity."""
+    """Does starting `job` now leave the reserved job's planned placement intact? True if
+    it ends before the reserved time, or if every node it uses keeps what the reserved
+    placement needs there (a sufficient check, O(nodes used))."""
     reservation = state.reservation
     if reservation is None:
         return True
     if not state.config.backfill:
         return False
     ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
-    if ends <= reservation.start.at:
+    if ends <= reservation.at:
         return True
-    future = with_removed(reservation.start.free, usage(job.shape, placement))
-    if place_gang(reservation.job.shape, future) is None:
-        return False
-    reservation.start = Start(reservation.start.at, reservation.start.placement, future)
+    for node_id, cap in usage(job.shape, placement).items():
+        left = reservation.future[node_id].minus(cap.gpus, cap.cpus)
+        need = reservation.needed.get(node_id, _NOTHING)
+        if not left.fits(need.gpus, need.cpus):
+            return False
     return True
+
+
+# -- the reservation -----------------------------------------------------------------------
 
 
 def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
@@ -155,22 +169,41 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
         return
     if placement is None and state.config.preemption and _preempt_for(state, job):
         return
-    start = earliest_start(job.shape, state.free, state.releases, state.now)
+    start = earliest_start(job.shape, state.free.as_dict(), state.releases, state.now)
     if start is None:
         state.decisions.append(Wait(job.id, _never_on_alive_nodes(job)))
         return
-    state.reservation = _Reservation(job, start)
-    state.decisions.append(
-        Wait(job.id, _explain_blocked(state, job, start), start.at, reserved=True)
-    )
+    _set_reservation(state, job, start)
+    explanation = _explain_blocked(state, job, start)
+    state.decisions.append(Wait(job.id, explanation, start.at, reserved=True))
+
+
+def _set_reservation(state: _Pass, job: JobView, start: Start) -> None:
+    needed = usage(job.shape, start.placement)
+    state.reservation = _Reservation(job, start.at, start.placement, dict(start.free), needed)
+    if state.config.backfill:
+        state.spare = FreePool(without_reserved(state.free.as_dict(), needed))
+
+
+def _refresh_spare(state: _Pass, reservation: _Reservation, used: dict[str, Capacity]) -> None:
+    if state.spare is None:
+        return
+    for node_id in used:
+        free = state.free.get(node_id)
+        if free is not None:
+            need = reservation.needed.get(node_id, _NOTHING)
+            left = Capacity(max(0, free.gpus - need.gpus), max(0.0, free.cpus - need.cpus))
+            state.spare.set(node_id, left)
 
 
 def _room_is_coming(state: _Pass, job: JobView) -> bool:
     """Gangs already preempting free enough for this job: wait for them, take no more."""
     leaving = [h for h in state.holders if h.state is JobState.PREEMPTING]
-    capacity = freed_by(state.free, leaving)
+    if not leaving:
+        return False
+    capacity = freed_by(state.free.as_dict(), leaving)
     placement = place_gang(job.shape, capacity)
-    if not leaving or placement is None:
+    if placement is None:
         return False
     deadline = max(expected_end(h, state.now, state.config) for h in leaving)
     ids = ", ".join(str(h.id) for h in leaving)
@@ -179,13 +212,14 @@ def _room_is_coming(state: _Pass, job: JobView) -> bool:
         f"waiting for preempted job(s) {ids} to checkpoint and exit",
         f"starts when they have gone (by {deadline:%Y-%m-%d %H:%M:%S} UTC at the latest)",
     )
-    state.reservation = _Reservation(job, Start(deadline, placement, capacity))
+    _set_reservation(state, job, Start(deadline, placement, capacity))
     state.decisions.append(Wait(job.id, explanation, deadline, reserved=True))
     return True
 
 
 def _preempt_for(state: _Pass, job: JobView) -> bool:
-    victims = choose_victims(job, state.free, state.holders, state.now, state.config)
+    free = state.free.as_dict()
+    victims = choose_victims(job, free, state.holders, state.now, state.config)
     if not victims:
         return False
     deadline = state.now + timedelta(seconds=state.config.checkpoint_grace_s)
@@ -195,10 +229,10 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
             f"checkpoint and exit by {deadline:%H:%M:%S} UTC"
         )
         state.decisions.append(Preempt(victim.id, job.id, deadline, reason))
-    capacity = freed_by(state.free, victims)
+    capacity = freed_by(free, victims)
     placement = place_gang(job.shape, capacity)
     assert placement is not None  # choose_victims guarantees the fit
-    state.reservation = _Reservation(job, Start(deadline, placement, capacity))
+    _set_reservation(state, job, Start(deadline, placement, capacity))
     ids = ", ".join(str(v.id) for v in victims)
     explanation = Explanation(
         Blocker.PREEMPTING,
@@ -209,47 +243,46 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
     return True
 
 
+# -- waiting and explaining ----------------------------------------------------------------
+
+
 def _wait(state: _Pass, job: JobView, placement: Placement | None) -> None:
     reservation = state.reservation
     assert reservation is not None
-    eta = _estimate_start(state, job)
+    eta = _estimate_start(state, reservation, job)
     if placement is not None:
         explanation = Explanation(
             Blocker.RESERVATION,
             f"fits now, but would delay the start reserved for job {reservation.job.id} "
-            f"at {reservation.start.at:%Y-%m-%d %H:%M:%S} UTC",
+            f"at {reservation.at:%Y-%m-%d %H:%M:%S} UTC",
             "starts when it can run without delaying that job (a time limit short enough "
             "to end before then lets it start now)",
             reservation.job.id,
         )
     elif eta is None:
-        explanation = _explain_shortage(state, job, f"queue behind job {reservation.job.id}")
+        explanation = _explain_shortage(state, job, f"queued behind job {reservation.job.id}")
     else:
         explanation = _explain_blocked(state, job, eta)
     state.decisions.append(Wait(job.id, explanation, eta.at if eta else None))
 
 
-def _estimate_start(state: _Pass, job: JobView) -> Start | None:
+def _estimate_start(state: _Pass, reservation: _Reservation, job: JobView) -> Start | None:
     """Conservative ETA: on the release timeline, with the reserved job holding its
     placement from now on. Only the first `eta_jobs` blocked jobs get one (cost bound)."""
-    if state.etas_left <= 0 or state.reservation is None:
+    if state.etas_left <= 0:
         return None
     state.etas_left -= 1
-    reserved = state.reservation
-    held = usage(reserved.job.shape, reserved.start.placement)
-    start = earliest_start(job.shape, with_removed(state.free, held), state.releases, state.now)
-    if start is None:
-        return None
-    return (
-        start
-        if start.at >= reserved.start.at
-        else Start(reserved.start.at, start.placement, start.free)
-    )
+    free = with_removed(state.free.as_dict(), reservation.needed)
+    start = earliest_start(job.shape, free, state.releases, state.now)
+    if start is None or start.at >= reservation.at:
+        return start
+    return Start(reservation.at, start.placement, start.free)
 
 
 def _explain_blocked(state: _Pass, job: JobView, start: Start) -> Explanation:
     when = f"{start.at:%Y-%m-%d %H:%M:%S} UTC"
-    freeing = [r.job_id for r in state.releases if r.at <= start.at][-3:]
+    upto = bisect.bisect_right(state.releases, start.at, key=lambda r: r.at)
+    freeing = [r.job_id for r in state.releases[max(0, upto - 3) : upto]]
     by = (
         f"; job(s) {', '.join(map(str, freeing))} are expected to free GPUs by then"
         if freeing
@@ -261,15 +294,15 @@ def _explain_blocked(state: _Pass, job: JobView, start: Start) -> Explanation:
 def _explain_shortage(state: _Pass, job: JobView, unblock: str) -> Explanation:
     shape = job.shape
     need = shape.num_gpus
-    free_now = free_gpus(state.free)
+    free_now = state.free.total_gpus
     if free_now < need:
         return Explanation(Blocker.CLUSTER_FULL, f"needs {need} GPUs; {free_now} free now", unblock)
     group = shape.ranks_per_group * shape.gpus_per_rank
-    largest = max((c.gpus for c in state.free.values()), default=0)
     return Explanation(
         Blocker.NODE_SHAPE,
         f"needs {shape.num_ranks // shape.ranks_per_group} block(s) of {group} GPUs on one "
-        f"node; {free_now} GPUs are free but the largest free block is {largest}",
+        f"node; {free_now} GPUs are free but the largest free block is "
+        f"{state.free.largest_gpus()}",
         unblock,
     )
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from scheduler.core.config import PolicyConfig
-from scheduler.core.placement import Capacity, FreeMap, place_gang, usage
+from scheduler.core.placement import Capacity, FreeMap, FreePool, place_gang, usage
 from scheduler.model import GangShape, JobState, JobView, Placement
 
 
@@ -63,31 +63,19 @@ def earliest_start(
 ) -> Start | None:
     """The first time the gang fits, adding releases in order; None if it never does.
 
-    Fitting only gets easier as releases add capacity, so the first fitting prefix is
-    found by binary search: O(log R) placements instead of R.
+    One pool is updated release by release (O(nodes touched) each), and placement is only
+    tried once the free total covers the gang, so a search costs about O(R) small steps.
     """
-    placement = place_gang(shape, free)
+    pool = FreePool(free)
+    placement = place_gang(shape, pool)
     if placement is not None:
         return Start(now, placement, dict(free))
-    low, high = 1, len(releases)
-    found: Start | None = None
-    while low <= high:
-        middle = (low + high) // 2
-        capacity = _after(free, releases[:middle])
-        placement = place_gang(shape, capacity)
-        if placement is None:
-            low = middle + 1
-        else:
-            found = Start(releases[middle - 1].at, placement, capacity)
-            high = middle - 1
-    return found
-
-
-def _after(free: FreeMap, releases: Sequence[Release]) -> dict[str, Capacity]:
-    """Capacity once `releases` have happened (one copy, updated in place: this is hot)."""
-    capacity = dict(free)
     for release in releases:
         for node_id, cap in release.capacity.items():
-            if node_id in capacity:
-                capacity[node_id] = capacity[node_id].plus(cap)
-    return capacity
+            pool.give(node_id, cap)
+        if pool.total_gpus < shape.num_gpus:
+            continue
+        placement = place_gang(shape, pool)
+        if placement is not None:
+            return Start(release.at, placement, pool.as_dict())
+    return None

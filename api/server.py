@@ -40,6 +40,7 @@ class Runtime:
             repo=self._repo,
             cluster=RayClusterSource(),
             executor=RayExecutor(placement_timeout_s=self._settings.placement_timeout_s),
+            policy=self._settings.policy(),
         )
         loop.reconcile()
         self._thread = threading.Thread(

@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scheduler.core import PolicyConfig
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GANGWAY_", extra="ignore")
@@ -21,6 +23,23 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     schedule_interval_s: float = Field(1.0, gt=0, le=60)
     placement_timeout_s: float = Field(120.0, gt=0)
+    # Scheduling policy (see scheduler.core.config.PolicyConfig for what each one bounds).
+    aging_interval_s: float = Field(3600.0, gt=0)
+    min_runtime_s: float = Field(600.0, ge=0)
+    checkpoint_grace_s: float = Field(120.0, ge=0)
+    default_runtime_s: float = Field(24 * 3600.0, gt=0)
+    backfill: bool = True
+    preemption: bool = True
+
+    def policy(self) -> PolicyConfig:
+        return PolicyConfig(
+            aging_interval_s=self.aging_interval_s,
+            min_runtime_s=self.min_runtime_s,
+            checkpoint_grace_s=self.checkpoint_grace_s,
+            default_runtime_s=self.default_runtime_s,
+            backfill=self.backfill,
+            preemption=self.preemption,
+        )
 
     def resolved_database_url(self) -> str:
         if self.database_url:

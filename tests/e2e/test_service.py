@@ -188,3 +188,44 @@ def test_cli_submit_jobs_status_cancel(service: Service) -> None:
     )
     assert bad.returncode == 1
     assert "422" in bad.stderr and "parallelism" in bad.stderr
+
+
+def test_a_high_priority_job_preempts_and_the_victim_runs_again(
+    tmp_path: Path, ray_cluster: Any
+) -> None:
+    service = Service(data_dir=tmp_path, ray_address=ray_cluster.address)
+    service.env.update(GANGWAY_MIN_RUNTIME_S="0", GANGWAY_CHECKPOINT_GRACE_S="30")
+    try:
+        client = service.start()
+        low = client.submit(
+            name="low",
+            parallelism=Parallelism(dp=8),
+            entrypoint=Function(
+                target="workers.examples:sleep_steps", kwargs={"steps": 400, "step_s": 0.05}
+            ),
+        )
+        wait_for(client, low.id, "stepping")
+        high = client.submit(
+            name="high",
+            priority=10,
+            parallelism=Parallelism(dp=4),
+            entrypoint=Builtin(steps=5),
+        )
+        client.wait(high.id, timeout_s=120, poll_s=0.3)
+        done = client.wait(low.id, timeout_s=180, poll_s=0.3)
+        assert done.attempt == 2
+        low_states = states(client, low.id)
+        assert low_states[:6] == [
+            "PENDING",
+            "ADMITTED",
+            "STARTING",
+            "RUNNING",
+            "PREEMPTING",
+            "PENDING",
+        ]
+        preempted = next(e for e in client.events(low.id) if e.to_state is JobState.PREEMPTING)
+        assert f"preempted for job {high.id}" in preempted.reason
+        requeued = [e for e in client.events(low.id) if e.from_state is JobState.PREEMPTING]
+        assert "stopped at step" in requeued[0].reason
+    finally:
+        service.stop()

@@ -31,6 +31,7 @@ def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:
         id=job.id,
         name=job.name,
         queue=job.queue,
+        user=job.user,
         priority=job.priority,
         state=job.state,
         status_reason=job.status_reason,

@@ -42,6 +42,7 @@ def submit_job(submit: JobSubmit, repo: Repo) -> JobInfo:
         NewJob(
             name=submit.name,
             queue=submit.queue,
+            user=submit.user,
             priority=submit.priority,
             spec=spec,
             num_gpus=gang_shape(spec).num_gpus,

@@ -41,6 +41,8 @@ class Runtime:
             cluster=RayClusterSource(),
             executor=RayExecutor(placement_timeout_s=self._settings.placement_timeout_s),
             policy=self._settings.policy(),
+            queues=self._settings.quotas(),
+            fair_share_half_life_s=self._settings.fair_share_half_life_s,
         )
         loop.reconcile()
         self._thread = threading.Thread(

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler.core import PolicyConfig
+from scheduler.model import QueueQuota
+
+
+class QueueSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    guaranteed_gpus: int = Field(0, ge=0)
+    borrow_limit_gpus: int | None = Field(None, ge=0)
 
 
 class Settings(BaseSettings):
@@ -30,6 +38,17 @@ class Settings(BaseSettings):
     default_runtime_s: float = Field(24 * 3600.0, gt=0)
     backfill: bool = True
     preemption: bool = True
+    fair_share_half_life_s: float = Field(7 * 24 * 3600.0, gt=0)
+    queues: dict[str, QueueSettings] = Field(
+        default_factory=dict,
+        description='JSON, e.g. {"research": {"guaranteed_gpus": 4, "borrow_limit_gpus": 4}}',
+    )
+
+    def quotas(self) -> dict[str, QueueQuota]:
+        return {
+            name: QueueQuota(q.guaranteed_gpus, q.borrow_limit_gpus)
+            for name, q in self.queues.items()
+        }
 
     def policy(self) -> PolicyConfig:
         return PolicyConfig(

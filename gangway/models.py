@@ -57,6 +57,14 @@ class JobSubmit(_Strict):
     name: str = Field(min_length=1, max_length=200)
     priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
     queue: str = Field("default", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+    user: str = Field(
+        "default",
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9_.@-]+$",
+        description="who the job counts against for fair share (declared by the client "
+        "until API keys carry the user)",
+    )
     parallelism: Parallelism = Field(default_factory=Parallelism)
     resources: Resources = Field(default_factory=Resources)
     entrypoint: Entrypoint
@@ -95,6 +103,7 @@ class JobInfo(BaseModel):
     id: int
     name: str
     queue: str
+    user: str
     priority: int
     state: JobState
     status_reason: str

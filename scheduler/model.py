@@ -146,6 +146,34 @@ class JobView:
     preemptible: bool = True
     time_limit_s: float | None = None
     run: RunInfo | None = None
+    queue: str = "default"
+    user: str = "default"
+
+
+@dataclass(frozen=True)
+class QueueQuota:
+    """A queue's share of the cluster.
+
+    `guaranteed_gpus` are the queue's own: it gets them back by preempting jobs of other
+    queues that borrowed them. Beyond that it may borrow idle GPUs, up to
+    `borrow_limit_gpus` more (None: any idle GPUs); borrowed GPUs are reclaimed first.
+    A queue with no QueueQuota configured has no guarantee and no borrowing limit.
+    """
+
+    guaranteed_gpus: int = 0
+    borrow_limit_gpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.guaranteed_gpus < 0:
+            raise ValueError("guaranteed_gpus must be >= 0")
+        if self.borrow_limit_gpus is not None and self.borrow_limit_gpus < 0:
+            raise ValueError("borrow_limit_gpus must be >= 0")
+
+    @property
+    def max_gpus(self) -> int | None:
+        if self.borrow_limit_gpus is None:
+            return None
+        return self.guaranteed_gpus + self.borrow_limit_gpus
 
 
 @dataclass(frozen=True)

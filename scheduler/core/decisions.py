@@ -16,6 +16,7 @@ class Blocker(enum.StrEnum):
     NODE_SHAPE = "node_shape"  # enough GPUs in total, not in the per-node shape it needs
     RESERVATION = "reservation"  # would delay the start reserved for a job ahead of it
     PREEMPTING = "preempting"  # lower-priority jobs are checkpointing to make room for it
+    QUOTA = "quota"  # its queue would exceed its GPU limit
 
 
 @dataclass(frozen=True)

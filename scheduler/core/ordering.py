@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 from datetime import datetime
 
 from scheduler.core.config import PolicyConfig
@@ -15,19 +15,38 @@ def effective_priority(job: JobView, now: datetime, config: PolicyConfig) -> int
     return job.priority + int(waited_s // config.aging_interval_s)
 
 
-def queue_order(jobs: Sequence[JobView], now: datetime, config: PolicyConfig) -> list[JobView]:
-    """Pending jobs: higher effective priority (priority + aging) first, then earlier
-    submit, then lower id."""
-    return sorted(jobs, key=lambda j: (-effective_priority(j, now, config), j.submitted_at, j.id))
+def queue_order(
+    jobs: Sequence[JobView],
+    now: datetime,
+    config: PolicyConfig,
+    usage: Mapping[tuple[str, str], float] | None = None,
+) -> list[JobView]:
+    """Pending jobs: higher effective priority (priority + aging) first, then the user
+    with less recent usage in that queue (fair share: one heavy user cannot hold a queue),
+    then earlier submit, then lower id."""
+    recent = usage or {}
+    return sorted(
+        jobs,
+        key=lambda j: (
+            -effective_priority(j, now, config),
+            recent.get((j.queue, j.user), 0.0),
+            j.submitted_at,
+            j.id,
+        ),
+    )
 
 
-def victim_order(jobs: Sequence[JobView], now: datetime) -> list[JobView]:
-    """Preemption candidates, cheapest first: lower priority, then least work lost since
-    the last checkpoint (seconds), then most recently started, then job id."""
+def victim_order(
+    jobs: Sequence[JobView], now: datetime, borrowed: Set[int] = frozenset()
+) -> list[JobView]:
+    """Preemption candidates, cheapest first: jobs running on borrowed quota, then lower
+    priority, then least work lost since the last checkpoint (seconds), then most
+    recently started, then job id."""
 
-    def key(job: JobView) -> tuple[int, float, float, int]:
+    def key(job: JobView) -> tuple[bool, int, float, float, int]:
         started = job.run.started_at if job.run else now
-        return (job.priority, lost_work_s(job, now), -started.timestamp(), job.id)
+        lost = lost_work_s(job, now)
+        return (job.id not in borrowed, job.priority, lost, -started.timestamp(), job.id)
 
     return sorted(jobs, key=key)
 

@@ -1,15 +1,16 @@
 """Choose victims for a pending job: whole gangs, only if removing them makes it fit.
 
 Victims are simulated away on a copy of the free capacity; nothing is committed unless the
-job then fits (principle 6). Only RUNNING jobs that are preemptible, have strictly lower
-(base, un-aged) priority than the job and have run at least `min_runtime_s` qualify: so a
-job of priority p is never preempted for a job of priority <= p, and aging alone never
-causes a preemption.
+job then fits (principle 6). Only RUNNING jobs that are preemptible and have run at least
+`min_runtime_s` qualify, and only if they have strictly lower (base, un-aged) priority than
+the job, so aging alone never causes a preemption. One exception, quota reclaim: a job
+whose queue is still within its guarantee may preempt jobs of other queues that run on
+borrowed GPUs, whatever their priority.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from datetime import datetime
 
 from scheduler.core.config import PolicyConfig
@@ -24,10 +25,16 @@ def choose_victims(
     holders: Sequence[JobView],
     now: datetime,
     config: PolicyConfig,
+    *,
+    borrowed: Set[int] = frozenset(),
+    reclaim: bool = False,
 ) -> list[JobView] | None:
     """The cheapest set of gangs (in `victim_order`) whose removal lets `job` fit, pruned
-    so that no victim could be spared; None when no such set exists."""
-    eligible = victim_order([v for v in holders if _eligible(v, job, now, config)], now)
+    so that no victim could be spared; None when no such set exists. `reclaim`: the job's
+    queue is within its guarantee, so `borrowed` jobs of other queues are fair game."""
+    reclaimable = borrowed if reclaim else frozenset()
+    candidates = [v for v in holders if _eligible(v, job, now, config, reclaimable)]
+    eligible = victim_order(candidates, now, borrowed)
     chosen: list[JobView] = []
     capacity = FreePool(free)
     for victim in eligible:
@@ -54,8 +61,12 @@ def freed_by(free: FreeMap, jobs: Sequence[JobView]) -> dict[str, Capacity]:
     return capacity
 
 
-def _eligible(victim: JobView, job: JobView, now: datetime, config: PolicyConfig) -> bool:
+def _eligible(
+    victim: JobView, job: JobView, now: datetime, config: PolicyConfig, reclaimable: Set[int]
+) -> bool:
     if victim.state is not JobState.RUNNING or not victim.preemptible or victim.run is None:
         return False
-    ran_s = (now - victim.run.started_at).total_seconds()
-    return victim.priority < job.priority and ran_s >= config.min_runtime_s
+    if (now - victim.run.started_at).total_seconds() < config.min_runtime_s:
+        return False
+    reclaiming = victim.id in reclaimable and victim.queue != job.queue
+    return victim.priority < job.priority or reclaiming

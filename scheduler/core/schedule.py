@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -32,6 +32,7 @@ from scheduler.core.placement import (
     without_reserved,
 )
 from scheduler.core.preemption import choose_victims, freed_by
+from scheduler.core.quotas import borrowing_jobs, gpus_by_queue, over_limit, within_guarantee
 from scheduler.core.timeline import (
     Release,
     Start,
@@ -46,6 +47,7 @@ from scheduler.model import (
     JobState,
     JobView,
     Placement,
+    QueueQuota,
 )
 
 _NOTHING = Capacity(0, 0.0)
@@ -74,6 +76,9 @@ class _Pass:
     spare: FreePool | None = None  # free minus what the reservation needs: harmless to use
     decisions: list[Decision] = field(default_factory=list)
     etas_left: int = 0
+    queues: Mapping[str, QueueQuota] = field(default_factory=dict)
+    queue_used: dict[str, int] = field(default_factory=dict)
+    borrowed: set[int] = field(default_factory=set)
 
 
 def schedule(
@@ -81,8 +86,14 @@ def schedule(
     jobs: Sequence[JobView],
     now: datetime,
     config: PolicyConfig | None = None,
+    *,
+    queues: Mapping[str, QueueQuota] | None = None,
+    usage: Mapping[tuple[str, str], float] | None = None,
 ) -> list[Decision]:
+    """One pass. `queues`: quotas by queue name (missing: no guarantee, no limit). `usage`:
+    recent decayed GPU-seconds by (queue, user), for fair share (`fairshare.decayed_usage`)."""
     config = config or PolicyConfig()
+    quotas = queues or {}
     holders = [j for j in jobs if j.state in RESOURCE_HOLDING_STATES]
     state = _Pass(
         now=now,
@@ -91,14 +102,22 @@ def schedule(
         holders=holders,
         releases=release_timeline(holders, now, config),
         etas_left=config.eta_jobs,
+        queues=quotas,
+        queue_used=gpus_by_queue(holders),
+        borrowed=borrowing_jobs(holders, quotas),
     )
     pending = [j for j in jobs if j.state is JobState.PENDING]
-    for position, job in enumerate(queue_order(pending, now, config), start=1):
+    for position, job in enumerate(queue_order(pending, now, config, usage), start=1):
         _decide(state, job, position)
     return state.decisions
 
 
 def _decide(state: _Pass, job: JobView, position: int) -> None:
+    limit = over_limit(job, state.queue_used, state.queues)
+    if limit is not None:  # cannot start whatever the cluster looks like: holds no reservation
+        unblock = f"starts when jobs of queue {job.queue!r} end"
+        state.decisions.append(Wait(job.id, Explanation(Blocker.QUOTA, limit, unblock)))
+        return
     if state.spare is not None:
         spot = place_gang(job.shape, state.spare)
         if spot is not None:  # on GPUs the reserved job will not need: harmless
@@ -122,6 +141,7 @@ def _admit(state: _Pass, job: JobView, placement: Placement, position: int) -> N
     used = usage(job.shape, placement)
     for node_id, cap in used.items():
         state.free.take(node_id, cap.gpus, cap.cpus)
+    state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + job.shape.num_gpus
     ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
     reservation = state.reservation
     if reservation is not None:
@@ -219,14 +239,26 @@ def _room_is_coming(state: _Pass, job: JobView) -> bool:
 
 def _preempt_for(state: _Pass, job: JobView) -> bool:
     free = state.free.as_dict()
-    victims = choose_victims(job, free, state.holders, state.now, state.config)
+    victims = choose_victims(
+        job,
+        free,
+        state.holders,
+        state.now,
+        state.config,
+        borrowed=state.borrowed,
+        reclaim=within_guarantee(job, state.queue_used, state.queues),
+    )
     if not victims:
         return False
     deadline = state.now + timedelta(seconds=state.config.checkpoint_grace_s)
     for victim in victims:
+        why = (
+            f"priority {job.priority} > {victim.priority}"
+            if victim.priority < job.priority
+            else f"queue {job.queue!r} reclaims GPUs that queue {victim.queue!r} borrowed"
+        )
         reason = (
-            f"preempted for job {job.id} (priority {job.priority} > {victim.priority}); "
-            f"checkpoint and exit by {deadline:%H:%M:%S} UTC"
+            f"preempted for job {job.id} ({why}); checkpoint and exit by {deadline:%H:%M:%S} UTC"
         )
         state.decisions.append(Preempt(victim.id, job.id, deadline, reason))
     capacity = freed_by(free, victims)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from scheduler.core import Admit, PolicyConfig, Preempt, Wait, schedule
-from scheduler.model import ACTIVE_STATES, ClusterSnapshot, JobState, Node
+from scheduler.core.fairshare import decayed_usage
+from scheduler.model import ACTIVE_STATES, ClusterSnapshot, JobState, Node, QueueQuota
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.runtime.executor import Executor
 from scheduler.runtime.views import job_view
@@ -38,12 +39,16 @@ class SchedulerLoop:
         executor: Executor,
         clock: Callable[[], datetime] = utcnow,
         policy: PolicyConfig | None = None,
+        queues: Mapping[str, QueueQuota] | None = None,
+        fair_share_half_life_s: float = 7 * 24 * 3600.0,
     ) -> None:
         self._repo = repo
         self._cluster = cluster
         self._executor = executor
         self._clock = clock
         self._policy = policy or PolicyConfig()
+        self._queues = dict(queues or {})
+        self._half_life_s = fair_share_half_life_s
 
     # -- start-up ---------------------------------------------------------------------
 
@@ -93,13 +98,21 @@ class SchedulerLoop:
         records = {job.id: job for job in jobs}
         views = [job_view(job) for job in jobs]
         snapshot = ClusterSnapshot(tuple(nodes))
-        for decision in schedule(snapshot, views, self._clock(), self._policy):
+        now = self._clock()
+        usage = self._recent_usage(now)
+        decisions = schedule(snapshot, views, now, self._policy, queues=self._queues, usage=usage)
+        for decision in decisions:
             if isinstance(decision, Admit):
                 self._admit(records[decision.job_id], decision)
             elif isinstance(decision, Preempt):
                 self._preempt(records[decision.job_id], decision)
             else:
                 self._explain(decision)
+
+    def _recent_usage(self, now: datetime) -> dict[tuple[str, str], float]:
+        """Decayed GPU-seconds per (queue, user); runs older than 10 half-lives count < 0.1%."""
+        since = now - timedelta(seconds=10 * self._half_life_s)
+        return decayed_usage(self._repo.usage_intervals(since), now, self._half_life_s)
 
     def _explain(self, decision: Wait) -> None:
         self._repo.explain_wait(

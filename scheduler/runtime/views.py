@@ -32,6 +32,8 @@ def job_view(record: JobRecord) -> JobView:
         preemptible=bool(record.spec.get("preemptible", True)),
         time_limit_s=float(limit) if limit is not None else None,
         run=run_info(record),
+        queue=record.queue,
+        user=record.user,
     )
 
 

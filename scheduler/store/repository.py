@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.orm import Session
 
+from scheduler.core.fairshare import UsageInterval
 from scheduler.model import JobState, Node, is_legal_transition
 from scheduler.store.tables import JobEventRow, JobRow, NodeRow
 
@@ -49,6 +50,7 @@ class NewJob:
     spec: dict[str, Any]
     num_gpus: int
     total_steps: int | None
+    user: str = "default"
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class JobRecord:
     id: int
     name: str
     queue: str
+    user: str
     priority: int
     state: JobState
     spec: dict[str, Any]
@@ -122,6 +125,7 @@ class JobRepository:
             row = JobRow(
                 name=new.name,
                 queue=new.queue,
+                user=new.user,
                 priority=new.priority,
                 state=JobState.PENDING.value,
                 spec=new.spec,
@@ -276,6 +280,20 @@ class JobRepository:
             row.step, row.loss, row.tokens_per_s = step, loss, tokens_per_s
             row.progress_at = self._clock()
 
+    def usage_intervals(self, since: datetime) -> list[UsageInterval]:
+        """GPU use of every run that started, and was still going at or after `since`
+        (for fair share). A requeued job counts from its latest start."""
+        query = select(JobRow).where(
+            JobRow.started_at.is_not(None),
+            JobRow.finished_at.is_(None) | (JobRow.finished_at >= since),
+        )
+        with Session(self._engine) as session:
+            return [
+                UsageInterval(r.queue, r.user, r.num_gpus, r.started_at, r.finished_at)
+                for r in session.scalars(query)
+                if r.started_at is not None
+            ]
+
     def events(self, job_id: int) -> list[EventRecord]:
         with Session(self._engine) as session:
             if session.get(JobRow, job_id) is None:
@@ -324,6 +342,7 @@ def _job_record(row: JobRow) -> JobRecord:
         id=row.id,
         name=row.name,
         queue=row.queue,
+        user=row.user,
         priority=row.priority,
         state=JobState(row.state),
         spec=row.spec,

@@ -57,6 +57,9 @@ class JobRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(200))
     queue: Mapped[str] = mapped_column(String(100), index=True)
+    user: Mapped[str] = mapped_column(
+        String(100), index=True, default="default", server_default="default"
+    )
     priority: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(20), index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)

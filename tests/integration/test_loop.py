@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.model import JobState, Node
+from scheduler.model import JobState, Node, QueueQuota
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.store import JobRecord, JobRepository, NewJob
 from workers.group import GroupPhase, GroupStatus
@@ -86,6 +86,13 @@ def repo(repo: JobRepository, clock: Clock) -> JobRepository:
 @pytest.fixture
 def loop(repo: JobRepository, executor: FakeExecutor, clock: Clock) -> SchedulerLoop:
     return SchedulerLoop(repo=repo, cluster=FakeCluster(), executor=executor, clock=clock)
+
+
+SPEC: dict[str, Any] = {
+    "parallelism": {"dp": 2, "tp": 1, "pp": 1},
+    "resources": {"gpus_per_rank": 1, "cpus_per_rank": 1.0},
+    "entrypoint": {"kind": "builtin", "model": "gpt-tiny", "steps": 10},
+}
 
 
 def submit(repo: JobRepository, *, dp: int = 2, priority: int = 0, **spec: Any) -> JobRecord:
@@ -301,3 +308,25 @@ def test_a_victim_that_ignores_the_notice_is_killed_at_the_deadline(
     assert repo.get(low.id).state is JobState.PENDING
     assert low.id in executor.released
     assert "killed at the deadline" in repo.get(low.id).status_reason
+
+
+def test_queue_quotas_and_fair_share_reach_the_core(
+    repo: JobRepository, executor: FakeExecutor, clock: Clock
+) -> None:
+    loop = SchedulerLoop(
+        repo=repo,
+        cluster=FakeCluster(),
+        executor=executor,
+        clock=clock,
+        queues={"small": QueueQuota(guaranteed_gpus=1, borrow_limit_gpus=1)},
+    )
+    first = repo.create(
+        NewJob(name="a", queue="small", priority=0, spec=SPEC, num_gpus=2, total_steps=10)
+    )
+    second = repo.create(
+        NewJob(name="b", queue="small", priority=0, spec=SPEC, num_gpus=2, total_steps=10)
+    )
+    loop.tick()
+    assert repo.get(first.id).state is JobState.STARTING
+    blocked = repo.get(second.id)
+    assert blocked.explanation is not None and blocked.explanation["blocker"] == "quota"

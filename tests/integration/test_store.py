@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -93,3 +95,38 @@ def test_replace_nodes(repo: JobRepository) -> None:
     assert [n.name for n in repo.nodes()] == ["node-a", "node-b"]
     repo.replace_nodes([Node("c", "node-c", 8, 16.0)])
     assert [n.id for n in repo.nodes()] == ["c"]
+
+
+def test_upgrade_from_0001_keeps_jobs_and_fills_the_user(database_url: str) -> None:
+    from alembic import command
+
+    from scheduler.store.migrate import alembic_config
+
+    command.upgrade(alembic_config(database_url), "0001")
+    engine = sa.create_engine(database_url)
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (name, queue, priority, state, spec, num_gpus, submitted_at, "
+                "updated_at, status_reason, attempt, restarts, step) VALUES ('old', 'q', 0, "
+                "'PENDING', '{}', 1, :now, :now, '', 0, 0, 0)"
+            ),
+            {"now": now},
+        )
+    command.upgrade(alembic_config(database_url), "head")
+    with engine.connect() as conn:
+        assert conn.execute(sa.text('SELECT name, "user" FROM jobs')).one() == ("old", "default")
+    engine.dispose()
+
+
+def test_usage_intervals_cover_running_and_recent_jobs(repo: JobRepository) -> None:
+    a, b, _never_started = (repo.create(new_job(n)) for n in "abc")
+    for job in (a, b):
+        repo.transition(job.id, JobState.ADMITTED, reason="t", placement=["n"])
+        repo.transition(job.id, JobState.STARTING, reason="t")
+        repo.transition(job.id, JobState.RUNNING, reason="t")
+    repo.transition(b.id, JobState.SUCCEEDED, reason="t")
+    intervals = repo.usage_intervals(datetime.now(UTC) - timedelta(hours=1))
+    assert sorted((i.gpus, i.end is None) for i in intervals) == [(1, False), (1, True)]
+    assert repo.usage_intervals(datetime.now(UTC) + timedelta(hours=1))[0].end is None

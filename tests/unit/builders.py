@@ -45,6 +45,8 @@ def pending(
     priority: int = 0,
     submitted: float = -60,
     time_limit_s: float | None = None,
+    queue: str = "default",
+    user: str = "default",
 ) -> JobView:
     return JobView(
         id=job_id,
@@ -53,6 +55,8 @@ def pending(
         state=JobState.PENDING,
         shape=GangShape(Parallelism(dp=dp, tp=tp)),
         time_limit_s=time_limit_s,
+        queue=queue,
+        user=user,
     )
 
 
@@ -69,6 +73,7 @@ def running(
     step_time_s: float | None = None,
     preemptible: bool = True,
     state: JobState = JobState.RUNNING,
+    queue: str = "default",
 ) -> JobView:
     return JobView(
         id=job_id,
@@ -86,4 +91,5 @@ def running(
             step_time_s=step_time_s,
             steps_since_checkpoint=step,
         ),
+        queue=queue,
     )

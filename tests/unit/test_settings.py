@@ -1,0 +1,32 @@
+"""Settings come from GANGWAY_* variables and build the policy the loop runs."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from api.settings import Settings
+from scheduler.model import QueueQuota
+
+
+def test_queues_and_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "GANGWAY_QUEUES", '{"research": {"guaranteed_gpus": 4, "borrow_limit_gpus": 2}}'
+    )
+    monkeypatch.setenv("GANGWAY_MIN_RUNTIME_S", "30")
+    monkeypatch.setenv("GANGWAY_BACKFILL", "false")
+    settings = Settings()
+    assert settings.quotas() == {"research": QueueQuota(guaranteed_gpus=4, borrow_limit_gpus=2)}
+    policy = settings.policy()
+    assert (policy.min_runtime_s, policy.backfill, policy.preemption) == (30.0, False, True)
+
+
+def test_bad_queue_settings_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GANGWAY_QUEUES", '{"research": {"guaranteed_gpus": -1}}')
+    with pytest.raises(ValidationError, match="guaranteed_gpus"):
+        Settings()
+
+
+def test_default_database_is_sqlite_in_the_data_dir(tmp_path: object) -> None:
+    settings = Settings(data_dir=tmp_path)
+    assert settings.resolved_database_url() == f"sqlite:///{tmp_path}/gangway.db"

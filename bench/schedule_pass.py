@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from scheduler.core import Admit, PolicyConfig, Preempt, free_capacity, place_gang, schedule
-from scheduler.core.placement import FreePool, usage
+from scheduler.core.placement import FreePool, rack_labels, usage
 from scheduler.model import (
     ClusterSnapshot,
     GangShape,
@@ -50,7 +50,7 @@ def running_jobs(
     nodes: tuple[Node, ...], sizes: list[int], count: int, rng: random.Random
 ) -> list[JobView]:
     jobs: list[JobView] = []
-    pool = FreePool(free_capacity(nodes, []))
+    pool = FreePool(free_capacity(nodes, []), rack_labels(nodes))
     for job_id in range(1, count + 1):
         shape = shape_for(rng.choice(sizes))
         placement = place_gang(shape, pool)
@@ -97,6 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--rack-size", type=int, default=32, help="nodes per rack label")
     parser.add_argument("--running", type=int, default=2000)
     parser.add_argument("--pending", type=int, nargs="+", default=[100, 1000, 10_000])
     parser.add_argument("--repeat", type=int, default=10)
@@ -105,12 +106,14 @@ def main() -> None:
     rng = random.Random(0)
     sizes = trace_sizes(args.trace)
     nodes = tuple(
-        Node(f"n{i:04d}", f"node-{i}", args.gpus_per_node, 96.0) for i in range(args.nodes)
+        Node(f"n{i:04d}", f"node-{i}", args.gpus_per_node, 96.0, rack=f"r{i // args.rack_size}")
+        for i in range(args.nodes)
     )
     running = running_jobs(nodes, sizes, args.running, rng)
     used = sum(j.shape.num_gpus for j in running)
     print(
-        f"{args.nodes} nodes x {args.gpus_per_node} GPUs; {len(running)} running jobs on "
+        f"{args.nodes} nodes x {args.gpus_per_node} GPUs in racks of {args.rack_size}; "
+        f"{len(running)} running jobs on "
         f"{used} GPUs; sizes from {args.trace.name} ({len(sizes)} jobs <= 64 GPUs)"
     )
     for count in args.pending:

@@ -103,6 +103,7 @@ class Node:
     num_gpus: int
     num_cpus: float
     alive: bool = True
+    rack: str | None = None  # nodes of one rack/block share fast links
 
 
 @dataclass(frozen=True)

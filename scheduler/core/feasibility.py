@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler.core.placement import place_gang, total_capacity
+from scheduler.core.placement import FreePool, place_gang, rack_labels, total_capacity
 from scheduler.model import GangShape, Node
 
 
@@ -28,6 +28,6 @@ def never_fits_reason(shape: GangShape, nodes: Sequence[Node]) -> str | None:
             f"{shape.gpus_per_rank} GPUs per rank) needs {group_gpus} GPUs on one node; "
             f"the largest node has {largest}"
         )
-    if place_gang(shape, total_capacity(alive)) is None:
+    if place_gang(shape, FreePool(total_capacity(alive), rack_labels(alive))) is None:
         return "the gang does not fit the cluster's nodes even when the cluster is empty"
     return None

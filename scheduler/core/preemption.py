@@ -15,13 +15,13 @@ from datetime import datetime
 
 from scheduler.core.config import PolicyConfig
 from scheduler.core.ordering import victim_order
-from scheduler.core.placement import Capacity, FreeMap, FreePool, place_gang, usage, with_added
+from scheduler.core.placement import Capacity, FreePool, place_gang, usage
 from scheduler.model import JobState, JobView
 
 
 def choose_victims(
     job: JobView,
-    free: FreeMap,
+    free: FreePool,
     holders: Sequence[JobView],
     now: datetime,
     config: PolicyConfig,
@@ -34,13 +34,11 @@ def choose_victims(
     queue is within its guarantee, so `borrowed` jobs of other queues are fair game."""
     reclaimable = borrowed if reclaim else frozenset()
     candidates = [v for v in holders if _eligible(v, job, now, config, reclaimable)]
-    eligible = victim_order(candidates, now, borrowed)
     chosen: list[JobView] = []
-    capacity = FreePool(free)
-    for victim in eligible:
+    capacity = free.copy()
+    for victim in victim_order(candidates, now, borrowed):
         chosen.append(victim)
-        for node_id, cap in usage(victim.shape, victim.placement).items():  # type: ignore[arg-type]
-            capacity.give(node_id, cap)
+        capacity.give_all(_held(victim))
         if place_gang(job.shape, capacity) is not None:
             break
     else:
@@ -52,13 +50,16 @@ def choose_victims(
     return chosen
 
 
-def freed_by(free: FreeMap, jobs: Sequence[JobView]) -> dict[str, Capacity]:
-    """`free` plus everything `jobs` hold."""
-    capacity = dict(free)
+def freed_by(free: FreePool, jobs: Sequence[JobView]) -> FreePool:
+    """A copy of `free` plus everything `jobs` hold."""
+    capacity = free.copy()
     for job in jobs:
-        if job.placement is not None:
-            capacity = with_added(capacity, usage(job.shape, job.placement))
+        capacity.give_all(_held(job))
     return capacity
+
+
+def _held(job: JobView) -> dict[str, Capacity]:
+    return usage(job.shape, job.placement) if job.placement is not None else {}
 
 
 def _eligible(

@@ -23,13 +23,13 @@ from scheduler.core.config import PolicyConfig
 from scheduler.core.decisions import Admit, Blocker, Decision, Explanation, Preempt, Wait
 from scheduler.core.ordering import queue_order
 from scheduler.core.placement import (
+    NOTHING,
     Capacity,
     FreePool,
     free_capacity,
     place_gang,
+    rack_labels,
     usage,
-    with_removed,
-    without_reserved,
 )
 from scheduler.core.preemption import choose_victims, freed_by
 from scheduler.core.quotas import borrowing_jobs, gpus_by_queue, over_limit, within_guarantee
@@ -49,8 +49,6 @@ from scheduler.model import (
     Placement,
     QueueQuota,
 )
-
-_NOTHING = Capacity(0, 0.0)
 
 
 @dataclass
@@ -98,7 +96,7 @@ def schedule(
     state = _Pass(
         now=now,
         config=config,
-        free=FreePool(free_capacity(snapshot.nodes, holders)),
+        free=FreePool(free_capacity(snapshot.nodes, holders), rack_labels(snapshot.nodes)),
         holders=holders,
         releases=release_timeline(holders, now, config),
         etas_left=config.eta_jobs,
@@ -139,8 +137,7 @@ def _admit(state: _Pass, job: JobView, placement: Placement, position: int) -> N
     """Take the resources now and put their expected return on the timeline, so later
     reservations and estimates account for this job too."""
     used = usage(job.shape, placement)
-    for node_id, cap in used.items():
-        state.free.take(node_id, cap.gpus, cap.cpus)
+    state.free.take_all(used)
     state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + job.shape.num_gpus
     ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
     reservation = state.reservation
@@ -174,7 +171,7 @@ def _harmless(state: _Pass, job: JobView, placement: Placement) -> bool:
         return True
     for node_id, cap in usage(job.shape, placement).items():
         left = reservation.future[node_id].minus(cap.gpus, cap.cpus)
-        need = reservation.needed.get(node_id, _NOTHING)
+        need = reservation.needed.get(node_id, NOTHING)
         if not left.fits(need.gpus, need.cpus):
             return False
     return True
@@ -189,7 +186,7 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
         return
     if placement is None and state.config.preemption and _preempt_for(state, job):
         return
-    start = earliest_start(job.shape, state.free.as_dict(), state.releases, state.now)
+    start = earliest_start(job.shape, state.free, state.releases, state.now)
     if start is None:
         state.decisions.append(Wait(job.id, _never_on_alive_nodes(job)))
         return
@@ -202,7 +199,7 @@ def _set_reservation(state: _Pass, job: JobView, start: Start) -> None:
     needed = usage(job.shape, start.placement)
     state.reservation = _Reservation(job, start.at, start.placement, dict(start.free), needed)
     if state.config.backfill:
-        state.spare = FreePool(without_reserved(state.free.as_dict(), needed))
+        state.spare = state.free.without(needed)
 
 
 def _refresh_spare(state: _Pass, reservation: _Reservation, used: dict[str, Capacity]) -> None:
@@ -211,7 +208,7 @@ def _refresh_spare(state: _Pass, reservation: _Reservation, used: dict[str, Capa
     for node_id in used:
         free = state.free.get(node_id)
         if free is not None:
-            need = reservation.needed.get(node_id, _NOTHING)
+            need = reservation.needed.get(node_id, NOTHING)
             left = Capacity(max(0, free.gpus - need.gpus), max(0.0, free.cpus - need.cpus))
             state.spare.set(node_id, left)
 
@@ -221,7 +218,7 @@ def _room_is_coming(state: _Pass, job: JobView) -> bool:
     leaving = [h for h in state.holders if h.state is JobState.PREEMPTING]
     if not leaving:
         return False
-    capacity = freed_by(state.free.as_dict(), leaving)
+    capacity = freed_by(state.free, leaving)
     placement = place_gang(job.shape, capacity)
     if placement is None:
         return False
@@ -232,16 +229,15 @@ def _room_is_coming(state: _Pass, job: JobView) -> bool:
         f"waiting for preempted job(s) {ids} to checkpoint and exit",
         f"starts when they have gone (by {deadline:%Y-%m-%d %H:%M:%S} UTC at the latest)",
     )
-    _set_reservation(state, job, Start(deadline, placement, capacity))
+    _set_reservation(state, job, Start(deadline, placement, capacity.as_dict()))
     state.decisions.append(Wait(job.id, explanation, deadline, reserved=True))
     return True
 
 
 def _preempt_for(state: _Pass, job: JobView) -> bool:
-    free = state.free.as_dict()
     victims = choose_victims(
         job,
-        free,
+        state.free,
         state.holders,
         state.now,
         state.config,
@@ -261,10 +257,10 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
             f"preempted for job {job.id} ({why}); checkpoint and exit by {deadline:%H:%M:%S} UTC"
         )
         state.decisions.append(Preempt(victim.id, job.id, deadline, reason))
-    capacity = freed_by(free, victims)
+    capacity = freed_by(state.free, victims)
     placement = place_gang(job.shape, capacity)
     assert placement is not None  # choose_victims guarantees the fit
-    _set_reservation(state, job, Start(deadline, placement, capacity))
+    _set_reservation(state, job, Start(deadline, placement, capacity.as_dict()))
     ids = ", ".join(str(v.id) for v in victims)
     explanation = Explanation(
         Blocker.PREEMPTING,
@@ -304,7 +300,8 @@ def _estimate_start(state: _Pass, reservation: _Reservation, job: JobView) -> St
     if state.etas_left <= 0:
         return None
     state.etas_left -= 1
-    free = with_removed(state.free.as_dict(), reservation.needed)
+    free = state.free.copy()
+    free.take_all(reservation.needed)
     start = earliest_start(job.shape, free, state.releases, state.now)
     if start is None or start.at >= reservation.at:
         return start

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from scheduler.core.config import PolicyConfig
-from scheduler.core.placement import Capacity, FreeMap, FreePool, place_gang, usage
+from scheduler.core.placement import Capacity, FreePool, place_gang, usage
 from scheduler.model import GangShape, JobState, JobView, Placement
 
 
@@ -59,17 +59,17 @@ def release_timeline(
 
 
 def earliest_start(
-    shape: GangShape, free: FreeMap, releases: Sequence[Release], now: datetime
+    shape: GangShape, free: FreePool, releases: Sequence[Release], now: datetime
 ) -> Start | None:
     """The first time the gang fits, adding releases in order; None if it never does.
 
     One pool is updated release by release (O(nodes touched) each), and placement is only
     tried once the free total covers the gang, so a search costs about O(R) small steps.
     """
-    pool = FreePool(free)
-    placement = place_gang(shape, pool)
+    placement = place_gang(shape, free)
     if placement is not None:
-        return Start(now, placement, dict(free))
+        return Start(now, placement, free.as_dict())
+    pool = free.copy()
     for release in releases:
         for node_id, cap in release.capacity.items():
             pool.give(node_id, cap)

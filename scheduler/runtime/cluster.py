@@ -7,6 +7,7 @@ from typing import Any, Protocol
 from scheduler.model import Node
 
 NODE_NAME_LABEL = "gangway.io/node"
+RACK_LABEL = "gangway.io/rack"  # set with `ray start --labels` on nodes that share a rack
 
 
 class ClusterSource(Protocol):
@@ -38,4 +39,5 @@ def node_from_ray(raw: dict[str, Any]) -> Node | None:
         num_gpus=num_gpus,
         num_cpus=float(resources.get("CPU", 0.0)),
         alive=bool(raw.get("Alive", False)),
+        rack=labels.get(RACK_LABEL),
     )

@@ -27,10 +27,12 @@ class Cluster:
     def __init__(self) -> None:
         self._nodes: list[Node] = []
 
-    def nodes(self, count: int, gpus: int, *, alive: bool = True) -> Cluster:
+    def nodes(
+        self, count: int, gpus: int, *, alive: bool = True, rack: str | None = None
+    ) -> Cluster:
         for _ in range(count):
             index = len(self._nodes)
-            self._nodes.append(Node(f"n{index}", f"node-{index}", gpus, 16.0 * gpus, alive))
+            self._nodes.append(Node(f"n{index}", f"node-{index}", gpus, 16.0 * gpus, alive, rack))
         return self
 
     def snapshot(self) -> ClusterSnapshot:

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.core import Capacity, never_fits_reason, place_gang
+from scheduler.core.placement import FreePool
 from scheduler.model import (
     GangShape,
     JobState,
@@ -124,3 +125,33 @@ def test_never_fits_accepts_what_fits_and_unknown_clusters() -> None:
     assert never_fits_reason(GangShape(Parallelism(dp=64)), ()) is None
     dead = (Node("n0", "n0", 8, 64.0, alive=False),)
     assert never_fits_reason(GangShape(Parallelism(dp=2)), dead) is None
+
+
+def test_pipeline_stages_of_a_replica_share_a_node() -> None:
+    shape = GangShape(Parallelism(dp=2, tp=2, pp=2))  # group g = stage * dp + replica
+    placement = place_gang(shape, free(n0=4, n1=4))
+    assert placement is not None
+    # ranks 0-1: (stage 0, replica 0), 2-3: (0, 1), 4-5: (1, 0), 6-7: (1, 1)
+    assert placement.node_ids == ("n0", "n0", "n1", "n1", "n0", "n0", "n1", "n1")
+
+
+def test_a_gang_stays_inside_one_rack_when_one_can_hold_it() -> None:
+    racks = {"n0": "a", "n1": "a", "n2": "b", "n3": "b"}
+    capacity = {
+        "n0": Capacity(4, 64.0),
+        "n1": Capacity(1, 64.0),
+        "n2": Capacity(2, 64.0),
+        "n3": Capacity(2, 64.0),
+    }
+    placement = place_gang(GangShape(Parallelism(dp=2, tp=2)), FreePool(capacity, racks))
+    assert placement is not None and set(placement.node_ids) == {"n2", "n3"}  # fullest rack
+    capacity["n3"] = Capacity(0, 64.0)  # rack b can no longer hold it; rack a can
+    placement = place_gang(GangShape(Parallelism(dp=2, tp=2)), FreePool(capacity, racks))
+    assert placement is not None and set(placement.node_ids) == {"n0"}
+
+
+def test_a_gang_spans_racks_only_when_it_must() -> None:
+    racks = {"n0": "a", "n1": "b"}
+    capacity = {"n0": Capacity(2, 64.0), "n1": Capacity(2, 64.0)}
+    placement = place_gang(GangShape(Parallelism(dp=4)), FreePool(capacity, racks))
+    assert placement is not None and sorted(placement.node_ids) == ["n0", "n0", "n1", "n1"]

@@ -107,14 +107,22 @@ class SchedulerLoop:
             elif isinstance(decision, Preempt):
                 self._preempt(records[decision.job_id], decision)
             else:
-                self._explain(decision)
+                self._explain(records[decision.job_id], decision)
 
     def _recent_usage(self, now: datetime) -> dict[tuple[str, str], float]:
         """Decayed GPU-seconds per (queue, user); runs older than 10 half-lives count < 0.1%."""
         since = now - timedelta(seconds=10 * self._half_life_s)
         return decayed_usage(self._repo.usage_intervals(since), now, self._half_life_s)
 
-    def _explain(self, decision: Wait) -> None:
+    def _explain(self, job: JobRecord, decision: Wait) -> None:
+        """Store why the job waits; unchanged explanations cost no statement (a big queue
+        is explained on every pass)."""
+        unchanged = (
+            job.status_reason == decision.reason
+            and job.estimated_start_at == decision.estimated_start_at
+        )
+        if unchanged:
+            return
         self._repo.explain_wait(
             decision.job_id,
             decision.reason,

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gangway.models import ErrorBody, ErrorDetail
+from gangway.models import ErrorBody, ErrorDetail, field_path
 from scheduler.store import IllegalTransition, JobNotFound, StaleState
 
 
@@ -25,14 +24,6 @@ class FieldError(ValueError):
 def error_response(status_code: int, details: Sequence[ErrorDetail]) -> JSONResponse:
     body = ErrorBody(error=details[0], errors=list(details))
     return JSONResponse(status_code=status_code, content=body.model_dump(mode="json"))
-
-
-def field_path(loc: Sequence[Any]) -> str:
-    """Pydantic's location -> a dotted body path: drop 'body' and union tags."""
-    parts = [str(p) for p in loc]
-    if parts and parts[0] in ("body", "query", "path"):
-        parts = parts[1:]
-    return ".".join(p for p in parts if p not in ("builtin", "function"))
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -9,7 +9,15 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from gangway.errors import JobFailed, TransportError, WaitTimeout, error_for_status
-from gangway.models import ClusterInfo, JobEvent, JobInfo, JobPage, JobState, JobSubmit
+from gangway.models import (
+    ClusterInfo,
+    JobEvent,
+    JobInfo,
+    JobPage,
+    JobState,
+    JobSubmit,
+    field_path,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -117,5 +125,4 @@ def _api_error(response: httpx.Response) -> Exception:
 
 def _local_validation_error(exc: ValidationError) -> Exception:
     first = exc.errors()[0]
-    field = ".".join(str(p) for p in first["loc"])
-    return error_for_status(422, "validation_error", first["msg"], field)
+    return error_for_status(422, "validation_error", first["msg"], field_path(first["loc"]))

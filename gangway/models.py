@@ -6,10 +6,11 @@ with the very same classes. Unknown fields are errors, so a typo never silently 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from gangway.states import JobState as JobState  # re-exported: part of this contract
 
@@ -18,10 +19,45 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ElasticDP(_Strict):
+    """An elastic data-parallel degree: the job starts with the largest degree in
+    [min, max] that fits, and the scheduler may grow or shrink it within the range."""
+
+    min: int = Field(ge=1, le=4096)
+    max: int = Field(ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ElasticDP:
+        if self.min > self.max:
+            raise ValueError("min must be <= max")
+        return self
+
+
+def _dp_kind(value: Any) -> str:
+    return "range" if isinstance(value, dict | ElasticDP) else "degree"
+
+
+DataParallel = Annotated[
+    Annotated[int, Field(ge=1, le=4096), Tag("degree")] | Annotated[ElasticDP, Tag("range")],
+    Discriminator(_dp_kind),
+]
+
+# Union members name themselves in pydantic's error locations; a user's field path omits them.
+_UNION_TAGS = frozenset({"builtin", "function", "degree", "range"})
+
+
+def field_path(loc: Sequence[int | str]) -> str:
+    """Pydantic's error location -> the dotted path of the field in the request body."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path"):
+        parts = parts[1:]
+    return ".".join(p for p in parts if p not in _UNION_TAGS)
+
+
 class Parallelism(_Strict):
     """Degrees of data, tensor and pipeline parallelism; ranks = dp * tp * pp."""
 
-    dp: int = Field(1, ge=1, le=4096)
+    dp: DataParallel = Field(1, description="a degree, or {min, max} for an elastic job")
     tp: int = Field(1, ge=1, le=64)
     pp: int = Field(1, ge=1, le=256)
 

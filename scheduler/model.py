@@ -6,7 +6,7 @@ depend on pydantic or on what the REST API happens to look like today.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
 
@@ -79,6 +79,30 @@ class GangShape:
     parallelism: Parallelism
     gpus_per_rank: int = 1
     cpus_per_rank: float = 1.0
+    # Elastic jobs: dp may be anywhere in [dp_min, dp_max]; `parallelism.dp` is the degree
+    # this shape describes (the current one for a running job, dp_max for a pending one).
+    dp_min: int | None = None
+    dp_max: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.dp_min is None) != (self.dp_max is None):
+            raise ValueError("give both dp_min and dp_max, or neither")
+        low, high = self.dp_min, self.dp_max
+        if low is not None and high is not None and not 1 <= low <= high:
+            raise ValueError("parallelism.dp needs 1 <= min <= max")
+
+    @property
+    def elastic(self) -> bool:
+        return self.dp_min is not None and self.dp_min != self.dp_max
+
+    def with_dp(self, dp: int) -> GangShape:
+        p = self.parallelism
+        return replace(self, parallelism=Parallelism(dp=dp, tp=p.tp, pp=p.pp))
+
+    @property
+    def replica_ranks(self) -> int:
+        """Ranks in one data-parallel replica (its tp x pp block)."""
+        return self.parallelism.tp * self.parallelism.pp
 
     @cached_property
     def num_ranks(self) -> int:

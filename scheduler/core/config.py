@@ -22,6 +22,9 @@ class PolicyConfig:
         progress yet (conservative: a long guess protects reservations).
     eta_jobs: how many blocked jobs, in queue order, get an exact estimated start time
         per pass (each costs a search over the release timeline); later ones get none.
+    elastic_resize: grow running elastic jobs onto idle GPUs and shrink them toward their
+        minimum before preempting whole gangs. Off, elastic jobs still start at the
+        largest degree that fits, and keep it.
     """
 
     aging_interval_s: float = 3600.0
@@ -31,6 +34,7 @@ class PolicyConfig:
     eta_jobs: int = 50
     backfill: bool = True
     preemption: bool = True
+    elastic_resize: bool = True
 
     def __post_init__(self) -> None:
         for name in ("aging_interval_s", "default_runtime_s"):

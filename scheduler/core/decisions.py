@@ -61,4 +61,15 @@ class Wait:
         return f"{self.explanation.message}; {self.explanation.unblock}"
 
 
-Decision = Admit | Preempt | Wait
+@dataclass(frozen=True)
+class Resize:
+    """Run elastic job `job_id` with the data-parallel degree of `placement` from now on
+    (its tensor- and pipeline-parallel groups unchanged; surviving replicas stay put)."""
+
+    job_id: int
+    placement: Placement
+    dp: int
+    reason: str
+
+
+Decision = Admit | Preempt | Resize | Wait

@@ -14,6 +14,8 @@ def never_fits_reason(shape: GangShape, nodes: Sequence[Node]) -> str | None:
     With no nodes known yet (a cluster still coming up) nothing can be judged, so the
     job is accepted and waits.
     """
+    if shape.dp_min is not None:  # an elastic job needs only its minimum to run
+        shape = shape.with_dp(shape.dp_min)
     alive = [n for n in nodes if n.alive]
     if not alive:
         return None

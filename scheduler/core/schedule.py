@@ -16,11 +16,20 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from scheduler.core.config import PolicyConfig
-from scheduler.core.decisions import Admit, Blocker, Decision, Explanation, Preempt, Wait
+from scheduler.core.decisions import (
+    Admit,
+    Blocker,
+    Decision,
+    Explanation,
+    Preempt,
+    Resize,
+    Wait,
+)
+from scheduler.core.elastic import grown, replica_nodes, shrunk
 from scheduler.core.ordering import queue_order
 from scheduler.core.placement import (
     NOTHING,
@@ -32,7 +41,13 @@ from scheduler.core.placement import (
     usage,
 )
 from scheduler.core.preemption import choose_victims, freed_by
-from scheduler.core.quotas import borrowing_jobs, gpus_by_queue, over_limit, within_guarantee
+from scheduler.core.quotas import (
+    NO_QUOTA,
+    borrowing_jobs,
+    gpus_by_queue,
+    over_limit,
+    within_guarantee,
+)
 from scheduler.core.timeline import (
     Release,
     Start,
@@ -107,27 +122,52 @@ def schedule(
     pending = [j for j in jobs if j.state is JobState.PENDING]
     for position, job in enumerate(queue_order(pending, now, config, usage), start=1):
         _decide(state, job, position)
+    if config.elastic_resize:
+        _grow_elastic(state)
     return state.decisions
 
 
 def _decide(state: _Pass, job: JobView, position: int) -> None:
-    limit = over_limit(job, state.queue_used, state.queues)
+    smallest = _at_dp(job, job.shape.dp_min or job.shape.parallelism.dp)
+    limit = over_limit(smallest, state.queue_used, state.queues)
     if limit is not None:  # cannot start whatever the cluster looks like: holds no reservation
         unblock = f"starts when jobs of queue {job.queue!r} end"
         state.decisions.append(Wait(job.id, Explanation(Blocker.QUOTA, limit, unblock)))
         return
-    if state.spare is not None:
-        spot = place_gang(job.shape, state.spare)
-        if spot is not None:  # on GPUs the reserved job will not need: harmless
-            _admit(state, job, spot, position)
+    for sized in _sizes_to_try(state, job):
+        if state.spare is not None:
+            spot = place_gang(sized.shape, state.spare)
+            if spot is not None:  # on GPUs the reserved job will not need: harmless
+                _admit(state, sized, spot, position)
+                return
+        placement = place_gang(sized.shape, state.free)
+        if placement is not None and _harmless(state, sized, placement):
+            _admit(state, sized, placement, position)
             return
-    placement = place_gang(job.shape, state.free)
-    if placement is not None and _harmless(state, job, placement):
-        _admit(state, job, placement, position)
-    elif state.reservation is None:
-        _reserve(state, job, placement)
+    placement = place_gang(smallest.shape, state.free)
+    if state.reservation is None:
+        _reserve(state, smallest, placement)
     else:
-        _wait(state, job, placement)
+        _wait(state, smallest, placement)
+
+
+def _at_dp(job: JobView, dp: int) -> JobView:
+    return job if dp == job.shape.parallelism.dp else replace(job, shape=job.shape.with_dp(dp))
+
+
+def _sizes_to_try(state: _Pass, job: JobView) -> list[JobView]:
+    """An elastic job tries the largest degree first, down to its minimum; degrees that
+    the free GPUs or the queue's limit cannot hold are skipped without a placement."""
+    shape = job.shape
+    if shape.dp_min is None:
+        return [job]
+    replica_gpus = shape.replica_ranks * shape.gpus_per_rank
+    room = state.free.total_gpus
+    limit = state.queues.get(job.queue, NO_QUOTA).max_gpus
+    if limit is not None:
+        room = min(room, limit - state.queue_used.get(job.queue, 0))
+    top = min(shape.parallelism.dp, room // replica_gpus)
+    return [_at_dp(job, dp) for dp in range(top, shape.dp_min - 1, -1)]
 
 
 # -- admission -----------------------------------------------------------------------------
@@ -183,6 +223,8 @@ def _harmless(state: _Pass, job: JobView, placement: Placement) -> bool:
 def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
     """The first job that cannot start now: make room by preemption, or reserve its start."""
     if placement is None and _room_is_coming(state, job):
+        return
+    if placement is None and state.config.elastic_resize and _shrink_for(state, job):
         return
     if placement is None and state.config.preemption and _preempt_for(state, job):
         return
@@ -269,6 +311,101 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
     )
     state.decisions.append(Wait(job.id, explanation, deadline, reserved=True))
     return True
+
+
+# -- elastic jobs --------------------------------------------------------------------------
+
+
+def _resizable(state: _Pass) -> list[JobView]:
+    return [
+        h
+        for h in state.holders
+        if h.state is JobState.RUNNING and h.shape.elastic and h.placement is not None
+    ]
+
+
+def _shrink_for(state: _Pass, job: JobView) -> bool:
+    """Give `job` room by taking replicas from running elastic jobs of no higher priority
+    (lowest priority and most replicas above minimum first), before any preemption."""
+    candidates = sorted(
+        (
+            h
+            for h in _resizable(state)
+            if h.priority <= job.priority
+            and h.shape.dp_min is not None
+            and h.shape.parallelism.dp > h.shape.dp_min
+        ),
+        key=lambda h: (h.priority, -(h.shape.parallelism.dp - (h.shape.dp_min or 0)), h.id),
+    )
+    pool = state.free.copy()
+    plan: dict[int, tuple[JobView, int]] = {}
+    placement = None
+    for victim in candidates:
+        assert victim.placement is not None and victim.shape.dp_min is not None
+        replicas = replica_nodes(victim.shape, victim.placement)
+        rank = Capacity(victim.shape.gpus_per_rank, victim.shape.cpus_per_rank)
+        for dp in range(victim.shape.parallelism.dp - 1, victim.shape.dp_min - 1, -1):
+            for node_id in replicas[dp]:
+                pool.give(node_id, rank)
+            plan[victim.id] = (victim, dp)
+            placement = place_gang(job.shape, pool)
+            if placement is not None:
+                break
+        if placement is not None:
+            break
+    if placement is None:
+        return False
+    deadline = state.now + timedelta(seconds=state.config.checkpoint_grace_s)
+    for victim, dp in plan.values():
+        assert victim.placement is not None
+        reason = (
+            f"shrunk from dp={victim.shape.parallelism.dp} to dp={dp} to make room for "
+            f"job {job.id}, before preempting any whole gang"
+        )
+        state.decisions.append(
+            Resize(victim.id, shrunk(victim.shape, victim.placement, dp), dp, reason)
+        )
+    _set_reservation(state, job, Start(deadline, placement, pool.as_dict()))
+    ids = ", ".join(str(v.id) for v, _ in plan.values())
+    explanation = Explanation(
+        Blocker.PREEMPTING,
+        f"shrinking elastic job(s) {ids} to make room",
+        f"starts when they have resized (by {deadline:%H:%M:%S} UTC)",
+    )
+    state.decisions.append(Wait(job.id, explanation, deadline, reserved=True))
+    return True
+
+
+def _grow_elastic(state: _Pass) -> None:
+    """After the queue had its turn: give idle GPUs to running elastic jobs below their
+    maximum, highest priority first, one replica at a time, never into reserved GPUs."""
+    resized = {d.job_id for d in state.decisions if isinstance(d, Resize | Preempt)}
+    growable = [
+        h
+        for h in _resizable(state)
+        if h.id not in resized
+        and h.shape.dp_max is not None
+        and h.shape.parallelism.dp < h.shape.dp_max
+    ]
+    for job in sorted(growable, key=lambda h: (-h.priority, h.id)):
+        assert job.placement is not None and job.shape.dp_max is not None
+        one = job.shape.with_dp(1)
+        extra: list[str] = []
+        pool = state.spare or state.free
+        for _ in range(job.shape.dp_max - job.shape.parallelism.dp):
+            spot = place_gang(one, pool)
+            if spot is None:
+                break
+            used = usage(one, spot)
+            state.free.take_all(used)
+            if state.spare is not None:
+                state.spare.take_all(used)
+            extra.extend(spot.node_ids)
+        if extra:
+            grown_to = job.shape.parallelism.dp + len(extra) // job.shape.replica_ranks
+            placement = grown(job.shape, job.placement, Placement(tuple(extra)))
+            reason = f"grown from dp={job.shape.parallelism.dp} to dp={grown_to} onto idle GPUs"
+            state.decisions.append(Resize(job.id, placement, grown_to, reason))
 
 
 # -- waiting and explaining ----------------------------------------------------------------

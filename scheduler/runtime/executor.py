@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from scheduler.runtime.views import gang_shape
 from scheduler.store import JobRecord
 from workers.group import GroupSpec, GroupStatus, WorkerGroup
 
@@ -24,17 +25,16 @@ class Executor(Protocol):
 def group_spec(job: JobRecord) -> GroupSpec:
     if job.placement is None:
         raise ValueError(f"job {job.id} has no placement")
-    parallelism = job.spec["parallelism"]
-    resources = job.spec["resources"]
+    shape = gang_shape(job.spec, job.placement)  # an elastic job runs at its placed dp
     return GroupSpec(
         job_id=job.id,
         attempt=job.attempt,
         node_ids=job.placement,
-        gpus_per_rank=int(resources["gpus_per_rank"]),
-        cpus_per_rank=float(resources["cpus_per_rank"]),
-        dp=int(parallelism["dp"]),
-        tp=int(parallelism["tp"]),
-        pp=int(parallelism["pp"]),
+        gpus_per_rank=shape.gpus_per_rank,
+        cpus_per_rank=shape.cpus_per_rank,
+        dp=shape.parallelism.dp,
+        tp=shape.parallelism.tp,
+        pp=shape.parallelism.pp,
         entrypoint=job.spec["entrypoint"],
     )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 
 from scheduler.core import Admit, PolicyConfig, Preempt, Wait, schedule
@@ -46,7 +46,9 @@ class SchedulerLoop:
         self._cluster = cluster
         self._executor = executor
         self._clock = clock
-        self._policy = policy or PolicyConfig()
+        # Resizing a running gang needs checkpoint-and-resume in the runtime, which it does
+        # not have yet: elastic jobs start at the largest degree that fits and keep it.
+        self._policy = replace(policy or PolicyConfig(), elastic_resize=False)
         self._queues = dict(queues or {})
         self._half_life_s = fair_share_half_life_s
 
@@ -106,8 +108,10 @@ class SchedulerLoop:
                 self._admit(records[decision.job_id], decision)
             elif isinstance(decision, Preempt):
                 self._preempt(records[decision.job_id], decision)
-            else:
+            elif isinstance(decision, Wait):
                 self._explain(records[decision.job_id], decision)
+            else:  # Resize: not produced while elastic_resize is off (see __init__)
+                log.error("job %s: ignoring unexpected %s", decision.job_id, decision)
 
     def _recent_usage(self, now: datetime) -> dict[tuple[str, str], float]:
         """Decayed GPU-seconds per (queue, user); runs older than 10 half-lives count < 0.1%."""

@@ -63,6 +63,9 @@ def test_submit_function_entrypoint(client: TestClient) -> None:
     [
         ({"colour": "red"}, "colour"),
         ({"parallelism": {"dp": 0}}, "parallelism.dp"),
+        ({"parallelism": {"dp": {"min": 3, "max": 2}}}, "parallelism.dp"),
+        ({"parallelism": {"dp": {"min": 0, "max": 2}}}, "parallelism.dp.min"),
+        ({"parallelism": {"dp": {"min": 9, "max": 12}}}, "parallelism"),
         ({"parallelism": {"dp": 1, "tp": -1}}, "parallelism.tp"),
         ({"parallelism": {"dp": 1, "zz": 2}}, "parallelism.zz"),
         ({"name": ""}, "name"),
@@ -191,3 +194,13 @@ def test_healthz_and_openapi(client: TestClient) -> None:
         schema["paths"]
     )
     assert client.get("/docs").status_code == 200
+
+
+def test_elastic_job_asks_for_its_maximum_and_must_fit_only_its_minimum(
+    client: TestClient,
+) -> None:
+    response = client.post("/v1/jobs", json=body(parallelism={"dp": {"min": 2, "max": 16}}))
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["spec"]["parallelism"]["dp"] == {"min": 2, "max": 16}
+    assert job["num_gpus"] == 16

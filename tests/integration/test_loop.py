@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from scheduler.model import JobState, Node, QueueQuota
+from scheduler.runtime.executor import group_spec
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.store import JobRecord, JobRepository, NewJob
 from workers.group import GroupPhase, GroupStatus
@@ -330,3 +331,17 @@ def test_queue_quotas_and_fair_share_reach_the_core(
     assert repo.get(first.id).state is JobState.STARTING
     blocked = repo.get(second.id)
     assert blocked.explanation is not None and blocked.explanation["blocker"] == "quota"
+
+
+def test_an_elastic_job_starts_at_the_degree_that_fits(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    blocker = submit(repo, dp=5)
+    loop.tick()
+    elastic = submit(repo, dp=2, parallelism={"dp": {"min": 1, "max": 8}, "tp": 1, "pp": 1})
+    loop.tick()
+    started = repo.get(elastic.id)
+    assert started.state is JobState.STARTING
+    assert started.placement is not None and len(started.placement) == 3
+    assert group_spec(started).dp == 3
+    assert blocker.id in executor.statuses

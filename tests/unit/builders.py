@@ -49,13 +49,16 @@ def pending(
     time_limit_s: float | None = None,
     queue: str = "default",
     user: str = "default",
+    dp_min: int | None = None,
 ) -> JobView:
     return JobView(
         id=job_id,
         priority=priority,
         submitted_at=at(submitted),
         state=JobState.PENDING,
-        shape=GangShape(Parallelism(dp=dp, tp=tp)),
+        shape=GangShape(
+            Parallelism(dp=dp, tp=tp), dp_min=dp_min, dp_max=dp if dp_min is not None else None
+        ),
         time_limit_s=time_limit_s,
         queue=queue,
         user=user,
@@ -76,13 +79,18 @@ def running(
     preemptible: bool = True,
     state: JobState = JobState.RUNNING,
     queue: str = "default",
+    dp_range: tuple[int, int] | None = None,
 ) -> JobView:
     return JobView(
         id=job_id,
         priority=priority,
         submitted_at=at(started - 10),
         state=state,
-        shape=GangShape(Parallelism(dp=len(on) // tp, tp=tp)),
+        shape=GangShape(
+            Parallelism(dp=len(on) // tp, tp=tp),
+            dp_min=dp_range[0] if dp_range else None,
+            dp_max=dp_range[1] if dp_range else None,
+        ),
         placement=Placement(tuple(on)),
         preemptible=preemptible,
         time_limit_s=time_limit_s,

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.core import Admit, Blocker, Decision, PolicyConfig, Preempt, Wait, schedule
+from scheduler.core.decisions import Resize
 from scheduler.model import ClusterSnapshot, JobState, JobView
 from tests.unit.builders import NOW, Cluster, at, pending, running
 
@@ -17,7 +18,7 @@ NO_PREEMPTION = PolicyConfig(preemption=False)
 
 
 def by_id(decisions: Sequence[Decision]) -> dict[int, Decision]:
-    return {d.job_id: d for d in decisions if not isinstance(d, Preempt)}
+    return {d.job_id: d for d in decisions if isinstance(d, Admit | Wait)}
 
 
 def admitted(decisions: Sequence[Decision]) -> list[int]:
@@ -223,13 +224,16 @@ def scenarios(draw: st.DrawFn) -> tuple[ClusterSnapshot, list[JobView]]:
                     started=-draw(st.integers(0, 7200)),
                     time_limit_s=draw(st.sampled_from([None, 600.0, 3600.0])),
                     preemptible=draw(st.booleans()),
+                    dp_range=draw(st.sampled_from([None, (1, size + 2), (size, size)])),
                 )
             )
     for job_id in range(10, 10 + draw(st.integers(0, 8))):
+        dp = draw(st.integers(1, 4))
         jobs.append(
             pending(
                 job_id,
-                dp=draw(st.integers(1, 4)),
+                dp=dp,
+                dp_min=draw(st.sampled_from([None, 1, dp])),
                 tp=draw(st.sampled_from([1, 2])),
                 priority=draw(st.integers(0, 5)),
                 submitted=-draw(st.integers(0, 20_000)),
@@ -248,25 +252,13 @@ def test_properties_of_every_pass(scenario: tuple[ClusterSnapshot, list[JobView]
     # deterministic, whatever the input order
     assert decisions == schedule(snapshot, list(reversed(jobs)), NOW)
 
-    # every pending job gets exactly one Admit or Wait; only running jobs are preempted
+    # every pending job gets exactly one Admit or Wait
     pending_ids = {j.id for j in jobs if j.state is JobState.PENDING}
-    assert sorted(d.job_id for d in decisions if not isinstance(d, Preempt)) == sorted(pending_ids)
+    waits_and_admits = [d.job_id for d in decisions if isinstance(d, Admit | Wait)]
+    assert sorted(waits_and_admits) == sorted(pending_ids)
 
-    # no node over-allocated; gangs whole; TP groups on one node
-    used: Counter[str] = Counter()
-    for job in jobs:
-        if job.placement:
-            used.update(job.placement.node_ids)
-    for decision in decisions:
-        if isinstance(decision, Admit):
-            shape = views[decision.job_id].shape
-            assert len(decision.placement.node_ids) == shape.num_ranks
-            tp = shape.parallelism.tp
-            for group in range(shape.num_ranks // tp):
-                assert len(set(decision.placement.node_ids[group * tp : (group + 1) * tp])) == 1
-            used.update(decision.placement.node_ids)
-    capacity = {n.id: n.num_gpus for n in snapshot.nodes}
-    assert all(used[node] <= capacity[node] for node in used)
+    resized = _check_resizes(decisions, views)
+    _check_no_overcommit(snapshot, jobs, decisions, views, resized)
 
     # a job is only preempted for a job of strictly higher priority
     for decision in decisions:
@@ -277,16 +269,65 @@ def test_properties_of_every_pass(scenario: tuple[ClusterSnapshot, list[JobView]
     # no admitted job delays the reserved job: it still fits at its reserved time
     reserved = [d for d in decisions if isinstance(d, Wait) and d.reserved]
     assert len(reserved) <= 1
-    if reserved and reserved[0].explanation.blocker is not Blocker.PREEMPTING:
-        later = {d.job_id for d in decisions if isinstance(d, Admit)}
-        check = [j for j in jobs if j.id not in later] + [
-            _as_running(views[d.job_id], d) for d in decisions if isinstance(d, Admit)
-        ]
-        again = by_id(schedule(snapshot, check, NOW))[reserved[0].job_id]
-        assert isinstance(again, Wait | Admit)
-        if isinstance(again, Wait):
-            assert again.estimated_start_at is not None
-            assert again.estimated_start_at <= reserved[0].estimated_start_at  # type: ignore[operator]
+    if reserved and reserved[0].explanation.blocker is not Blocker.PREEMPTING and not resized:
+        _check_reservation_kept(snapshot, jobs, decisions, views, reserved[0])
+
+
+def _check_resizes(decisions: Sequence[Decision], views: dict[int, JobView]) -> dict[int, Resize]:
+    """Only elastic jobs are resized, within their range, with whole replicas."""
+    resized = {d.job_id: d for d in decisions if isinstance(d, Resize)}
+    for job_id, resize in resized.items():
+        shape = views[job_id].shape
+        assert shape.dp_min is not None and shape.dp_max is not None
+        assert shape.dp_min <= resize.dp <= shape.dp_max
+        assert len(resize.placement.node_ids) == resize.dp * shape.replica_ranks
+    return resized
+
+
+def _check_no_overcommit(
+    snapshot: ClusterSnapshot,
+    jobs: list[JobView],
+    decisions: Sequence[Decision],
+    views: dict[int, JobView],
+    resized: dict[int, Resize],
+) -> None:
+    """No node over-allocated (resized jobs at their new size); gangs whole; TP groups on
+    one node; elastic jobs admitted within their range."""
+    used: Counter[str] = Counter()
+    for job in jobs:
+        placement = resized[job.id].placement if job.id in resized else job.placement
+        if placement:
+            used.update(placement.node_ids)
+    for decision in decisions:
+        if not isinstance(decision, Admit):
+            continue
+        shape = views[decision.job_id].shape
+        ranks = len(decision.placement.node_ids)
+        smallest = (shape.dp_min or shape.parallelism.dp) * shape.replica_ranks
+        assert smallest <= ranks <= shape.num_ranks
+        tp = shape.parallelism.tp
+        for group in range(ranks // tp):
+            assert len(set(decision.placement.node_ids[group * tp : (group + 1) * tp])) == 1
+        used.update(decision.placement.node_ids)
+    capacity = {n.id: n.num_gpus for n in snapshot.nodes}
+    assert all(used[node] <= capacity[node] for node in used)
+
+
+def _check_reservation_kept(
+    snapshot: ClusterSnapshot,
+    jobs: list[JobView],
+    decisions: Sequence[Decision],
+    views: dict[int, JobView],
+    reserved: Wait,
+) -> None:
+    later = {d.job_id for d in decisions if isinstance(d, Admit)}
+    check = [j for j in jobs if j.id not in later] + [
+        _as_running(views[d.job_id], d) for d in decisions if isinstance(d, Admit)
+    ]
+    again = by_id(schedule(snapshot, check, NOW))[reserved.job_id]
+    if isinstance(again, Wait):
+        assert again.estimated_start_at is not None and reserved.estimated_start_at is not None
+        assert again.estimated_start_at <= reserved.estimated_start_at
 
 
 def _as_running(job: JobView, admit: Admit) -> JobView:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from functools import cached_property
 
 from gangway.states import JobState as JobState  # re-exported: part of this contract
 
@@ -104,13 +103,15 @@ class GangShape:
         """Ranks in one data-parallel replica (its tp x pp block)."""
         return self.parallelism.tp * self.parallelism.pp
 
-    @cached_property
+    @property
     def num_ranks(self) -> int:
-        return self.parallelism.world_size
+        p = self.parallelism
+        return p.dp * p.tp * p.pp
 
-    @cached_property
+    @property
     def num_gpus(self) -> int:
-        return self.num_ranks * self.gpus_per_rank
+        p = self.parallelism
+        return p.dp * p.tp * p.pp * self.gpus_per_rank
 
     @property
     def ranks_per_group(self) -> int:

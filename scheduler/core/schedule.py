@@ -134,7 +134,9 @@ def _decide(state: _Pass, job: JobView, position: int) -> None:
         unblock = f"starts when jobs of queue {job.queue!r} end"
         state.decisions.append(Wait(job.id, Explanation(Blocker.QUOTA, limit, unblock)))
         return
-    for sized in _sizes_to_try(state, job):
+    sizes = _sizes_to_try(state, job)
+    placement = None
+    for sized in sizes:
         if state.spare is not None:
             spot = place_gang(sized.shape, state.spare)
             if spot is not None:  # on GPUs the reserved job will not need: harmless
@@ -144,7 +146,9 @@ def _decide(state: _Pass, job: JobView, position: int) -> None:
         if placement is not None and _harmless(state, sized, placement):
             _admit(state, sized, placement, position)
             return
-    placement = place_gang(smallest.shape, state.free)
+    tried_smallest = sizes and sizes[-1].shape == smallest.shape
+    if not tried_smallest:  # an elastic job whose small sizes were skipped unplaced
+        placement = place_gang(smallest.shape, state.free)
     if state.reservation is None:
         _reserve(state, smallest, placement)
     else:

@@ -59,6 +59,7 @@ from scheduler.core.timeline import (
 from scheduler.model import (
     RESOURCE_HOLDING_STATES,
     ClusterSnapshot,
+    GangShape,
     JobState,
     JobView,
     Placement,
@@ -92,6 +93,7 @@ class _Pass:
     queues: Mapping[str, QueueQuota] = field(default_factory=dict)
     queue_used: dict[str, int] = field(default_factory=dict)
     borrowed: set[int] = field(default_factory=set)
+    shortage_memo: dict[tuple[int, int, str], Explanation] = field(default_factory=dict)
 
 
 def schedule(
@@ -146,7 +148,7 @@ def _decide(state: _Pass, job: JobView, position: int) -> None:
         if placement is not None and _harmless(state, sized, placement):
             _admit(state, sized, placement, position)
             return
-    tried_smallest = sizes and sizes[-1].shape == smallest.shape
+    tried_smallest = sizes and sizes[-1].shape.parallelism.dp == smallest.shape.parallelism.dp
     if not tried_smallest:  # an elastic job whose small sizes were skipped unplaced
         placement = place_gang(smallest.shape, state.free)
     if state.reservation is None:
@@ -182,6 +184,7 @@ def _admit(state: _Pass, job: JobView, placement: Placement, position: int) -> N
     reservations and estimates account for this job too."""
     used = usage(job.shape, placement)
     state.free.take_all(used)
+    state.shortage_memo.clear()  # the free capacity it describes has changed
     state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + job.shape.num_gpus
     ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
     reservation = state.reservation
@@ -462,7 +465,17 @@ def _explain_blocked(state: _Pass, job: JobView, start: Start) -> Explanation:
 
 
 def _explain_shortage(state: _Pass, job: JobView, unblock: str) -> Explanation:
+    """Memoized per pass: a long queue holds many jobs of the same shape, and the free
+    capacity only changes when a job is admitted (which clears the memo)."""
     shape = job.shape
+    key = (shape.num_gpus, shape.ranks_per_group * shape.gpus_per_rank, unblock)
+    explanation = state.shortage_memo.get(key)
+    if explanation is None:
+        explanation = state.shortage_memo[key] = _shortage(state, shape, unblock)
+    return explanation
+
+
+def _shortage(state: _Pass, shape: GangShape, unblock: str) -> Explanation:
     need = shape.num_gpus
     free_now = state.free.total_gpus
     if free_now < need:

@@ -40,22 +40,18 @@ def victim_order(
     jobs: Sequence[JobView], now: datetime, borrowed: Set[int] = frozenset()
 ) -> list[JobView]:
     """Preemption candidates, cheapest first: jobs running on borrowed quota, then lower
-    priority, then least work lost since the last checkpoint (seconds), then most
-    recently started, then job id."""
+    priority, then least work lost since the last checkpoint (steps since it x measured
+    step time; the whole run while no step time is known), then most recently started,
+    then job id."""
 
     def key(job: JobView) -> tuple[bool, int, float, float, int]:
-        started = job.run.started_at if job.run else now
-        lost = lost_work_s(job, now)
-        return (job.id not in borrowed, job.priority, lost, -started.timestamp(), job.id)
+        run = job.run
+        if run is None:
+            return (job.id not in borrowed, job.priority, 0.0, 0.0, job.id)
+        age_s = (now - run.started_at).total_seconds()  # smaller: started more recently
+        lost = (
+            run.steps_since_checkpoint * run.step_time_s if run.step_time_s is not None else age_s
+        )
+        return (job.id not in borrowed, job.priority, lost, age_s, job.id)
 
     return sorted(jobs, key=key)
-
-
-def lost_work_s(job: JobView, now: datetime) -> float:
-    """Seconds of work a preemption would throw away: steps since the last checkpoint x
-    step time, or the whole run when no step time is known yet."""
-    if job.run is None:
-        return 0.0
-    if job.run.step_time_s is not None:
-        return job.run.steps_since_checkpoint * job.run.step_time_s
-    return max(0.0, (now - job.run.started_at).total_seconds())

@@ -35,9 +35,9 @@ from scheduler.core.placement import (
     NOTHING,
     Capacity,
     FreePool,
-    free_capacity,
     place_gang,
     rack_labels,
+    total_capacity,
     usage,
 )
 from scheduler.core.preemption import choose_victims, freed_by
@@ -110,12 +110,13 @@ def schedule(
     config = config or PolicyConfig()
     quotas = queues or {}
     holders = [j for j in jobs if j.state in RESOURCE_HOLDING_STATES]
+    releases = release_timeline(holders, now, config)
     state = _Pass(
         now=now,
         config=config,
-        free=FreePool(free_capacity(snapshot.nodes, holders), rack_labels(snapshot.nodes)),
+        free=FreePool(_free_now(snapshot, releases), rack_labels(snapshot.nodes)),
         holders=holders,
-        releases=release_timeline(holders, now, config),
+        releases=releases,
         etas_left=config.eta_jobs,
         queues=quotas,
         queue_used=gpus_by_queue(holders),
@@ -129,12 +130,26 @@ def schedule(
     return state.decisions
 
 
+def _free_now(snapshot: ClusterSnapshot, releases: Sequence[Release]) -> dict[str, Capacity]:
+    """Alive capacity minus what every holder uses (each release carries that usage)."""
+    free = total_capacity(snapshot.nodes)
+    for release in releases:
+        for node_id, cap in release.capacity.items():
+            if node_id in free:
+                free[node_id] = free[node_id].minus(cap.gpus, cap.cpus)
+    return free
+
+
 def _decide(state: _Pass, job: JobView, position: int) -> None:
     smallest = _at_dp(job, job.shape.dp_min or job.shape.parallelism.dp)
     limit = over_limit(smallest, state.queue_used, state.queues)
     if limit is not None:  # cannot start whatever the cluster looks like: holds no reservation
         unblock = f"starts when jobs of queue {job.queue!r} end"
         state.decisions.append(Wait(job.id, Explanation(Blocker.QUOTA, limit, unblock)))
+        return
+    room = max(state.free.total_gpus, state.spare.total_gpus if state.spare else 0)
+    if state.reservation is not None and smallest.shape.num_gpus > room:
+        _wait(state, smallest, None)  # fast path: a long queue behind a full cluster
         return
     sizes = _sizes_to_try(state, job)
     placement = None

@@ -7,7 +7,7 @@ deterministic.
 from scheduler.core.config import PolicyConfig
 from scheduler.core.decisions import Admit, Blocker, Decision, Explanation, Preempt, Wait
 from scheduler.core.feasibility import never_fits_reason
-from scheduler.core.ordering import effective_priority, queue_order, victim_order
+from scheduler.core.ordering import queue_order, victim_order
 from scheduler.core.placement import Capacity, free_capacity, place_gang
 from scheduler.core.schedule import schedule
 
@@ -20,7 +20,6 @@ __all__ = [
     "PolicyConfig",
     "Preempt",
     "Wait",
-    "effective_priority",
     "free_capacity",
     "never_fits_reason",
     "place_gang",

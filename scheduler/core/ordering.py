@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterator, Mapping, Sequence, Set
 from datetime import datetime
 
 from scheduler.core.config import PolicyConfig
 from scheduler.model import JobView
-
-
-def effective_priority(job: JobView, now: datetime, config: PolicyConfig) -> int:
-    """Priority plus one point per `aging_interval_s` waited since submit (never negative)."""
-    waited_s = max(0.0, (now - job.submitted_at).total_seconds())
-    return job.priority + int(waited_s // config.aging_interval_s)
 
 
 def queue_order(
@@ -21,37 +15,50 @@ def queue_order(
     config: PolicyConfig,
     usage: Mapping[tuple[str, str], float] | None = None,
 ) -> list[JobView]:
-    """Pending jobs: higher effective priority (priority + aging) first, then the user
-    with less recent usage in that queue (fair share: one heavy user cannot hold a queue),
-    then earlier submit, then lower id."""
+    """Pending jobs: higher effective priority first (priority plus one point per
+    `aging_interval_s` waited since submit), then the user with less recent usage in that
+    queue (fair share: one heavy user cannot hold a queue), then earlier submit, then id.
+    The key is inlined: it runs for every pending job on every pass."""
     recent = usage or {}
-    return sorted(
-        jobs,
-        key=lambda j: (
-            -effective_priority(j, now, config),
-            recent.get((j.queue, j.user), 0.0),
-            j.submitted_at,
-            j.id,
-        ),
-    )
+    interval = config.aging_interval_s
+
+    def key(job: JobView) -> tuple[int, float, datetime, int]:
+        waited_s = (now - job.submitted_at).total_seconds()
+        aged = job.priority + (int(waited_s // interval) if waited_s > 0 else 0)
+        return (
+            -aged,
+            recent.get((job.queue, job.user), 0.0) if recent else 0.0,
+            job.submitted_at,
+            job.id,
+        )
+
+    return sorted(jobs, key=key)
 
 
 def victim_order(
     jobs: Sequence[JobView], now: datetime, borrowed: Set[int] = frozenset()
-) -> list[JobView]:
+) -> Iterator[JobView]:
     """Preemption candidates, cheapest first: jobs running on borrowed quota, then lower
     priority, then least work lost since the last checkpoint (steps since it x measured
     step time; the whole run while no step time is known), then most recently started,
-    then job id."""
+    then job id.
 
-    def key(job: JobView) -> tuple[bool, int, float, float, int]:
+    Lazy: candidates are grouped by (borrowed, priority) and each group is sorted only when
+    reached, since a preemption usually needs the first few victims of a long list.
+    """
+    groups: dict[tuple[bool, int], list[JobView]] = {}
+    for job in jobs:
+        groups.setdefault((job.id not in borrowed, job.priority), []).append(job)
+
+    def key(job: JobView) -> tuple[float, float, int]:
         run = job.run
         if run is None:
-            return (job.id not in borrowed, job.priority, 0.0, 0.0, job.id)
+            return (0.0, 0.0, job.id)
         age_s = (now - run.started_at).total_seconds()  # smaller: started more recently
         lost = (
             run.steps_since_checkpoint * run.step_time_s if run.step_time_s is not None else age_s
         )
-        return (job.id not in borrowed, job.priority, lost, age_s, job.id)
+        return (lost, age_s, job.id)
 
-    return sorted(jobs, key=key)
+    for group in sorted(groups):
+        yield from sorted(groups[group], key=key)

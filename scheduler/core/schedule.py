@@ -93,7 +93,7 @@ class _Pass:
     queues: Mapping[str, QueueQuota] = field(default_factory=dict)
     queue_used: dict[str, int] = field(default_factory=dict)
     borrowed: set[int] = field(default_factory=set)
-    shortage_memo: dict[tuple[int, int, str], Explanation] = field(default_factory=dict)
+    shortage_memo: dict[tuple[int, int, int], Explanation] = field(default_factory=dict)
 
 
 def schedule(
@@ -141,16 +141,18 @@ def _free_now(snapshot: ClusterSnapshot, releases: Sequence[Release]) -> dict[st
 
 
 def _decide(state: _Pass, job: JobView, position: int) -> None:
-    smallest = _at_dp(job, job.shape.dp_min or job.shape.parallelism.dp)
-    limit = over_limit(smallest, state.queue_used, state.queues)
+    dp_min = job.shape.dp_min
+    smallest = job if dp_min is None else _at_dp(job, dp_min)
+    limit = over_limit(smallest, state.queue_used, state.queues) if state.queues else None
     if limit is not None:  # cannot start whatever the cluster looks like: holds no reservation
         unblock = f"starts when jobs of queue {job.queue!r} end"
         state.decisions.append(Wait(job.id, Explanation(Blocker.QUOTA, limit, unblock)))
         return
-    room = max(state.free.total_gpus, state.spare.total_gpus if state.spare else 0)
-    if state.reservation is not None and smallest.shape.num_gpus > room:
-        _wait(state, smallest, None)  # fast path: a long queue behind a full cluster
-        return
+    if state.reservation is not None:
+        room = max(state.free.total_gpus, state.spare.total_gpus if state.spare else 0)
+        if smallest.shape.num_gpus > room:
+            _wait(state, smallest, None)  # fast path: a long queue behind a full cluster
+            return
     sizes = _sizes_to_try(state, job)
     placement = None
     for sized in sizes:
@@ -447,7 +449,7 @@ def _wait(state: _Pass, job: JobView, placement: Placement | None) -> None:
             reservation.job.id,
         )
     elif eta is None:
-        explanation = _explain_shortage(state, job, f"queued behind job {reservation.job.id}")
+        explanation = _explain_queued(state, job, reservation.job.id)
     else:
         explanation = _explain_blocked(state, job, eta)
     state.decisions.append(Wait(job.id, explanation, eta.at if eta else None))
@@ -476,21 +478,22 @@ def _explain_blocked(state: _Pass, job: JobView, start: Start) -> Explanation:
         if freeing
         else ""
     )
-    return _explain_shortage(state, job, f"expected to start at {when}{by}")
+    return _explain_shortage(state, job.shape, f"expected to start at {when}{by}")
 
 
-def _explain_shortage(state: _Pass, job: JobView, unblock: str) -> Explanation:
+def _explain_queued(state: _Pass, job: JobView, behind: int) -> Explanation:
     """Memoized per pass: a long queue holds many jobs of the same shape, and the free
     capacity only changes when a job is admitted (which clears the memo)."""
     shape = job.shape
-    key = (shape.num_gpus, shape.ranks_per_group * shape.gpus_per_rank, unblock)
+    key = (shape.num_gpus, shape.ranks_per_group * shape.gpus_per_rank, behind)
     explanation = state.shortage_memo.get(key)
     if explanation is None:
-        explanation = state.shortage_memo[key] = _shortage(state, shape, unblock)
+        explanation = _explain_shortage(state, shape, f"queued behind job {behind}")
+        state.shortage_memo[key] = explanation
     return explanation
 
 
-def _shortage(state: _Pass, shape: GangShape, unblock: str) -> Explanation:
+def _explain_shortage(state: _Pass, shape: GangShape, unblock: str) -> Explanation:
     need = shape.num_gpus
     free_now = state.free.total_gpus
     if free_now < need:

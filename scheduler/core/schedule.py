@@ -210,7 +210,7 @@ def _admit(state: _Pass, job: JobView, placement: Placement, position: int) -> N
         if ends > reservation.at:
             for node_id, cap in used.items():
                 reservation.future[node_id] = reservation.future[node_id].minus(cap.gpus, cap.cpus)
-    bisect.insort(state.releases, Release(ends, job.id, used), key=lambda r: (r.at, r.job_id))
+    bisect.insort(state.releases, Release(ends, job.id, used))
     if reservation is None:
         reason = f"queue position {position}; {job.shape.num_gpus} GPUs free on {len(used)} node(s)"
     else:

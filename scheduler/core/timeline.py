@@ -10,14 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from scheduler.core.config import PolicyConfig
 from scheduler.core.placement import Capacity, FreePool, place_gang, usage
 from scheduler.model import GangShape, JobState, JobView, Placement
 
 
-@dataclass(frozen=True)
-class Release:
+class Release(NamedTuple):
+    """Resources expected back at `at`. Tuples order by (at, job_id), job ids being
+    unique, so a sorted list of releases needs no key function (the pass inserts many)."""
+
     at: datetime
     job_id: int
     capacity: Mapping[str, Capacity]
@@ -55,7 +58,7 @@ def release_timeline(
         for job in holders
         if job.placement is not None
     ]
-    return sorted(releases, key=lambda r: (r.at, r.job_id))
+    return sorted(releases)
 
 
 def earliest_start(

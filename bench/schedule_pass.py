@@ -3,7 +3,7 @@
 Gang sizes are drawn from the Philly trace digest (1 to 64 GPUs); a gang of g GPUs gets the
 largest tp in {1, 2, 4, 8} that divides g. The cluster first runs `--running` jobs (placed
 by the core itself, with time limits or measured progress), then each pending-queue size
-is timed over `--repeat` passes.
+is timed over `--repeat` passes (a garbage collection before each, none forced inside).
 
     .venv/bin/python -m bench.schedule_pass --nodes 1000 --running 2000 \\
         --pending 100 1000 10000 --repeat 10
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import random
 import statistics
 import time
@@ -120,6 +121,7 @@ def main() -> None:
         jobs = running + pending_jobs(sizes, count, 1_000_000, rng)
         timings = []
         for _ in range(args.repeat):
+            gc.collect()  # start each pass on a clean heap, as the idle loop would
             started = time.perf_counter()
             decisions = schedule(ClusterSnapshot(nodes), jobs, NOW, PolicyConfig())
             timings.append(time.perf_counter() - started)

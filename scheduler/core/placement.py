@@ -215,29 +215,42 @@ class FreePool:
         return cap
 
 
-def place_gang(shape: GangShape, free: FreePool | FreeMap) -> Placement | None:
+def place_gang(
+    shape: GangShape, free: FreePool | FreeMap, *, keep: bool = False
+) -> Placement | None:
     """Place every rank of `shape` or return None; never a partial placement.
 
-    A FreePool argument is not changed (groups are taken tentatively and given back).
+    A FreePool argument is not changed (groups are taken tentatively and given back),
+    unless `keep` is set and the gang was placed: then the pool already has it taken.
     """
     pool = free if isinstance(free, FreePool) else FreePool(free)
     if pool.total_gpus < shape.num_gpus:
         return None  # the common case in a busy pass: reject in O(1)
-    if shape.num_ranks > shape.ranks_per_group:  # more than one node may be involved
-        for rack_gpus, rack in pool.racks_by_fullness():
-            if rack_gpus >= shape.num_gpus:
-                placement = _place_groups(shape, pool, rack)
-                if placement is not None:
-                    return placement
-    return _place_groups(shape, pool, None)
+    if shape.num_ranks == shape.ranks_per_group:  # one group, one node: most jobs
+        gpus, cpus = shape.num_gpus, shape.num_ranks * shape.cpus_per_rank
+        node_id = pool.best_fit(gpus, cpus)
+        if node_id is None:
+            return None
+        if keep:
+            pool.take(node_id, gpus, cpus)
+        return Placement((node_id,) * shape.num_ranks)
+    for rack_gpus, rack in pool.racks_by_fullness():  # several groups: try one rack first
+        if rack_gpus >= shape.num_gpus:
+            placement = _place_groups(shape, pool, rack, keep)
+            if placement is not None:
+                return placement
+    return _place_groups(shape, pool, None, keep)
 
 
-def _place_groups(shape: GangShape, pool: FreePool, only_rack: str | None) -> Placement | None:
+def _place_groups(
+    shape: GangShape, pool: FreePool, only_rack: str | None, keep: bool
+) -> Placement | None:
     """Replica by replica, stage by stage (see the module docstring); all or nothing."""
     dp, pp = shape.parallelism.dp, shape.parallelism.pp
     group_gpus = shape.ranks_per_group * shape.gpus_per_rank
     group_cpus = shape.ranks_per_group * shape.cpus_per_rank
     node_of_group: dict[int, str] = {}
+    placed = False
     try:
         for replica in range(dp):
             previous: str | None = None
@@ -248,9 +261,11 @@ def _place_groups(shape: GangShape, pool: FreePool, only_rack: str | None) -> Pl
                 pool.take(node_id, group_gpus, group_cpus)
                 node_of_group[stage * dp + replica] = node_id
                 previous = node_id
+        placed = True
     finally:
-        for node_id in node_of_group.values():
-            pool.take(node_id, -group_gpus, -group_cpus)
+        if not (placed and keep):
+            for node_id in node_of_group.values():
+                pool.take(node_id, -group_gpus, -group_cpus)
     per_group = shape.ranks_per_group
     return Placement(tuple(node_of_group[rank // per_group] for rank in range(shape.num_ranks)))
 

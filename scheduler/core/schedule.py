@@ -161,6 +161,12 @@ def _decide(state: _Pass, job: JobView, position: int) -> None:
             if spot is not None:  # on GPUs the reserved job will not need: harmless
                 _admit(state, sized, spot, position)
                 return
+        if state.reservation is None:  # nothing to protect: place and take in one go
+            placement = place_gang(sized.shape, state.free, keep=True)
+            if placement is not None:
+                _admit(state, sized, placement, position, taken=True)
+                return
+            continue
         placement = place_gang(sized.shape, state.free)
         if placement is not None and _harmless(state, sized, placement):
             _admit(state, sized, placement, position)
@@ -196,11 +202,14 @@ def _sizes_to_try(state: _Pass, job: JobView) -> list[JobView]:
 # -- admission -----------------------------------------------------------------------------
 
 
-def _admit(state: _Pass, job: JobView, placement: Placement, position: int) -> None:
-    """Take the resources now and put their expected return on the timeline, so later
-    reservations and estimates account for this job too."""
+def _admit(
+    state: _Pass, job: JobView, placement: Placement, position: int, *, taken: bool = False
+) -> None:
+    """Take the resources now (unless the placement already did) and put their expected
+    return on the timeline, so later reservations and estimates account for this job."""
     used = usage(job.shape, placement)
-    state.free.take_all(used)
+    if not taken:
+        state.free.take_all(used)
     state.shortage_memo.clear()  # the free capacity it describes has changed
     state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + job.shape.num_gpus
     ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))

@@ -1,9 +1,11 @@
 """Time full passes of the pure scheduling core on a large cluster and queue.
 
 Gang sizes are drawn from the Philly trace digest (1 to 64 GPUs); a gang of g GPUs gets the
-largest tp in {1, 2, 4, 8} that divides g. The cluster first runs `--running` jobs (placed
-by the core itself, with time limits or measured progress), then each pending-queue size
-is timed over `--repeat` passes (a garbage collection before each, none forced inside).
+largest tp in {1, 2, 4, 8} that divides g; 10% are elastic. Jobs belong to 4 queues
+(1,500 GPUs guaranteed + 2,500 borrowable each) and 20 users with random recent usage.
+The cluster first runs `--running` jobs (placed by the core itself, with time limits or
+measured progress), then each pending-queue size is timed over `--repeat` passes (a
+garbage collection before each, none forced inside).
 
     .venv/bin/python -m bench.schedule_pass --nodes 1000 --running 2000 \\
         --pending 100 1000 10000 --repeat 10
@@ -21,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from scheduler.core import Admit, PolicyConfig, Preempt, free_capacity, place_gang, schedule
+from scheduler.core.decisions import Resize
 from scheduler.core.placement import FreePool, rack_labels, usage
 from scheduler.model import (
     ClusterSnapshot,
@@ -29,6 +32,7 @@ from scheduler.model import (
     JobView,
     Node,
     Parallelism,
+    QueueQuota,
     RunInfo,
 )
 
@@ -42,9 +46,18 @@ def trace_sizes(path: Path) -> list[int]:
         return [gpus for gpus in sizes if gpus <= 64]
 
 
-def shape_for(gpus: int) -> GangShape:
+QUEUES = {f"q{i}": QueueQuota(guaranteed_gpus=1500, borrow_limit_gpus=2500) for i in range(4)}
+USERS = [f"user{i}" for i in range(20)]
+
+
+def shape_for(gpus: int, *, elastic: bool = False) -> GangShape:
+    """tp = the largest of 1, 2, 4, 8 dividing the size; an elastic gang may shrink to one
+    replica."""
     tp = max(t for t in (1, 2, 4, 8) if gpus % t == 0)
-    return GangShape(Parallelism(dp=gpus // tp, tp=tp))
+    dp = gpus // tp
+    if elastic and dp > 1:
+        return GangShape(Parallelism(dp=dp, tp=tp), dp_min=1, dp_max=dp)
+    return GangShape(Parallelism(dp=dp, tp=tp))
 
 
 def running_jobs(
@@ -53,7 +66,7 @@ def running_jobs(
     jobs: list[JobView] = []
     pool = FreePool(free_capacity(nodes, []), rack_labels(nodes))
     for job_id in range(1, count + 1):
-        shape = shape_for(rng.choice(sizes))
+        shape = shape_for(rng.choice(sizes), elastic=rng.random() < 0.1)
         placement = place_gang(shape, pool)
         if placement is None:
             break
@@ -75,6 +88,8 @@ def running_jobs(
                     total_steps=10_000,
                     step_time_s=rng.uniform(0.2, 2.0),
                 ),
+                queue=rng.choice(list(QUEUES)),
+                user=rng.choice(USERS),
             )
         )
     return jobs
@@ -87,8 +102,10 @@ def pending_jobs(sizes: list[int], count: int, first_id: int, rng: random.Random
             priority=rng.randint(0, 5),
             submitted_at=NOW - timedelta(seconds=rng.randint(0, 7 * 86_400)),
             state=JobState.PENDING,
-            shape=shape_for(rng.choice(sizes)),
+            shape=shape_for(rng.choice(sizes), elastic=rng.random() < 0.1),
             time_limit_s=rng.choice([None, 1800.0, 3600.0, 8 * 3600.0]),
+            queue=rng.choice(list(QUEUES)),
+            user=rng.choice(USERS),
         )
         for index in range(count)
     ]
@@ -117,22 +134,26 @@ def main() -> None:
         f"{len(running)} running jobs on "
         f"{used} GPUs; sizes from {args.trace.name} ({len(sizes)} jobs <= 64 GPUs)"
     )
+    usage = {(q, u): rng.uniform(0, 1e7) for q in QUEUES for u in USERS}
     for count in args.pending:
         jobs = running + pending_jobs(sizes, count, 1_000_000, rng)
         timings = []
         for _ in range(args.repeat):
             gc.collect()  # start each pass on a clean heap, as the idle loop would
             started = time.perf_counter()
-            decisions = schedule(ClusterSnapshot(nodes), jobs, NOW, PolicyConfig())
+            decisions = schedule(
+                ClusterSnapshot(nodes), jobs, NOW, PolicyConfig(), queues=QUEUES, usage=usage
+            )
             timings.append(time.perf_counter() - started)
         timings.sort()
         admits = sum(isinstance(d, Admit) for d in decisions)
         preempts = sum(isinstance(d, Preempt) for d in decisions)
+        resizes = sum(isinstance(d, Resize) for d in decisions)
         p95 = timings[min(len(timings) - 1, round(0.95 * (len(timings) - 1)))]
         print(
             f"pending {count:>6}: median {statistics.median(timings) * 1000:7.1f} ms, "
             f"p95 {p95 * 1000:7.1f} ms ({args.repeat} passes); {admits} admitted, "
-            f"{preempts} preempted"
+            f"{preempts} preempted, {resizes} resized"
         )
 
 

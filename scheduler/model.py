@@ -82,8 +82,14 @@ class GangShape:
     # this shape describes (the current one for a running job, dp_max for a pending one).
     dp_min: int | None = None
     dp_max: int | None = None
+    # Derived once: the scheduling pass reads these millions of times.
+    num_ranks: int = field(init=False, repr=False, compare=False)
+    num_gpus: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        p = self.parallelism
+        object.__setattr__(self, "num_ranks", p.dp * p.tp * p.pp)
+        object.__setattr__(self, "num_gpus", p.dp * p.tp * p.pp * self.gpus_per_rank)
         if (self.dp_min is None) != (self.dp_max is None):
             raise ValueError("give both dp_min and dp_max, or neither")
         low, high = self.dp_min, self.dp_max
@@ -102,16 +108,6 @@ class GangShape:
     def replica_ranks(self) -> int:
         """Ranks in one data-parallel replica (its tp x pp block)."""
         return self.parallelism.tp * self.parallelism.pp
-
-    @property
-    def num_ranks(self) -> int:
-        p = self.parallelism
-        return p.dp * p.tp * p.pp
-
-    @property
-    def num_gpus(self) -> int:
-        p = self.parallelism
-        return p.dp * p.tp * p.pp * self.gpus_per_rank
 
     @property
     def ranks_per_group(self) -> int:

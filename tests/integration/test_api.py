@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -179,12 +180,22 @@ def test_cluster_shows_allocation_from_placements(client: TestClient, repo: JobR
     ]
 
 
-def test_status_page_lists_jobs_and_nodes(client: TestClient) -> None:
-    client.post("/v1/jobs", json=body(name="visible-on-page"))
+def test_status_page_lists_jobs_and_nodes(client: TestClient, repo: JobRepository) -> None:
+    job_id = client.post("/v1/jobs", json=body(name="visible-on-page")).json()["id"]
+    eta = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    explanation = {"blocker": "cluster_full", "message": "needs 2 GPUs; 0 free now", "unblock": "u"}
+    repo.explain_wait(
+        job_id, "needs 2 GPUs; 0 free now; u", explanation=explanation, estimated_start_at=eta
+    )
     page = client.get("/")
     assert page.status_code == 200
     assert "visible-on-page" in page.text
     assert "local-1" in page.text and "local-2" in page.text
+    assert "needs 2 GPUs; 0 free now" in page.text
+    assert "estimated start: 2030-01-02 03:04:05 UTC" in page.text
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert job["explanation"]["blocker"] == "cluster_full"
+    assert job["estimated_start_at"].startswith("2030-01-02T03:04:05")
 
 
 def test_healthz_and_openapi(client: TestClient) -> None:

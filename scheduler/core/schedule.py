@@ -298,15 +298,27 @@ def _room_is_coming(state: _Pass, job: JobView) -> bool:
     if placement is None:
         return False
     deadline = max(expected_end(h, state.now, state.config) for h in leaving)
-    ids = ", ".join(str(h.id) for h in leaving)
-    explanation = Explanation(
-        Blocker.PREEMPTING,
-        f"waiting for preempted job(s) {ids} to checkpoint and exit",
-        f"starts when they have gone (by {deadline:%Y-%m-%d %H:%M:%S} UTC at the latest)",
+    _hold_for(
+        state,
+        job,
+        Start(deadline, placement, capacity.as_dict()),
+        f"waiting for preempted job(s) {_ids(leaving)} to checkpoint and exit",
+        "they have gone",
     )
-    _set_reservation(state, job, Start(deadline, placement, capacity.as_dict()))
-    state.decisions.append(Wait(job.id, explanation, deadline, reserved=True))
     return True
+
+
+def _hold_for(state: _Pass, job: JobView, start: Start, message: str, once: str) -> None:
+    """Reserve `start` for `job` while other gangs make room for it, and say so."""
+    _set_reservation(state, job, start)
+    explanation = Explanation(
+        Blocker.PREEMPTING, message, f"starts when {once} (by {start.at:%H:%M:%S} UTC)"
+    )
+    state.decisions.append(Wait(job.id, explanation, start.at, reserved=True))
+
+
+def _ids(jobs: Sequence[JobView]) -> str:
+    return ", ".join(str(j.id) for j in jobs)
 
 
 def _preempt_for(state: _Pass, job: JobView) -> bool:
@@ -335,14 +347,13 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
     capacity = freed_by(state.free, victims)
     placement = place_gang(job.shape, capacity)
     assert placement is not None  # choose_victims guarantees the fit
-    _set_reservation(state, job, Start(deadline, placement, capacity.as_dict()))
-    ids = ", ".join(str(v.id) for v in victims)
-    explanation = Explanation(
-        Blocker.PREEMPTING,
-        f"preempting lower-priority job(s) {ids} to make room",
-        f"starts when they have checkpointed (by {deadline:%H:%M:%S} UTC)",
+    _hold_for(
+        state,
+        job,
+        Start(deadline, placement, capacity.as_dict()),
+        f"preempting lower-priority job(s) {_ids(victims)} to make room",
+        "they have checkpointed",
     )
-    state.decisions.append(Wait(job.id, explanation, deadline, reserved=True))
     return True
 
 
@@ -398,14 +409,13 @@ def _shrink_for(state: _Pass, job: JobView) -> bool:
         state.decisions.append(
             Resize(victim.id, shrunk(victim.shape, victim.placement, dp), dp, reason)
         )
-    _set_reservation(state, job, Start(deadline, placement, pool.as_dict()))
-    ids = ", ".join(str(v.id) for v, _ in plan.values())
-    explanation = Explanation(
-        Blocker.PREEMPTING,
-        f"shrinking elastic job(s) {ids} to make room",
-        f"starts when they have resized (by {deadline:%H:%M:%S} UTC)",
+    _hold_for(
+        state,
+        job,
+        Start(deadline, placement, pool.as_dict()),
+        f"shrinking elastic job(s) {_ids([v for v, _ in plan.values()])} to make room",
+        "they have resized",
     )
-    state.decisions.append(Wait(job.id, explanation, deadline, reserved=True))
     return True
 
 

@@ -261,9 +261,10 @@ def test_reconcile_reattaches_running_jobs_and_requeues_lost_ones(
         assert record.restarts == 0
 
 
-def test_preemption_notice_then_requeue_then_the_preemptor_starts(
+def preempt_a_running_job(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
-) -> None:
+) -> tuple[JobRecord, JobRecord]:
+    """A low-priority gang fills the cluster; a high-priority one arrives an hour later."""
     low = submit(repo, dp=8, priority=0)
     loop.tick()
     executor.statuses[low.id] = GroupStatus(GroupPhase.RUNNING, True, step=5)
@@ -271,6 +272,13 @@ def test_preemption_notice_then_requeue_then_the_preemptor_starts(
     clock.now += timedelta(hours=1)  # past the minimum runtime
     high = submit(repo, dp=4, priority=5)
     loop.tick()
+    return low, high
+
+
+def test_preemption_notice_then_requeue_then_the_preemptor_starts(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
+) -> None:
+    low, high = preempt_a_running_job(repo, loop, executor, clock)
     victim = repo.get(low.id)
     assert victim.state is JobState.PREEMPTING
     assert victim.preempt_deadline is not None
@@ -295,13 +303,7 @@ def test_preemption_notice_then_requeue_then_the_preemptor_starts(
 def test_a_victim_that_ignores_the_notice_is_killed_at_the_deadline(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
 ) -> None:
-    low = submit(repo, dp=8, priority=0)
-    loop.tick()
-    executor.statuses[low.id] = GroupStatus(GroupPhase.RUNNING, True, step=5)
-    loop.tick()
-    clock.now += timedelta(hours=1)
-    submit(repo, dp=4, priority=5)
-    loop.tick()
+    low, _ = preempt_a_running_job(repo, loop, executor, clock)
     loop.tick()
     assert repo.get(low.id).state is JobState.PREEMPTING
     clock.now += timedelta(minutes=10)

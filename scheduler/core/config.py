@@ -20,8 +20,9 @@ class PolicyConfig:
         resources are taken.
     default_runtime_s: the runtime assumed for a job with no time limit and no measured
         progress yet (conservative: a long guess protects reservations).
-    eta_jobs: how many blocked jobs, in queue order, get an exact estimated start time
-        per pass (each costs a search over the release timeline); later ones get none.
+    eta_jobs: how many blocked jobs, in queue order, get an estimated start placed exactly
+        on the release timeline per pass (each costs a search over it); later ones get a
+        GPU-count estimate that ignores node shape.
     elastic_resize: grow running elastic jobs onto idle GPUs and shrink them toward their
         minimum before preempting whole gangs. Off, elastic jobs still start at the
         largest degree that fits, and keep it.

@@ -9,12 +9,13 @@
    first job that cannot start gets the reservation: it preempts lower-priority gangs if
    that makes it fit, else it is reserved its earliest start on the timeline. Later jobs
    start now only if they leave that start intact (EASY backfill); the others wait with a
-   structured explanation and, for the first `eta_jobs` of them, an estimated start.
+   structured explanation and an estimated start (exact for the first `eta_jobs`).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -94,6 +95,9 @@ class _Pass:
     queue_used: dict[str, int] = field(default_factory=dict)
     borrowed: set[int] = field(default_factory=set)
     shortage_memo: dict[tuple[int, int, int], Explanation] = field(default_factory=dict)
+    blocked_gpus: int = 0  # GPUs asked by the reserved and blocked jobs so far
+    # Waits beyond the ETA horizon: (index in decisions, blocked GPUs up to that job)
+    rough_etas: list[tuple[int, int]] = field(default_factory=list)
 
 
 def schedule(
@@ -127,6 +131,7 @@ def schedule(
         _decide(state, job, position)
     if config.elastic_resize:
         _grow_elastic(state)
+    _fill_rough_etas(state)
     return state.decisions
 
 
@@ -219,7 +224,7 @@ def _admit(
         if ends > reservation.at:
             for node_id, cap in used.items():
                 reservation.future[node_id] = reservation.future[node_id].minus(cap.gpus, cap.cpus)
-    bisect.insort(state.releases, Release(ends, job.id, used))
+    bisect.insort(state.releases, Release(ends, job.id, used, job.shape.num_gpus))
     if reservation is None:
         reason = f"queue position {position}; {job.shape.num_gpus} GPUs free on {len(used)} node(s)"
     else:
@@ -272,6 +277,7 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
 
 def _set_reservation(state: _Pass, job: JobView, start: Start) -> None:
     needed = usage(job.shape, start.placement)
+    state.blocked_gpus += job.shape.num_gpus
     state.reservation = _Reservation(job, start.at, start.placement, dict(start.free), needed)
     if state.config.backfill:
         state.spare = state.free.without(needed)
@@ -469,9 +475,30 @@ def _wait(state: _Pass, job: JobView, placement: Placement | None) -> None:
         )
     elif eta is None:
         explanation = _explain_queued(state, job, reservation.job.id)
+        # estimated by GPU count once the walk is over and the timeline is complete
+        state.rough_etas.append((len(state.decisions), state.blocked_gpus + job.shape.num_gpus))
     else:
         explanation = _explain_blocked(state, job, eta)
+    state.blocked_gpus += job.shape.num_gpus
     state.decisions.append(Wait(job.id, explanation, eta.at if eta else None))
+
+
+def _fill_rough_etas(state: _Pass) -> None:
+    """Every pending job gets an estimated start. Beyond the first `eta_jobs` blocked jobs
+    (placed exactly on the timeline) it is a GPU-count estimate: the time when the GPUs
+    released by running jobs cover this job plus every blocked job ahead of it, node
+    shape ignored. O(pending x log running); None past the last expected release."""
+    if not state.rough_etas or state.reservation is None:
+        return
+    released = (r.gpus for r in state.releases)
+    covered = list(itertools.accumulate(released, initial=state.free.total_gpus))[1:]
+    for index, needed in state.rough_etas:
+        slot = bisect.bisect_left(covered, needed)
+        if slot < len(covered):
+            wait = state.decisions[index]
+            assert isinstance(wait, Wait)
+            eta = max(state.releases[slot].at, state.reservation.at)
+            state.decisions[index] = Wait(wait.job_id, wait.explanation, eta, wait.reserved)
 
 
 def _estimate_start(state: _Pass, reservation: _Reservation, job: JobView) -> Start | None:

@@ -24,6 +24,7 @@ class Release(NamedTuple):
     at: datetime
     job_id: int
     capacity: Mapping[str, Capacity]
+    gpus: int  # total of `capacity`
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,12 @@ def release_timeline(
 ) -> list[Release]:
     """Every holder's resources, in the order they are expected back (ties by job id)."""
     releases = [
-        Release(expected_end(job, now, config), job.id, usage(job.shape, job.placement))
+        Release(
+            expected_end(job, now, config),
+            job.id,
+            usage(job.shape, job.placement),
+            job.shape.num_gpus,
+        )
         for job in holders
         if job.placement is not None
     ]

@@ -197,6 +197,18 @@ def test_later_blocked_jobs_get_conservative_etas_up_to_the_horizon() -> None:
     assert [decisions[i].estimated_start_at for i in (3, 4, 5)] == [at(600), at(1800), None]  # type: ignore[union-attr]
 
 
+def test_jobs_beyond_the_horizon_get_a_gpu_count_estimate() -> None:
+    jobs = [
+        running(i, [f"n{i - 1}"] * 4, started=-600, time_limit_s=t)
+        for i, t in ((1, 1200), (2, 2400), (3, 4200), (4, 7800))
+    ]  # 4 GPUs back at +600, +1800, +3600, +7200
+    jobs += [pending(10, dp=4, priority=3), pending(11, dp=4, priority=2), pending(12, dp=4)]
+    config = PolicyConfig(eta_jobs=0, preemption=False)
+    decisions = by_id(schedule(Cluster().nodes(4, 4).snapshot(), jobs, NOW, config))
+    etas = [decisions[i].estimated_start_at for i in (10, 11, 12)]  # type: ignore[union-attr]
+    assert etas == [at(600), at(1800), at(3600)]
+
+
 # -- properties ---------------------------------------------------------------------------
 
 NODE_IDS = [f"n{i}" for i in range(4)]

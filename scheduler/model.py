@@ -52,7 +52,7 @@ def is_legal_transition(old: JobState, new: JobState) -> bool:
     return new in TRANSITIONS[old]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Parallelism:
     """Degrees of data, tensor and pipeline parallelism; world size is their product."""
 
@@ -70,7 +70,7 @@ class Parallelism:
         return self.dp * self.tp * self.pp
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GangShape:
     """What the placement core needs to know about a job: how many ranks, what each needs,
     and which ranks must share a node (one tensor-parallel group)."""
@@ -115,7 +115,7 @@ class GangShape:
         return self.parallelism.tp
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     """A node as the cluster reports it. `id` is Ray's node id."""
 
@@ -127,7 +127,7 @@ class Node:
     rack: str | None = None  # nodes of one rack/block share fast links
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Placement:
     """rank -> node id, index = rank. The executor pins bundle i to `node_ids[i]`."""
 
@@ -140,7 +140,7 @@ class Placement:
         return used
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunInfo:
     """What the runtime has measured of a job that holds resources.
 
@@ -155,7 +155,7 @@ class RunInfo:
     steps_since_checkpoint: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobView:
     """One job as the scheduling core sees it (pending or holding resources)."""
 
@@ -172,7 +172,7 @@ class JobView:
     user: str = "default"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class QueueQuota:
     """A queue's share of the cluster.
 
@@ -198,7 +198,7 @@ class QueueQuota:
         return self.guaranteed_gpus + self.borrow_limit_gpus
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     """The nodes at one instant. Usage is derived from the jobs that hold placements."""
 

@@ -19,7 +19,7 @@ class Blocker(enum.StrEnum):
     QUOTA = "quota"  # its queue would exceed its GPU limit
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Explanation:
     blocker: Blocker
     message: str  # what failed, in numbers
@@ -27,7 +27,7 @@ class Explanation:
     blocking_job_id: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Admit:
     """Start job `job_id` on `placement` now."""
 
@@ -36,7 +36,7 @@ class Admit:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Preempt:
     """Stop `job_id` (a whole gang) for `for_job_id`: checkpoint and exit by `deadline`."""
 
@@ -46,7 +46,7 @@ class Preempt:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Wait:
     """Job `job_id` stays pending. `estimated_start_at` is None when it cannot be told
     (beyond the ETA horizon, or the cluster's alive nodes can never hold it)."""
@@ -61,7 +61,7 @@ class Wait:
         return f"{self.explanation.message}; {self.explanation.unblock}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Resize:
     """Run elastic job `job_id` with the data-parallel degree of `placement` from now on
     (its tensor- and pipeline-parallel groups unchanged; surviving replicas stay put)."""

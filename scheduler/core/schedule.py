@@ -92,6 +92,7 @@ class _Pass:
     decisions: list[Decision] = field(default_factory=list)
     etas_left: int = 0
     queues: Mapping[str, QueueQuota] = field(default_factory=dict)
+    limits: dict[str, int] = field(default_factory=dict)  # queue -> max GPUs, where capped
     queue_used: dict[str, int] = field(default_factory=dict)
     borrowed: set[int] = field(default_factory=set)
     shortage_memo: dict[tuple[int, int, int], Explanation] = field(default_factory=dict)
@@ -123,6 +124,7 @@ def schedule(
         releases=releases,
         etas_left=config.eta_jobs,
         queues=quotas,
+        limits={q: quota.max_gpus for q, quota in quotas.items() if quota.max_gpus is not None},
         queue_used=gpus_by_queue(holders),
         borrowed=borrowing_jobs(holders, quotas),
     )
@@ -148,7 +150,9 @@ def _free_now(snapshot: ClusterSnapshot, releases: Sequence[Release]) -> dict[st
 def _decide(state: _Pass, job: JobView, position: int) -> None:
     dp_min = job.shape.dp_min
     smallest = job if dp_min is None else _at_dp(job, dp_min)
-    limit = over_limit(smallest, state.queue_used, state.queues) if state.queues else None
+    cap = state.limits.get(job.queue)
+    over = cap is not None and state.queue_used.get(job.queue, 0) + smallest.shape.num_gpus > cap
+    limit = over_limit(smallest, state.queue_used, state.queues) if over else None
     if limit is not None:  # cannot start whatever the cluster looks like: holds no reservation
         unblock = f"starts when jobs of queue {job.queue!r} end"
         state.decisions.append(Wait(job.id, Explanation(Blocker.QUOTA, limit, unblock)))

@@ -27,7 +27,7 @@ class Release(NamedTuple):
     gpus: int  # total of `capacity`
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Start:
     at: datetime
     placement: Placement

@@ -26,6 +26,9 @@ class PolicyConfig:
     elastic_resize: grow running elastic jobs onto idle GPUs and shrink them toward their
         minimum before preempting whole gangs. Off, elastic jobs still start at the
         largest degree that fits, and keep it.
+    reservations: the first job that cannot start holds a reservation that backfill must
+        respect (EASY). Off, any later job that fits starts (greedy backfill), and every
+        blocked job may preempt for itself (as in Tiresias).
     """
 
     aging_interval_s: float = 3600.0
@@ -36,6 +39,7 @@ class PolicyConfig:
     backfill: bool = True
     preemption: bool = True
     elastic_resize: bool = True
+    reservations: bool = True
 
     def __post_init__(self) -> None:
         for name in ("aging_interval_s", "default_runtime_s"):

@@ -270,6 +270,10 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
         return
     if placement is None and state.config.preemption and _preempt_for(state, job):
         return
+    if not state.config.reservations:
+        unblock = "starts when enough GPUs are free (no reservations in this policy)"
+        state.decisions.append(Wait(job.id, _explain_shortage(state, job.shape, unblock)))
+        return
     start = earliest_start(job.shape, state.free, state.releases, state.now)
     if start is None:
         state.decisions.append(Wait(job.id, _never_on_alive_nodes(job)))

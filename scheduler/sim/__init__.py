@@ -1,0 +1,1 @@
+"""Trace-driven simulation of the scheduling core (the very code the service runs)."""

@@ -1,0 +1,295 @@
+"""A discrete-event simulator that drives `scheduler.core.schedule` with a simulated clock.
+
+Work model: a job needs `duration_s` of run time on its full gang. A run makes progress from
+its start (after `restore_s` when it resumes from a checkpoint); progress is checkpointed
+every `checkpoint_interval_s`. A preempted job keeps its GPUs for `checkpoint_save_s`
+(stopping), loses the progress since its last checkpoint, and queues again.
+
+What the policy sees is what a real cluster knows: the time limit users declared (the
+trace's duration x `time_limit_factor`, when given), and progress so far with its step
+time (one step = one second of work). The true remaining work is shown only with `oracle`.
+
+Scheduling passes run when something happened (arrival, end, release), at most once per
+`tick_s` of simulated time, like the service's loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from scheduler.core import Admit, Preempt, schedule
+from scheduler.model import (
+    ClusterSnapshot,
+    GangShape,
+    JobState,
+    JobView,
+    Node,
+    Parallelism,
+    Placement,
+    RunInfo,
+)
+from scheduler.sim.policies import SimPolicy
+from scheduler.sim.trace import TraceJob
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+FAIR_SHARE_HALF_LIFE_S = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    nodes: int
+    gpus_per_node: int
+    nodes_per_rack: int | None = None
+    tick_s: float = 60.0
+    checkpoint_interval_s: float = 1800.0
+    checkpoint_save_s: float = 60.0
+    restore_s: float = 60.0
+    time_limit_factor: float | None = None
+    oracle: bool = False
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ValueError("the cluster needs at least one node with one GPU")
+        if self.checkpoint_interval_s <= 0 or self.tick_s <= 0:
+            raise ValueError("checkpoint_interval_s and tick_s must be > 0")
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    STOPPING = "stopping"  # preempted, still holding its GPUs while it stops
+    DONE = "done"
+
+
+@dataclass
+class SimJob:
+    trace: TraceJob
+    shape: GangShape
+    phase: Phase = Phase.WAITING
+    placement: Placement | None = None
+    run_start_s: float = 0.0
+    saved_s: float = 0.0  # checkpointed progress
+    runs: int = 0
+    first_start_s: float | None = None
+    finish_s: float | None = None
+    attained_gpu_s: float = 0.0  # GPU time consumed so far (Tiresias)
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0
+    version: int = 0  # bumps when a pending end event becomes stale
+
+    def progress_s(self, now: float, restore_s: float) -> float:
+        """Progress of the current run, not yet checkpointed."""
+        warmup = restore_s if self.runs > 1 else 0.0
+        return max(0.0, now - self.run_start_s - warmup)
+
+
+@dataclass
+class Sample:
+    """The cluster after one pass, for plots."""
+
+    time_s: float
+    busy_gpus: int
+    queued_jobs: int
+
+
+@dataclass
+class SimResult:
+    policy: str
+    jobs: list[SimJob]
+    total_gpus: int
+    makespan_s: float
+    samples: list[Sample] = field(default_factory=list)
+    passes: int = 0
+
+
+class _Event(enum.IntEnum):  # order of processing at one instant
+    END = 0
+    RELEASE = 1
+    ARRIVAL = 2
+    PASS = 3
+
+
+def shape_for(num_gpus: int, gpus_per_node: int) -> GangShape:
+    """A trace job of g GPUs: tensor-parallel groups of the largest of 8, 4, 2, 1 that
+    divides g and fits a node, data parallel across them."""
+    tp = max(t for t in (1, 2, 4, 8) if num_gpus % t == 0 and t <= gpus_per_node)
+    return GangShape(Parallelism(dp=num_gpus // tp, tp=tp))
+
+
+class Simulator:
+    def __init__(self, trace: list[TraceJob], config: SimConfig, policy: SimPolicy) -> None:
+        self.config = config
+        self.policy = policy
+        self.nodes = tuple(
+            Node(
+                f"n{i:05d}",
+                f"node-{i}",
+                config.gpus_per_node,
+                8.0 * config.gpus_per_node,
+                rack=f"r{i // config.nodes_per_rack}" if config.nodes_per_rack else None,
+            )
+            for i in range(config.nodes)
+        )
+        self.jobs = [SimJob(t, shape_for(t.num_gpus, config.gpus_per_node)) for t in trace]
+        self._events: list[tuple[float, int, int, int, int]] = []
+        self._sequence = itertools.count()
+        self._last_pass_s = -float("inf")
+        self._pass_pending = False
+        self._active: dict[int, SimJob] = {}  # arrived and not done, in arrival order
+        self._usage: dict[tuple[str, str], float] = {}
+        self.samples: list[Sample] = []
+        self.passes = 0
+
+    # -- running ----------------------------------------------------------------------
+
+    def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
+        """Simulate until every job ended; `progress(jobs_done)` is called as jobs end."""
+        for job in self.jobs:
+            self._push(job.trace.submit_s, _Event.ARRIVAL, job.trace.job_id)
+        done = 0
+        now = 0.0
+        while self._events:
+            now, kind, _, job_id, version = heapq.heappop(self._events)
+            if kind == _Event.PASS:
+                self._pass_pending = False
+                self._pass(now)
+                continue
+            job = self.jobs[job_id]
+            if kind == _Event.ARRIVAL:
+                self._active[job_id] = job
+            elif kind == _Event.END and version == job.version and job.phase is Phase.RUNNING:
+                self._finish(job, now)
+                done += 1
+                if progress:
+                    progress(done)
+            elif kind == _Event.RELEASE and job.phase is Phase.STOPPING:
+                job.phase, job.placement = Phase.WAITING, None
+            else:
+                continue  # a stale end: the run it ended was preempted
+            self._request_pass(now)
+        return SimResult(
+            self.policy.name,
+            self.jobs,
+            sum(n.num_gpus for n in self.nodes),
+            now,
+            self.samples,
+            self.passes,
+        )
+
+    def _push(self, at: float, kind: _Event, job_id: int = -1, version: int = 0) -> None:
+        heapq.heappush(self._events, (at, int(kind), next(self._sequence), job_id, version))
+
+    def _request_pass(self, now: float) -> None:
+        if not self._pass_pending:
+            self._pass_pending = True
+            self._push(max(now, self._last_pass_s + self.config.tick_s), _Event.PASS)
+
+    # -- one scheduling pass -----------------------------------------------------------
+
+    def _pass(self, now: float) -> None:
+        self._decay_usage(now)
+        self._last_pass_s = now
+        self.passes += 1
+        views = [self._view(job, now) for job in self._active.values()]
+        decisions = schedule(
+            ClusterSnapshot(self.nodes),
+            views,
+            EPOCH + timedelta(seconds=now),
+            self.policy.config,
+            usage=self._usage if self.policy.fair_share else None,
+        )
+        for decision in decisions:
+            job = self.jobs[decision.job_id]
+            if isinstance(decision, Admit):
+                self._start(job, decision.placement, now)
+            elif isinstance(decision, Preempt):
+                self._preempt(job, now)
+        busy = sum(j.shape.num_gpus for j in self._active.values() if j.placement is not None)
+        queued = sum(1 for j in self._active.values() if j.phase is Phase.WAITING)
+        self.samples.append(Sample(now, busy, queued))
+
+    def _decay_usage(self, now: float) -> None:
+        """Recent GPU-seconds per (queue, user), decayed with `FAIR_SHARE_HALF_LIFE_S`
+        (the same measure the service computes from its store), updated incrementally."""
+        elapsed = now - self._last_pass_s if self._last_pass_s > -float("inf") else 0.0
+        if elapsed <= 0:
+            return
+        factor = 2 ** (-elapsed / FAIR_SHARE_HALF_LIFE_S)
+        for key in self._usage:
+            self._usage[key] *= factor
+        for job in self._active.values():
+            if job.phase is Phase.RUNNING:
+                key = (job.trace.queue, job.trace.queue)
+                used = job.shape.num_gpus * min(elapsed, now - job.run_start_s)
+                self._usage[key] = self._usage.get(key, 0.0) + used
+
+    def _view(self, job: SimJob, now: float) -> JobView:
+        state = {
+            Phase.WAITING: JobState.PENDING,
+            Phase.RUNNING: JobState.RUNNING,
+            Phase.STOPPING: JobState.PREEMPTING,
+        }[job.phase]
+        attained = job.attained_gpu_s + (
+            (now - job.run_start_s) * job.shape.num_gpus if job.phase is Phase.RUNNING else 0.0
+        )
+        priority = self.policy.priority(attained) if self.policy.priority else 0
+        factor = self.config.time_limit_factor
+        return JobView(
+            id=job.trace.job_id,
+            priority=priority,
+            submitted_at=EPOCH + timedelta(seconds=job.trace.submit_s),
+            state=state,
+            shape=job.shape,
+            placement=job.placement,
+            time_limit_s=job.trace.duration_s * factor if factor else None,
+            run=self._run_info(job, now) if job.placement is not None else None,
+            queue=job.trace.queue,
+            user=job.trace.queue,
+        )
+
+    def _run_info(self, job: SimJob, now: float) -> RunInfo:
+        progress = job.progress_s(now, self.config.restore_s)
+        remaining = job.trace.duration_s - job.saved_s
+        since_checkpoint = progress % self.config.checkpoint_interval_s
+        return RunInfo(
+            started_at=EPOCH + timedelta(seconds=job.run_start_s),
+            step=int(progress),
+            total_steps=int(remaining) if self.config.oracle else None,
+            step_time_s=1.0 if progress > 0 else None,
+            steps_since_checkpoint=int(since_checkpoint),
+        )
+
+    # -- applying decisions -------------------------------------------------------------
+
+    def _start(self, job: SimJob, placement: Placement, now: float) -> None:
+        job.phase, job.placement, job.run_start_s = Phase.RUNNING, placement, now
+        job.runs += 1
+        if job.first_start_s is None:
+            job.first_start_s = now
+        job.version += 1
+        warmup = self.config.restore_s if job.runs > 1 else 0.0
+        ends = now + warmup + (job.trace.duration_s - job.saved_s)
+        self._push(ends, _Event.END, job.trace.job_id, job.version)
+
+    def _preempt(self, job: SimJob, now: float) -> None:
+        """Stop making progress now; keep the GPUs while stopping; lose what the last
+        periodic checkpoint did not save."""
+        progress = job.progress_s(now, self.config.restore_s)
+        kept = progress - progress % self.config.checkpoint_interval_s
+        job.saved_s += kept
+        job.lost_gpu_s += (progress - kept + self.config.checkpoint_save_s) * job.shape.num_gpus
+        job.attained_gpu_s += (now - job.run_start_s) * job.shape.num_gpus
+        job.preemptions += 1
+        job.phase = Phase.STOPPING
+        job.version += 1  # its end event is void
+        self._push(now + self.config.checkpoint_save_s, _Event.RELEASE, job.trace.job_id)
+
+    def _finish(self, job: SimJob, now: float) -> None:
+        job.attained_gpu_s += (now - job.run_start_s) * job.shape.num_gpus
+        job.phase, job.placement, job.finish_s = Phase.DONE, None, now
+        del self._active[job.trace.job_id]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -117,6 +118,50 @@ def cancel(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None
     with _client(url) as client:
         job = _run(lambda: client.cancel(job_id))
     _print_job(job, as_json)
+
+
+@app.command()
+def simulate(
+    trace: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="trace CSV")],
+    nodes: Annotated[int, typer.Option(min=1, help="nodes in the simulated cluster")],
+    gpus_per_node: Annotated[int, typer.Option(min=1)] = 8,
+    nodes_per_rack: Annotated[int | None, typer.Option(min=1)] = None,
+    policy: Annotated[
+        list[str] | None, typer.Option(help="policy to run (repeat); default: all")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="only the first N jobs")] = None,
+    tick_s: Annotated[float, typer.Option(help="at most one scheduling pass per tick")] = 60.0,
+    checkpoint_interval_s: float = 1800.0,
+    checkpoint_save_s: float = 60.0,
+    restore_s: float = 60.0,
+    time_limit_factor: Annotated[
+        float | None, typer.Option(help="jobs declare limits of duration x F (user estimates)")
+    ] = None,
+    oracle: Annotated[bool, typer.Option(help="let the policy see true durations")] = False,
+    out: Annotated[Path, typer.Option(help="folder for result.json and plots")] = Path(
+        "sim-results"
+    ),
+) -> None:
+    """Replay a cluster trace through Gangway's scheduling core and the baselines."""
+    from scheduler.sim.run import simulate_command
+
+    simulate_command(
+        trace=trace,
+        policies=policy or [],
+        limit=limit,
+        out=out,
+        cluster={
+            "nodes": nodes,
+            "gpus_per_node": gpus_per_node,
+            "nodes_per_rack": nodes_per_rack,
+            "tick_s": tick_s,
+            "checkpoint_interval_s": checkpoint_interval_s,
+            "checkpoint_save_s": checkpoint_save_s,
+            "restore_s": restore_s,
+            "time_limit_factor": time_limit_factor,
+            "oracle": oracle,
+        },
+    )
 
 
 def _client(url: str) -> Client:

@@ -5,6 +5,7 @@ Passes run at every event (tick_s=1), so times below are exact.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -105,3 +106,28 @@ def test_trace_formats(tmp_path: Path) -> None:
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(TraceFormatError, match="unknown trace columns"):
         load_trace(bad)
+
+
+def test_simulate_command_prints_writes_json_and_plots(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gangway.cli import app
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "job_id,submit_time,num_gpu,duration,vc\n0,0,2,100,a\n1,1,4,50,b\n2,2,2,30,a\n"
+    )
+    out = tmp_path / "out"
+    args = ["simulate", "--trace", str(trace), "--nodes", "1", "--gpus-per-node", "4"]
+    result = CliRunner().invoke(
+        app, [*args, "--policy", "fifo", "--policy", "gangway", "--tick-s", "1", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "fifo" in result.output and "gangway" in result.output
+    body = json.loads((out / "result.json").read_text())
+    assert [p["policy"] for p in body["policies"]] == ["fifo", "gangway"]
+    assert body["policies"][0]["jct_avg_s"] == pytest.approx((100 + 149 + 178) / 3)
+    for name in ("jct_cdf.png", "queue_length.png", "utilization.png"):
+        assert (out / name).stat().st_size > 1000
+    bad = CliRunner().invoke(app, [*args, "--policy", "nope", "--out", str(out)])
+    assert bad.exit_code != 0 and "unknown policy" in str(bad.output) + str(bad.exception)

@@ -16,23 +16,33 @@ def queue_order(
     usage: Mapping[tuple[str, str], float] | None = None,
 ) -> list[JobView]:
     """Pending jobs: higher effective priority first (priority plus one point per
-    `aging_interval_s` waited since submit), then the user with less recent usage in that
-    queue (fair share: one heavy user cannot hold a queue), then earlier submit, then id.
-    The key is inlined: it runs for every pending job on every pass."""
-    recent = usage or {}
+    `aging_interval_s` waited since submit), then the user's fair-share rank within the
+    job's queue (0 for the user with the least recent usage there: one heavy user cannot
+    hold a queue, and queues are never ranked against each other by usage), then earlier
+    submit, then id. The key is inlined: it runs for every pending job on every pass."""
+    ranks = fair_share_ranks(usage or {})
     interval = config.aging_interval_s
 
-    def key(job: JobView) -> tuple[int, float, datetime, int]:
+    def key(job: JobView) -> tuple[int, int, datetime, int]:
         waited_s = (now - job.submitted_at).total_seconds()
         aged = job.priority + (int(waited_s // interval) if waited_s > 0 else 0)
-        return (
-            -aged,
-            recent.get((job.queue, job.user), 0.0) if recent else 0.0,
-            job.submitted_at,
-            job.id,
-        )
+        rank = ranks.get((job.queue, job.user), 0) if ranks else 0
+        return (-aged, rank, job.submitted_at, job.id)
 
     return sorted(jobs, key=key)
+
+
+def fair_share_ranks(usage: Mapping[tuple[str, str], float]) -> dict[tuple[str, str], int]:
+    """(queue, user) -> position of the user among that queue's users by recent usage,
+    least first (ties by user name). Users with no recorded usage are not listed: rank 0."""
+    by_queue: dict[str, list[tuple[float, str]]] = {}
+    for (queue, user), used in usage.items():
+        by_queue.setdefault(queue, []).append((used, user))
+    ranks: dict[tuple[str, str], int] = {}
+    for queue, users in by_queue.items():
+        for rank, (_, user) in enumerate(sorted(users)):
+            ranks[(queue, user)] = rank
+    return ranks
 
 
 def victim_order(

@@ -87,3 +87,13 @@ def test_decayed_usage_halves_every_half_life() -> None:
         3600 / (2 * 0.6931), rel=1e-3
     )
     assert decayed_usage([UsageInterval("q", "x", 1, NOW, None)], NOW, 3600) == {}
+
+
+def test_fair_share_ranks_users_within_a_queue_never_queues_against_each_other() -> None:
+    jobs = [
+        pending(1, queue="busy", user="a", submitted=-100),
+        pending(2, queue="idle", user="b", submitted=-10),
+    ]
+    usage = {("busy", "a"): 1e6, ("idle", "b"): 1.0}
+    decisions = schedule(Cluster().nodes(1, 1).snapshot(), jobs, NOW, usage=usage)
+    assert [d.job_id for d in decisions if isinstance(d, Admit)] == [1]  # submit order

@@ -19,6 +19,7 @@ import gc
 import random
 import statistics
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -31,10 +32,10 @@ from scheduler.model import (
     JobState,
     JobView,
     Node,
-    Parallelism,
     QueueQuota,
     RunInfo,
 )
+from scheduler.sim.engine import shape_for as trace_shape
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/philly/philly_digest.csv"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -51,13 +52,11 @@ USERS = [f"user{i}" for i in range(20)]
 
 
 def shape_for(gpus: int, *, elastic: bool = False) -> GangShape:
-    """tp = the largest of 1, 2, 4, 8 dividing the size; an elastic gang may shrink to one
-    replica."""
-    tp = max(t for t in (1, 2, 4, 8) if gpus % t == 0)
-    dp = gpus // tp
-    if elastic and dp > 1:
-        return GangShape(Parallelism(dp=dp, tp=tp), dp_min=1, dp_max=dp)
-    return GangShape(Parallelism(dp=dp, tp=tp))
+    """The simulator's gang for a trace job of `gpus` GPUs; an elastic one may shrink to
+    one replica."""
+    shape = trace_shape(gpus, gpus_per_node=8)
+    dp = shape.parallelism.dp
+    return replace(shape, dp_min=1, dp_max=dp) if elastic and dp > 1 else shape
 
 
 def running_jobs(

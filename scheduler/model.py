@@ -133,12 +133,6 @@ class Placement:
 
     node_ids: tuple[str, ...]
 
-    def gpus_by_node(self, gpus_per_rank: int) -> dict[str, int]:
-        used: dict[str, int] = {}
-        for node_id in self.node_ids:
-            used[node_id] = used.get(node_id, 0) + gpus_per_rank
-        return used
-
 
 @dataclass(frozen=True, slots=True)
 class RunInfo:
@@ -203,7 +197,3 @@ class ClusterSnapshot:
     """The nodes at one instant. Usage is derived from the jobs that hold placements."""
 
     nodes: tuple[Node, ...] = field(default_factory=tuple)
-
-    @property
-    def alive_nodes(self) -> tuple[Node, ...]:
-        return tuple(n for n in self.nodes if n.alive)

@@ -39,3 +39,16 @@ def fail_on_rank(ctx: RankContext, rank: int = 0, message: str = "boom") -> None
     if ctx.rank == rank:
         raise RuntimeError(message)
     dist.barrier()
+
+
+def check_mesh(ctx: RankContext) -> None:
+    """Build the (pp, dp, tp) DeviceMesh and all-reduce over its data-parallel axis."""
+    mesh = ctx.mesh
+    info = ctx.info
+    if tuple(mesh.mesh.shape) != (info.pp, info.dp, info.tp):
+        raise RuntimeError(f"mesh shape {tuple(mesh.mesh.shape)} != {(info.pp, info.dp, info.tp)}")
+    value = torch.ones(1)
+    dist.all_reduce(value, group=mesh.get_group("dp"))
+    if int(value.item()) != info.dp:
+        raise RuntimeError(f"dp all_reduce gave {value.item()}, expected {info.dp}")
+    ctx.report(step=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -65,6 +66,26 @@ def test_ranks_run_on_the_chosen_nodes_and_all_reduce(gpu_node_ids: list[str]) -
         )
     finally:
         group.teardown()
+    wait_for_free_gpus(8.0)
+
+
+def test_function_entrypoints_get_a_device_mesh(gpu_node_ids: list[str]) -> None:
+    first, second = gpu_node_ids
+    group_spec = replace(
+        spec(
+            107,
+            [first, first, second, second],
+            {"kind": "function", "target": "workers.examples:check_mesh"},
+        ),
+        dp=2,
+        tp=2,
+    )
+    group = WorkerGroup.launch(group_spec, placement_timeout_s=60)
+    try:
+        status = poll_until(group, {GroupPhase.SUCCEEDED, GroupPhase.FAILED})
+    finally:
+        group.teardown()
+    assert status.phase is GroupPhase.SUCCEEDED, status.error
     wait_for_free_gpus(8.0)
 
 

@@ -36,8 +36,10 @@ def _node_names(repo: JobRepository) -> dict[str, str]:
 
 @router.post("/v1/jobs", status_code=201, response_model=JobInfo, responses=_ERRORS)
 def submit_job(submit: JobSubmit, repo: Repo) -> JobInfo:
-    validate_submission(submit, repo.nodes())
+    nodes = repo.nodes()
     spec = submit.model_dump(mode="json")
+    shape = gang_shape(spec)
+    validate_submission(submit, shape, nodes)
     record = repo.create(
         NewJob(
             name=submit.name,
@@ -45,11 +47,11 @@ def submit_job(submit: JobSubmit, repo: Repo) -> JobInfo:
             user=submit.user,
             priority=submit.priority,
             spec=spec,
-            num_gpus=gang_shape(spec).num_gpus,
+            num_gpus=shape.num_gpus,
             total_steps=getattr(submit.entrypoint, "steps", None),
         )
     )
-    return job_info(record, _node_names(repo))
+    return job_info(record, {n.id: n.name for n in nodes})
 
 
 @router.get("/v1/jobs", response_model=JobPage, responses=_ERRORS)

@@ -7,15 +7,15 @@ from collections.abc import Sequence
 from api.errors import FieldError
 from gangway.models import Builtin, Function, JobSubmit
 from scheduler.core import never_fits_reason
-from scheduler.model import Node
-from scheduler.runtime.views import gang_shape
+from scheduler.model import GangShape, Node
 from workers.entrypoints import EntrypointError, resolve_function
 from workers.model_configs import MODEL_CONFIGS
 
 
-def validate_submission(submit: JobSubmit, nodes: Sequence[Node]) -> None:
+def validate_submission(submit: JobSubmit, shape: GangShape, nodes: Sequence[Node]) -> None:
+    """`shape` is the submission's gang (the caller derives it once from the spec)."""
     _check_entrypoint(submit)
-    reason = never_fits_reason(gang_shape(submit.model_dump()), nodes)
+    reason = never_fits_reason(shape, nodes)
     if reason is not None:
         raise FieldError("parallelism", f"this job can never run on this cluster: {reason}")
 

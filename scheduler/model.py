@@ -22,7 +22,7 @@ RESOURCE_HOLDING_STATES = frozenset(
     }
 )
 
-# States in which the runtime owns (or is about to own) a worker group for the job.
+# Holding states the loop drives toward running (all but PREEMPTING, which it drives out).
 ACTIVE_STATES = (JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING)
 
 # Every legal edge. Any non-terminal state may go to CANCELLED (user) or FAILED (an error

@@ -16,7 +16,7 @@ import enum
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import ray
@@ -153,15 +153,7 @@ class WorkerGroup:
         except RayError as exc:
             self._fail(f"Ray error: {exc}")
         if self._phase in (GroupPhase.FAILED, GroupPhase.PLACEMENT_TIMEOUT):
-            self._last = GroupStatus(
-                self._phase,
-                ranks_started=self._last.ranks_started,
-                step=self._last.step,
-                loss=self._last.loss,
-                first_loss=self._last.first_loss,
-                tokens_per_s=self._last.tokens_per_s,
-                error=self._error,
-            )
+            self._last = replace(self._last, phase=self._phase, error=self._error)
         return self._last
 
     def _poll_placing(self) -> None:

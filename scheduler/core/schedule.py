@@ -43,7 +43,6 @@ from scheduler.core.placement import (
 )
 from scheduler.core.preemption import choose_victims, freed_by
 from scheduler.core.quotas import (
-    NO_QUOTA,
     borrowing_jobs,
     gpus_by_queue,
     over_limit,
@@ -150,9 +149,8 @@ def _free_now(snapshot: ClusterSnapshot, releases: Sequence[Release]) -> dict[st
 def _decide(state: _Pass, job: JobView, position: int) -> None:
     dp_min = job.shape.dp_min
     smallest = job if dp_min is None else _at_dp(job, dp_min)
-    cap = state.limits.get(job.queue)
-    over = cap is not None and state.queue_used.get(job.queue, 0) + smallest.shape.num_gpus > cap
-    limit = over_limit(smallest, state.queue_used, state.queues) if over else None
+    capped = job.queue in state.limits  # uncapped queues skip the call: this runs per job
+    limit = over_limit(smallest, state.queue_used, state.queues) if capped else None
     if limit is not None:  # cannot start whatever the cluster looks like: holds no reservation
         unblock = f"starts when jobs of queue {job.queue!r} end"
         state.decisions.append(Wait(job.id, Explanation(Blocker.QUOTA, limit, unblock)))
@@ -201,7 +199,7 @@ def _sizes_to_try(state: _Pass, job: JobView) -> list[JobView]:
         return [job]
     replica_gpus = shape.replica_ranks * shape.gpus_per_rank
     room = state.free.total_gpus
-    limit = state.queues.get(job.queue, NO_QUOTA).max_gpus
+    limit = state.limits.get(job.queue)
     if limit is not None:
         room = min(room, limit - state.queue_used.get(job.queue, 0))
     top = min(shape.parallelism.dp, room // replica_gpus)

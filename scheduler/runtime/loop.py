@@ -16,7 +16,14 @@ from datetime import datetime, timedelta
 
 from scheduler.core import Admit, PolicyConfig, Preempt, Wait, schedule
 from scheduler.core.fairshare import decayed_usage
-from scheduler.model import ACTIVE_STATES, ClusterSnapshot, JobState, Node, QueueQuota
+from scheduler.model import (
+    ACTIVE_STATES,
+    RESOURCE_HOLDING_STATES,
+    ClusterSnapshot,
+    JobState,
+    Node,
+    QueueQuota,
+)
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.runtime.executor import Executor
 from scheduler.runtime.views import job_view
@@ -26,8 +33,8 @@ from workers.group import GroupPhase, GroupStatus
 
 log = logging.getLogger(__name__)
 
-_SCHEDULED_STATES = (JobState.PENDING, *ACTIVE_STATES, JobState.PREEMPTING)
-_WATCHED_STATES = (*ACTIVE_STATES, JobState.PREEMPTING)  # states with a live group
+# A job holding resources is the one the runtime has (or is about to have) a group for.
+_SCHEDULED_STATES = (JobState.PENDING, *sorted(RESOURCE_HOLDING_STATES))
 
 
 class SchedulerLoop:
@@ -56,7 +63,7 @@ class SchedulerLoop:
 
     def reconcile(self) -> None:
         """Match every active job in the store with what Ray runs: reattach or requeue."""
-        for job in self._repo.in_states(_WATCHED_STATES):
+        for job in self._repo.in_states(RESOURCE_HOLDING_STATES):
             running = job.state in (JobState.RUNNING, JobState.PREEMPTING)
             if running and self._executor.attach(job):
                 log.info("job %s: reattached to its running ranks", job.id)
@@ -93,7 +100,7 @@ class SchedulerLoop:
 
     def _release_inactive_groups(self) -> None:
         for job_id in self._executor.job_ids():
-            if self._repo.get(job_id).state not in _WATCHED_STATES:
+            if self._repo.get(job_id).state not in RESOURCE_HOLDING_STATES:
                 self._executor.release(job_id)
 
     def _apply_decisions(self, nodes: list[Node], jobs: list[JobRecord]) -> None:

@@ -107,6 +107,13 @@ class SimResult:
     passes: int = 0
 
 
+_JOB_STATE = {  # what the core sees of a job that has arrived and not ended
+    Phase.WAITING: JobState.PENDING,
+    Phase.RUNNING: JobState.RUNNING,
+    Phase.STOPPING: JobState.PREEMPTING,
+}
+
+
 class _Event(enum.IntEnum):  # order of processing at one instant
     END = 0
     RELEASE = 1
@@ -229,11 +236,7 @@ class Simulator:
                 self._usage[key] = self._usage.get(key, 0.0) + used
 
     def _view(self, job: SimJob, now: float) -> JobView:
-        state = {
-            Phase.WAITING: JobState.PENDING,
-            Phase.RUNNING: JobState.RUNNING,
-            Phase.STOPPING: JobState.PREEMPTING,
-        }[job.phase]
+        state = _JOB_STATE[job.phase]
         attained = job.attained_gpu_s + (
             (now - job.run_start_s) * job.shape.num_gpus if job.phase is Phase.RUNNING else 0.0
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler.core import PolicyConfig
@@ -38,11 +38,22 @@ class Settings(BaseSettings):
     default_runtime_s: float = Field(24 * 3600.0, gt=0)
     backfill: bool = True
     preemption: bool = True
+    service_levels_gpu_s: tuple[float, ...] = Field(
+        (3600.0, 36_000.0),
+        description="least-attained-service levels, JSON list of ascending GPU-seconds; [] off",
+    )
+    starvation_s: float = Field(4 * 3600.0, gt=0)
+    service_preemption_loss_s: float = Field(300.0, ge=0)
     fair_share_half_life_s: float = Field(7 * 24 * 3600.0, gt=0)
     queues: dict[str, QueueSettings] = Field(
         default_factory=dict,
         description='JSON, e.g. {"research": {"guaranteed_gpus": 4, "borrow_limit_gpus": 4}}',
     )
+
+    @model_validator(mode="after")
+    def _policy_is_valid(self) -> Settings:
+        self.policy()  # PolicyConfig's own checks (e.g. levels ascending) name the field
+        return self
 
     def quotas(self) -> dict[str, QueueQuota]:
         return {
@@ -58,6 +69,9 @@ class Settings(BaseSettings):
             default_runtime_s=self.default_runtime_s,
             backfill=self.backfill,
             preemption=self.preemption,
+            service_levels_gpu_s=self.service_levels_gpu_s,
+            starvation_s=self.starvation_s,
+            service_preemption_loss_s=self.service_preemption_loss_s,
         )
 
     def resolved_database_url(self) -> str:

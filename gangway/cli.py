@@ -131,6 +131,9 @@ def simulate(
     ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="only the first N jobs")] = None,
     tick_s: Annotated[float, typer.Option(help="at most one scheduling pass per tick")] = 60.0,
+    wait_tick_s: Annotated[
+        float, typer.Option(help="a pass this often while jobs wait and nothing happens")
+    ] = 300.0,
     checkpoint_interval_s: float = 1800.0,
     checkpoint_save_s: float = 60.0,
     restore_s: float = 60.0,
@@ -155,6 +158,7 @@ def simulate(
             "gpus_per_node": gpus_per_node,
             "nodes_per_rack": nodes_per_rack,
             "tick_s": tick_s,
+            "wait_tick_s": wait_tick_s,
             "checkpoint_interval_s": checkpoint_interval_s,
             "checkpoint_save_s": checkpoint_save_s,
             "restore_s": restore_s,

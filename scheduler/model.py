@@ -164,6 +164,14 @@ class JobView:
     run: RunInfo | None = None
     queue: str = "default"
     user: str = "default"
+    # GPU-seconds consumed by the job's earlier, ended runs (the current run's share is
+    # added from `run.started_at`): least-attained-service ranks jobs by it.
+    attained_gpu_s: float = 0.0
+    # When the job last entered PENDING (None: at submit). Aging counts from here, so a
+    # preempted job starts its wait again instead of jumping the queue at once.
+    queued_at: datetime | None = None
+    # Seconds spent queued before the current queue period or run (all earlier waits).
+    waited_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,56 @@ from collections.abc import Iterator, Mapping, Sequence, Set
 from datetime import datetime
 
 from scheduler.core.config import PolicyConfig
-from scheduler.model import JobView
+from scheduler.model import JobState, JobView
+
+
+def attained_gpu_s(job: JobView, now: datetime) -> float:
+    """GPU-seconds the job has consumed: its ended runs plus the current one so far."""
+    return job.attained_gpu_s + _current_run_gpu_s(job, now)
+
+
+def _current_run_gpu_s(job: JobView, now: datetime) -> float:
+    run = job.run
+    if run is None or job.state is not JobState.RUNNING:
+        return 0.0
+    return max(0.0, (now - run.started_at).total_seconds()) * job.shape.num_gpus
+
+
+def _queued_at(job: JobView) -> datetime:
+    return job.queued_at or job.submitted_at
+
+
+def service_band(job: JobView, now: datetime, config: PolicyConfig) -> int:
+    """Least-attained-service band (Tiresias' discretised 2D-LAS): the top band,
+    len(service_levels_gpu_s), until the job has consumed the first level of GPU-seconds,
+    one band lower at each further level. Short jobs finish in the top band; long ones
+    sink and yield to newcomers of the same priority. 0 for all jobs when levels are off.
+
+    Starvation guard: a job queued for `starvation_s` is promoted to the top band (so it
+    may preempt sunk jobs), and the run it then gets counts its service from zero, so it
+    is not preempted again as soon as it starts."""
+    levels = config.service_levels_gpu_s
+    if not levels:
+        return 0
+    top = len(levels)
+    if job.state is JobState.PENDING:
+        if (now - _queued_at(job)).total_seconds() >= config.starvation_s:
+            return top
+        used = job.attained_gpu_s
+    else:
+        run = job.run
+        promoted = (
+            run is not None
+            and (run.started_at - _queued_at(job)).total_seconds() >= config.starvation_s
+        )
+        used = _current_run_gpu_s(job, now) if promoted else attained_gpu_s(job, now)
+    return top - sum(used >= level for level in levels)
+
+
+def rank(job: JobView, now: datetime, config: PolicyConfig) -> tuple[int, int]:
+    """What preemption compares: (base priority, service band). Aging is not in it, so
+    waiting alone never preempts anyone."""
+    return (job.priority, service_band(job, now, config))
 
 
 def queue_order(
@@ -15,19 +64,20 @@ def queue_order(
     config: PolicyConfig,
     usage: Mapping[tuple[str, str], float] | None = None,
 ) -> list[JobView]:
-    """Pending jobs: higher effective priority first (priority plus one point per
-    `aging_interval_s` waited since submit), then the user's fair-share rank within the
-    job's queue (0 for the user with the least recent usage there: one heavy user cannot
-    hold a queue, and queues are never ranked against each other by usage), then earlier
-    submit, then id. The key is inlined: it runs for every pending job on every pass."""
+    """Pending jobs: higher aged priority first (priority plus one point per
+    `aging_interval_s` waited since the job last queued), then higher service band (less
+    GPU time attained), then the user's fair-share rank within the job's queue (0 for the
+    user with the least recent usage there: one heavy user cannot hold a queue, and queues
+    are never ranked against each other by usage), then earlier submit, then id. The key
+    is inlined: it runs for every pending job on every pass."""
     ranks = fair_share_ranks(usage or {})
     interval = config.aging_interval_s
 
-    def key(job: JobView) -> tuple[int, int, datetime, int]:
-        waited_s = (now - job.submitted_at).total_seconds()
+    def key(job: JobView) -> tuple[int, int, int, datetime, int]:
+        waited_s = (now - _queued_at(job)).total_seconds()
         aged = job.priority + (int(waited_s // interval) if waited_s > 0 else 0)
-        rank = ranks.get((job.queue, job.user), 0) if ranks else 0
-        return (-aged, rank, job.submitted_at, job.id)
+        user_rank = ranks.get((job.queue, job.user), 0) if ranks else 0
+        return (-aged, -service_band(job, now, config), user_rank, job.submitted_at, job.id)
 
     return sorted(jobs, key=key)
 
@@ -45,30 +95,40 @@ def fair_share_ranks(usage: Mapping[tuple[str, str], float]) -> dict[tuple[str, 
     return ranks
 
 
+def work_lost_s(job: JobView, now: datetime) -> float:
+    """Seconds of progress a preemption now would throw away: steps since the last
+    checkpoint x measured step time; the whole run while no step time is known."""
+    run = job.run
+    if run is None:
+        return 0.0
+    if run.step_time_s is None:
+        return (now - run.started_at).total_seconds()
+    return run.steps_since_checkpoint * run.step_time_s
+
+
 def victim_order(
-    jobs: Sequence[JobView], now: datetime, borrowed: Set[int] = frozenset()
+    jobs: Sequence[JobView],
+    now: datetime,
+    config: PolicyConfig,
+    borrowed: Set[int] = frozenset(),
 ) -> Iterator[JobView]:
     """Preemption candidates, cheapest first: jobs running on borrowed quota, then lower
-    priority, then least work lost since the last checkpoint (steps since it x measured
-    step time; the whole run while no step time is known), then most recently started,
-    then job id.
+    (priority, service band), then least work lost (`work_lost_s`), then most recently
+    started, then job id.
 
-    Lazy: candidates are grouped by (borrowed, priority) and each group is sorted only when
+    Lazy: candidates are grouped by (borrowed, rank) and each group is sorted only when
     reached, since a preemption usually needs the first few victims of a long list.
     """
-    groups: dict[tuple[bool, int], list[JobView]] = {}
+    groups: dict[tuple[bool, tuple[int, int]], list[JobView]] = {}
     for job in jobs:
-        groups.setdefault((job.id not in borrowed, job.priority), []).append(job)
+        groups.setdefault((job.id not in borrowed, rank(job, now, config)), []).append(job)
 
     def key(job: JobView) -> tuple[float, float, int]:
         run = job.run
         if run is None:
             return (0.0, 0.0, job.id)
         age_s = (now - run.started_at).total_seconds()  # smaller: started more recently
-        lost = (
-            run.steps_since_checkpoint * run.step_time_s if run.step_time_s is not None else age_s
-        )
-        return (lost, age_s, job.id)
+        return (work_lost_s(job, now), age_s, job.id)
 
     for group in sorted(groups):
         yield from sorted(groups[group], key=key)

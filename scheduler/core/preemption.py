@@ -2,10 +2,14 @@
 
 Victims are simulated away on a copy of the free capacity; nothing is committed unless the
 job then fits (principle 6). Only RUNNING jobs that are preemptible and have run at least
-`min_runtime_s` qualify, and only if they have strictly lower (base, un-aged) priority than
-the job, so aging alone never causes a preemption. One exception, quota reclaim: a job
-whose queue is still within its guarantee may preempt jobs of other queues that run on
-borrowed GPUs, whatever their priority.
+`min_runtime_s` qualify, and only if they rank strictly lower than the job:
+
+- a lower base (un-aged) priority: aging alone never causes a preemption;
+- or the same priority and a lower service band (more GPU time attained, least attained
+  service first), and no more than `service_preemption_loss_s` of work lost since the
+  victim's last checkpoint: making room for short jobs must not throw long ones' work away;
+- or quota reclaim: a job whose queue is still within its guarantee may preempt jobs of
+  other queues that run on borrowed GPUs, whatever their priority.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Sequence, Set
 from datetime import datetime
 
 from scheduler.core.config import PolicyConfig
-from scheduler.core.ordering import victim_order
+from scheduler.core.ordering import rank, victim_order, work_lost_s
 from scheduler.core.placement import Capacity, FreePool, place_gang, usage
 from scheduler.model import JobState, JobView
 
@@ -36,7 +40,7 @@ def choose_victims(
     candidates = [v for v in holders if _eligible(v, job, now, config, reclaimable)]
     chosen: list[JobView] = []
     capacity = free.copy()
-    for victim in victim_order(candidates, now, borrowed):
+    for victim in victim_order(candidates, now, config, borrowed):
         chosen.append(victim)
         capacity.give_all(_held(victim))
         if place_gang(job.shape, capacity) is not None:
@@ -70,4 +74,10 @@ def _eligible(
     if (now - victim.run.started_at).total_seconds() < config.min_runtime_s:
         return False
     reclaiming = victim.id in reclaimable and victim.queue != job.queue
-    return victim.priority < job.priority or reclaiming
+    if reclaiming or victim.priority < job.priority:
+        return True
+    return (
+        victim.priority == job.priority
+        and rank(victim, now, config) < rank(job, now, config)
+        and work_lost_s(victim, now) <= config.service_preemption_loss_s
+    )

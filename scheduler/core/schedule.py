@@ -31,7 +31,7 @@ from scheduler.core.decisions import (
     Wait,
 )
 from scheduler.core.elastic import grown, replica_nodes, shrunk
-from scheduler.core.ordering import queue_order
+from scheduler.core.ordering import attained_gpu_s, queue_order, rank
 from scheduler.core.placement import (
     NOTHING,
     Capacity,
@@ -347,11 +347,7 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
         return False
     deadline = state.now + timedelta(seconds=state.config.checkpoint_grace_s)
     for victim in victims:
-        why = (
-            f"priority {job.priority} > {victim.priority}"
-            if victim.priority < job.priority
-            else f"queue {job.queue!r} reclaims GPUs that queue {victim.queue!r} borrowed"
-        )
+        why = _why_preempted(state, job, victim)
         reason = (
             f"preempted for job {job.id} ({why}); checkpoint and exit by {deadline:%H:%M:%S} UTC"
         )
@@ -367,6 +363,19 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
         "they have checkpointed",
     )
     return True
+
+
+def _why_preempted(state: _Pass, job: JobView, victim: JobView) -> str:
+    if victim.priority < job.priority:
+        return f"priority {job.priority} > {victim.priority}"
+    if rank(victim, state.now, state.config) < rank(job, state.now, state.config):
+        used_h = attained_gpu_s(victim, state.now) / 3600
+        return (
+            f"same priority {job.priority}; job {victim.id} has used {used_h:.1f} GPU-hours, "
+            f"job {job.id} {attained_gpu_s(job, state.now) / 3600:.1f} (least attained "
+            "service first)"
+        )
+    return f"queue {job.queue!r} reclaims GPUs that queue {victim.queue!r} borrowed"
 
 
 # -- elastic jobs --------------------------------------------------------------------------

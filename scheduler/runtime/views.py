@@ -47,6 +47,9 @@ def job_view(record: JobRecord) -> JobView:
         run=run_info(record),
         queue=record.queue,
         user=record.user,
+        attained_gpu_s=record.attained_gpu_s,
+        queued_at=record.queued_at,
+        waited_s=record.waited_s,
     )
 
 

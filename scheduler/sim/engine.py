@@ -9,8 +9,11 @@ What the policy sees is what a real cluster knows: the time limit users declared
 trace's duration x `time_limit_factor`, when given), and progress so far with its step
 time (one step = one second of work). The true remaining work is shown only with `oracle`.
 
-Scheduling passes run when something happened (arrival, end, release), at most once per
-`tick_s` of simulated time, like the service's loop.
+Scheduling passes run when something happened (arrival, end, release) and, while jobs
+wait under a policy whose decisions change with time alone (aging, preemption: a victim
+reaching a checkpoint, a service band sinking), every `wait_tick_s` (the service's loop
+passes every second; 300 s still lands in every window of `service_preemption_loss_s`
+after a checkpoint); at most once per `tick_s` of simulated time.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from scheduler.model import (
     Placement,
     RunInfo,
 )
-from scheduler.sim.policies import SimPolicy
+from scheduler.sim.policies import NEVER_S, SimPolicy
 from scheduler.sim.trace import TraceJob
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -46,6 +49,7 @@ class SimConfig:
     gpus_per_node: int
     nodes_per_rack: int | None = None
     tick_s: float = 60.0
+    wait_tick_s: float = 300.0  # passes while jobs wait and nothing happens (timed policies)
     checkpoint_interval_s: float = 1800.0
     checkpoint_save_s: float = 60.0
     restore_s: float = 60.0
@@ -55,8 +59,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ValueError("the cluster needs at least one node with one GPU")
-        if self.checkpoint_interval_s <= 0 or self.tick_s <= 0:
-            raise ValueError("checkpoint_interval_s and tick_s must be > 0")
+        if min(self.checkpoint_interval_s, self.tick_s, self.wait_tick_s) <= 0:
+            raise ValueError("checkpoint_interval_s, tick_s and wait_tick_s must be > 0")
 
 
 class Phase(enum.Enum):
@@ -77,7 +81,9 @@ class SimJob:
     runs: int = 0
     first_start_s: float | None = None
     finish_s: float | None = None
-    attained_gpu_s: float = 0.0  # GPU time consumed so far (Tiresias)
+    attained_gpu_s: float = 0.0  # GPU time consumed by ended runs
+    queued_s: float = 0.0  # when it last entered the queue (arrival or requeue)
+    waited_s: float = 0.0  # total time queued before each start (queueing delay)
     preemptions: int = 0
     lost_gpu_s: float = 0.0
     version: int = 0  # bumps when a pending end event becomes stale
@@ -146,9 +152,12 @@ class Simulator:
         self._events: list[tuple[float, int, int, int, int]] = []
         self._sequence = itertools.count()
         self._last_pass_s = -float("inf")
-        self._pass_pending = False
+        self._next_pass_s: float | None = None  # the earliest pass queued, if any
         self._active: dict[int, SimJob] = {}  # arrived and not done, in arrival order
         self._usage: dict[tuple[str, str], float] = {}
+        # Does time alone change this policy's decisions (aging, victims reaching a
+        # checkpoint, sinking service bands)? Then waiting jobs get a pass every tick.
+        self._timed = policy.config.preemption or policy.config.aging_interval_s < NEVER_S
         self.samples: list[Sample] = []
         self.passes = 0
 
@@ -163,19 +172,21 @@ class Simulator:
         while self._events:
             now, kind, _, job_id, version = heapq.heappop(self._events)
             if kind == _Event.PASS:
-                self._pass_pending = False
-                self._pass(now)
+                if now == self._next_pass_s:  # else superseded by an earlier one
+                    self._next_pass_s = None
+                    self._pass(now)
                 continue
             job = self.jobs[job_id]
             if kind == _Event.ARRIVAL:
                 self._active[job_id] = job
+                job.queued_s = now
             elif kind == _Event.END and version == job.version and job.phase is Phase.RUNNING:
                 self._finish(job, now)
                 done += 1
                 if progress:
                     progress(done)
             elif kind == _Event.RELEASE and job.phase is Phase.STOPPING:
-                job.phase, job.placement = Phase.WAITING, None
+                job.phase, job.placement, job.queued_s = Phase.WAITING, None, now
             else:
                 continue  # a stale end: the run it ended was preempted
             self._request_pass(now)
@@ -191,10 +202,11 @@ class Simulator:
     def _push(self, at: float, kind: _Event, job_id: int = -1, version: int = 0) -> None:
         heapq.heappush(self._events, (at, int(kind), next(self._sequence), job_id, version))
 
-    def _request_pass(self, now: float) -> None:
-        if not self._pass_pending:
-            self._pass_pending = True
-            self._push(max(now, self._last_pass_s + self.config.tick_s), _Event.PASS)
+    def _request_pass(self, now: float, after_s: float = 0.0) -> None:
+        at = max(now + after_s, self._last_pass_s + self.config.tick_s)
+        if self._next_pass_s is None or at < self._next_pass_s:
+            self._next_pass_s = at
+            self._push(at, _Event.PASS)
 
     # -- one scheduling pass -----------------------------------------------------------
 
@@ -219,6 +231,8 @@ class Simulator:
         busy = sum(j.shape.num_gpus for j in self._active.values() if j.placement is not None)
         queued = sum(1 for j in self._active.values() if j.phase is Phase.WAITING)
         self.samples.append(Sample(now, busy, queued))
+        if queued and self._timed and self._events:  # with nothing left to happen, a
+            self._request_pass(now, self.config.wait_tick_s)  # waiting job never fits
 
     def _decay_usage(self, now: float) -> None:
         """Recent GPU-seconds per (queue, user), decayed with `FAIR_SHARE_HALF_LIFE_S`
@@ -237,14 +251,10 @@ class Simulator:
 
     def _view(self, job: SimJob, now: float) -> JobView:
         state = _JOB_STATE[job.phase]
-        attained = job.attained_gpu_s + (
-            (now - job.run_start_s) * job.shape.num_gpus if job.phase is Phase.RUNNING else 0.0
-        )
-        priority = self.policy.priority(attained) if self.policy.priority else 0
         factor = self.config.time_limit_factor
         return JobView(
             id=job.trace.job_id,
-            priority=priority,
+            priority=0,
             submitted_at=EPOCH + timedelta(seconds=job.trace.submit_s),
             state=state,
             shape=job.shape,
@@ -253,6 +263,9 @@ class Simulator:
             run=self._run_info(job, now) if job.placement is not None else None,
             queue=job.trace.queue,
             user=job.trace.queue,
+            attained_gpu_s=job.attained_gpu_s,
+            queued_at=EPOCH + timedelta(seconds=job.queued_s),
+            waited_s=job.waited_s,
         )
 
     def _run_info(self, job: SimJob, now: float) -> RunInfo:
@@ -272,6 +285,7 @@ class Simulator:
     def _start(self, job: SimJob, placement: Placement, now: float) -> None:
         job.phase, job.placement, job.run_start_s = Phase.RUNNING, placement, now
         job.runs += 1
+        job.waited_s += now - job.queued_s
         if job.first_start_s is None:
             job.first_start_s = now
         job.version += 1

@@ -88,8 +88,9 @@ def _jct(job: SimJob) -> float:
 
 
 def _wait(job: SimJob) -> float:
-    assert job.first_start_s is not None
-    return job.first_start_s - job.trace.submit_s
+    """Queueing delay: all the time the job sat in the queue, before its first start and
+    again after each preemption (a preempted job that never gets back is starving too)."""
+    return job.waited_s
 
 
 def _speed_by_queue(jobs: Sequence[SimJob]) -> list[float]:

@@ -82,6 +82,9 @@ class JobRecord:
     estimated_start_at: datetime | None
     explanation: dict[str, Any] | None
     preempt_deadline: datetime | None
+    queued_at: datetime | None = None
+    waited_s: float = 0.0
+    attained_gpu_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,22 @@ _TIMESTAMP_ON_ENTRY = {
     JobState.FAILED: "finished_at",
     JobState.CANCELLED: "finished_at",
 }
+
+
+def _scheduling_history(row: JobRow, old: JobState, new: JobState, now: datetime) -> dict[str, Any]:
+    """What a transition adds to the history the policy ranks by: entering PENDING starts
+    a queue period, leaving it banks the wait; a run that ends (RUNNING or PREEMPTING to
+    anything but PREEMPTING) banks its GPU-seconds as attained service."""
+    values: dict[str, Any] = {}
+    if new is JobState.PENDING:
+        values["queued_at"] = now
+    elif old is JobState.PENDING and row.queued_at is not None:
+        values["waited_s"] = row.waited_s + max(0.0, (now - row.queued_at).total_seconds())
+    ran = old in (JobState.RUNNING, JobState.PREEMPTING) and new is not JobState.PREEMPTING
+    if ran and row.started_at is not None:
+        run_s = max(0.0, (now - row.started_at).total_seconds())
+        values["attained_gpu_s"] = row.attained_gpu_s + run_s * row.num_gpus
+    return values
 
 
 class JobRepository:
@@ -133,6 +152,9 @@ class JobRepository:
                 total_steps=new.total_steps,
                 submitted_at=now,
                 updated_at=now,
+                queued_at=now,
+                waited_s=0.0,
+                attained_gpu_s=0.0,
                 status_reason="waiting for the scheduler",
                 attempt=0,
                 restarts=0,
@@ -210,6 +232,7 @@ class JobRepository:
             stamp = _TIMESTAMP_ON_ENTRY.get(new_state)
             if stamp is not None:
                 values.setdefault(stamp, now)
+            values.update(_scheduling_history(row, old, new_state, now))
             result = session.execute(
                 update(JobRow)
                 .where(JobRow.id == job_id, JobRow.state == old.value)
@@ -366,6 +389,9 @@ def _job_record(row: JobRow) -> JobRecord:
         estimated_start_at=row.estimated_start_at,
         explanation=row.explanation,
         preempt_deadline=row.preempt_deadline,
+        queued_at=row.queued_at,
+        waited_s=row.waited_s,
+        attained_gpu_s=row.attained_gpu_s,
     )
 
 

@@ -83,6 +83,10 @@ class JobRow(Base):
     estimated_start_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     explanation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     preempt_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Scheduling history the policy ranks by (least attained service, starvation guard).
+    queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    waited_s: Mapped[float] = mapped_column(Float, nullable=False, server_default="0")
+    attained_gpu_s: Mapped[float] = mapped_column(Float, nullable=False, server_default="0")
 
 
 class JobEventRow(Base):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -130,3 +131,30 @@ def test_usage_intervals_cover_running_and_recent_jobs(repo: JobRepository) -> N
     intervals = repo.usage_intervals(datetime.now(UTC) - timedelta(hours=1))
     assert sorted((i.gpus, i.end is None) for i in intervals) == [(1, False), (1, True)]
     assert repo.usage_intervals(datetime.now(UTC) + timedelta(hours=1))[0].end is None
+
+
+def test_transitions_bank_waits_and_attained_gpu_seconds(repo: JobRepository) -> None:
+    """What least attained service ranks by: every queue period and every run, summed."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    now = [start]
+    clocked = repo.with_clock(lambda: now[0])
+    job = clocked.create(replace(new_job(), num_gpus=4))
+    steps = [  # (seconds later, new state)
+        (10, JobState.ADMITTED),  # waited 10 s
+        (1, JobState.STARTING),
+        (1, JobState.RUNNING),
+        (100, JobState.PREEMPTING),  # the run goes on while it checkpoints ...
+        (5, JobState.PENDING),  # ... and ends here: 105 s x 4 GPUs
+        (20, JobState.ADMITTED),  # waited 20 s more
+        (1, JobState.STARTING),
+        (1, JobState.RUNNING),
+        (50, JobState.SUCCEEDED),  # 50 s x 4 GPUs
+    ]
+    for seconds, state in steps:
+        now[0] += timedelta(seconds=seconds)
+        placement = {"placement": ["n"] * 4} if state is JobState.ADMITTED else {}
+        record = clocked.transition(job.id, state, reason="t", **placement)
+        if state is JobState.PENDING:
+            assert record.queued_at == now[0]
+    assert (record.waited_s, record.attained_gpu_s) == (30.0, 155.0 * 4)
+    assert record.queued_at == start + timedelta(seconds=117)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.core import Admit, Blocker, Decision, PolicyConfig, Preempt, Wait, schedule
 from scheduler.core.decisions import Resize
+from scheduler.core.ordering import rank, work_lost_s
 from scheduler.model import ClusterSnapshot, JobState, JobView
 from tests.unit.builders import NOW, Cluster, at, pending, running
 
@@ -144,10 +146,10 @@ def test_preemption_prunes_victims_that_are_not_needed() -> None:
     assert [d.job_id for d in decisions if isinstance(d, Preempt)] == [2]
 
 
-def test_never_preempts_for_equal_priority_young_or_protected_jobs() -> None:
+def test_never_preempts_higher_or_equal_priority_young_or_protected_jobs() -> None:
     config = PolicyConfig(min_runtime_s=600)
     for victim in (
-        running(1, ["n0"] * 4, priority=5),
+        running(1, ["n0"] * 4, priority=5),  # equal: and no checkpoint, so no service preemption
         running(1, ["n0"] * 4, priority=0, started=-60),
         running(1, ["n0"] * 4, priority=0, preemptible=False),
     ):
@@ -237,6 +239,8 @@ def scenarios(draw: st.DrawFn) -> tuple[ClusterSnapshot, list[JobView]]:
                     time_limit_s=draw(st.sampled_from([None, 600.0, 3600.0])),
                     preemptible=draw(st.booleans()),
                     dp_range=draw(st.sampled_from([None, (1, size + 2), (size, size)])),
+                    step=draw(st.sampled_from([0, 100, 5000])),  # = steps since checkpoint
+                    step_time_s=draw(st.sampled_from([None, 1.0])),
                 )
             )
     for job_id in range(10, 10 + draw(st.integers(0, 8))):
@@ -252,6 +256,8 @@ def scenarios(draw: st.DrawFn) -> tuple[ClusterSnapshot, list[JobView]]:
                 time_limit_s=draw(st.sampled_from([None, 300.0, 5000.0])),
             )
         )
+        attained = draw(st.sampled_from([0.0, 5000.0, 50_000.0]))
+        jobs[-1] = replace(jobs[-1], attained_gpu_s=attained)
     return snapshot, jobs
 
 
@@ -272,11 +278,16 @@ def test_properties_of_every_pass(scenario: tuple[ClusterSnapshot, list[JobView]
     resized = _check_resizes(decisions, views)
     _check_no_overcommit(snapshot, jobs, decisions, views, resized)
 
-    # a job is only preempted for a job of strictly higher priority
+    # a job is only preempted for a job of strictly higher priority, or of the same
+    # priority and less attained service when little work since its checkpoint is lost
+    config = PolicyConfig()
     for decision in decisions:
         if isinstance(decision, Preempt):
-            assert views[decision.job_id].priority < views[decision.for_job_id].priority
-            assert views[decision.job_id].preemptible
+            victim, job = views[decision.job_id], views[decision.for_job_id]
+            assert victim.preemptible
+            assert rank(victim, NOW, config) < rank(job, NOW, config)
+            if victim.priority == job.priority:
+                assert work_lost_s(victim, NOW) <= config.service_preemption_loss_s
 
     # no admitted job delays the reserved job: it still fits at its reserved time
     reserved = [d for d in decisions if isinstance(d, Wait) and d.reserved]

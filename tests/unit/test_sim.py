@@ -13,10 +13,10 @@ import pytest
 
 from scheduler.sim.engine import SimConfig, Simulator
 from scheduler.sim.metrics import compute, jain_index, percentile
-from scheduler.sim.policies import POLICIES, las_priority
+from scheduler.sim.policies import POLICIES
 from scheduler.sim.trace import TraceFormatError, TraceJob, load_trace
 
-ONE_NODE = SimConfig(nodes=1, gpus_per_node=4, tick_s=1.0)
+ONE_NODE = SimConfig(nodes=1, gpus_per_node=4, tick_s=1.0, wait_tick_s=1.0)
 
 
 def run(
@@ -73,8 +73,20 @@ def test_preemption_loses_work_since_the_last_checkpoint() -> None:
     assert metrics.lost_gpu_hours == pytest.approx((400 + 60) * 4 / 3600)
 
 
-def test_las_priority_queues() -> None:
-    assert [las_priority(x) for x in (0, 3599, 3600, 35_999, 36_000)] == [2, 2, 1, 1, 0]
+def test_gangway_preempts_for_service_only_at_a_cheap_moment() -> None:
+    # Gangway: A (4 GPUs, 10,000 s) leaves the top service band at 900 s (3,600 GPU-s).
+    # B (4 GPUs) arrives at 1,000 in the top band, but preempting A then would throw away
+    # 400 s of work (> 300 s allowed): B waits until A checkpoints at 1,200, preempts it
+    # (0 s lost, 60 s stopping), runs 1,260-1,360; A resumes with a 60 s restore and
+    # 8,800 s left: ends at 1,360 + 60 + 8,800 = 10,220.
+    config = replace(ONE_NODE, checkpoint_interval_s=600, checkpoint_save_s=60, restore_s=60)
+    trace = [TraceJob(0, 0, 4, 10_000), TraceJob(1, 1000, 4, 100)]
+    result = Simulator(trace, config, POLICIES["gangway"]).run()
+    a, b = result.jobs
+    assert (b.first_start_s, b.finish_s) == (1260, 1360)
+    assert (a.first_start_s, a.finish_s) == (0, 10_220)
+    assert (a.preemptions, a.waited_s, b.waited_s) == (1, 100, 260)
+    assert compute(result).lost_gpu_hours == pytest.approx(60 * 4 / 3600)
 
 
 def test_gangs_span_nodes_and_racks() -> None:

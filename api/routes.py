@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
 from api.convert import cluster_info, job_event, job_info
 from api.validation import validate_submission
-from gangway.models import ClusterInfo, ErrorBody, JobEvent, JobInfo, JobPage, JobState, JobSubmit
+from gangway.models import (
+    ClusterInfo,
+    ErrorBody,
+    JobEvent,
+    JobInfo,
+    JobPage,
+    JobState,
+    JobSubmit,
+    Script,
+)
 from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.runtime.views import gang_shape
 from scheduler.store import JobRepository, NewJob
@@ -40,6 +50,8 @@ def submit_job(submit: JobSubmit, repo: Repo) -> JobInfo:
     spec = submit.model_dump(mode="json")
     shape = gang_shape(spec)
     validate_submission(submit, shape, nodes)
+    if isinstance(submit.entrypoint, Script):  # ranks may start in another directory
+        spec["entrypoint"]["path"] = str(Path(submit.entrypoint.path).resolve())
     record = repo.create(
         NewJob(
             name=submit.name,

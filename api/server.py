@@ -39,7 +39,10 @@ class Runtime:
         loop = SchedulerLoop(
             repo=self._repo,
             cluster=RayClusterSource(),
-            executor=RayExecutor(placement_timeout_s=self._settings.placement_timeout_s),
+            executor=RayExecutor(
+                placement_timeout_s=self._settings.placement_timeout_s,
+                checkpoint_root=self._settings.data_dir.expanduser() / "checkpoints",
+            ),
             policy=self._settings.policy(),
             queues=self._settings.quotas(),
             fair_share_half_life_s=self._settings.fair_share_half_life_s,

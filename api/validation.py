@@ -3,24 +3,48 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from api.errors import FieldError
-from gangway.models import Builtin, Function, JobSubmit
+from gangway.models import Builtin, Function, JobSubmit, Script
 from scheduler.core import never_fits_reason
 from scheduler.model import GangShape, Node
 from workers.entrypoints import EntrypointError, resolve_function
 from workers.model_configs import MODEL_CONFIGS
+from workers.plan import ParallelPlan, PlanError, validate_plan
 
 
 def validate_submission(submit: JobSubmit, shape: GangShape, nodes: Sequence[Node]) -> None:
     """`shape` is the submission's gang (the caller derives it once from the spec)."""
-    _check_entrypoint(submit)
+    _check_entrypoint(submit, shape)
     reason = never_fits_reason(shape, nodes)
     if reason is not None:
         raise FieldError("parallelism", f"this job can never run on this cluster: {reason}")
 
 
-def _check_entrypoint(submit: JobSubmit) -> None:
+def _check_plan(submit: JobSubmit, entrypoint: Builtin, shape: GangShape) -> None:
+    """The engine's own plan checks, before anything starts. An elastic job is checked at
+    its smallest and largest degree (the batch and sharding must work at both)."""
+    degrees = {shape.dp_min or shape.parallelism.dp, shape.dp_max or shape.parallelism.dp}
+    for dp in sorted(degrees):
+        plan = ParallelPlan(
+            dp=dp,
+            tp=submit.parallelism.tp,
+            pp=submit.parallelism.pp,
+            fsdp=submit.parallelism.fsdp,
+            microbatches=entrypoint.microbatches,
+            pipeline_schedule=entrypoint.pipeline_schedule,
+            precision=entrypoint.precision,
+            grad_compression=entrypoint.grad_compression,
+            activation_checkpointing=entrypoint.activation_checkpointing,
+        )
+        try:
+            validate_plan(plan, MODEL_CONFIGS[entrypoint.model], batch_size=entrypoint.batch_size)
+        except PlanError as exc:
+            raise FieldError(exc.field, exc.message) from exc
+
+
+def _check_entrypoint(submit: JobSubmit, shape: GangShape) -> None:
     entrypoint = submit.entrypoint
     if isinstance(entrypoint, Builtin):
         if entrypoint.model not in MODEL_CONFIGS:
@@ -28,13 +52,10 @@ def _check_entrypoint(submit: JobSubmit) -> None:
             raise FieldError(
                 "entrypoint.model", f"unknown model {entrypoint.model!r}; known: {known}"
             )
-        for axis in ("tp", "pp"):
-            if getattr(submit.parallelism, axis) != 1:
-                raise FieldError(
-                    f"parallelism.{axis}",
-                    f"the built-in trainer runs data parallel only for now; {axis} must be 1 "
-                    "(use a function entrypoint for tensor or pipeline parallel code)",
-                )
+        _check_plan(submit, entrypoint, shape)
+    elif isinstance(entrypoint, Script):
+        if not Path(entrypoint.path).is_file():
+            raise FieldError("entrypoint.path", f"no such script: {entrypoint.path!r}")
     elif isinstance(entrypoint, Function):
         try:
             resolve_function(entrypoint.target)

@@ -26,6 +26,7 @@ from gangway.models import (
     JobSubmit,
     Parallelism,
     Resources,
+    Script,
 )
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "NotFound",
     "Parallelism",
     "Resources",
+    "Script",
     "TransportError",
     "ValidationFailed",
     "WaitTimeout",

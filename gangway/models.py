@@ -60,6 +60,11 @@ class Parallelism(_Strict):
     dp: DataParallel = Field(1, description="a degree, or {min, max} for an elastic job")
     tp: int = Field(1, ge=1, le=64)
     pp: int = Field(1, ge=1, le=256)
+    fsdp: bool = Field(
+        False,
+        description="shard parameters, gradients and optimizer state over dp (FSDP2, "
+        "ZeRO-3) instead of replicating them",
+    )
 
 
 class Resources(_Strict):
@@ -76,6 +81,19 @@ class Builtin(_Strict):
     batch_size: int = Field(8, ge=1, le=4096)
     learning_rate: float = Field(3e-3, gt=0, le=1)
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    warmup_steps: int = Field(0, ge=0, description="linear LR warmup, then cosine decay")
+    grad_accumulation: int = Field(1, ge=1, le=1024)
+    max_grad_norm: float | None = Field(1.0, gt=0, description="clip; null: no clipping")
+    microbatches: int = Field(1, ge=1, le=1024, description="per step, for the pipeline")
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
+    precision: Literal["fp32", "bf16"] = "fp32"
+    grad_compression: Literal["none", "fp16", "bf16", "powersgd"] = Field(
+        "none", description="DDP communication hook (pure data parallel only)"
+    )
+    activation_checkpointing: bool = False
+    data_path: str | None = Field(
+        None, max_length=4096, description="uint16 token file (nanoGPT .bin); null: synthetic"
+    )
 
 
 class Function(_Strict):
@@ -86,7 +104,26 @@ class Function(_Strict):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
-Entrypoint = Annotated[Builtin | Function, Field(discriminator="kind")]
+class Script(_Strict):
+    """An unmodified torchrun-style script, run by every rank in its own Python process
+    with the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT); its output is captured. A relative path is taken from the
+    service's working directory."""
+
+    kind: Literal["script"] = "script"
+    path: str = Field(min_length=1, max_length=4096)
+    args: list[str] = Field(default_factory=list, max_length=1000)
+
+
+Entrypoint = Annotated[Builtin | Function | Script, Field(discriminator="kind")]
+
+
+class CheckpointPolicy(_Strict):
+    """When the built-in trainer writes a checkpoint (also on a stop notice and at the end);
+    a restarted or preempted job resumes from the newest one."""
+
+    interval_steps: int | None = Field(None, ge=1, description="null: only on stop and at end")
+    keep_last: int = Field(2, ge=1, le=100)
 
 
 class JobSubmit(_Strict):
@@ -109,6 +146,7 @@ class JobSubmit(_Strict):
         None, ge=1, le=365 * 24 * 3600, description="also lets the job backfill idle GPUs"
     )
     preemptible: bool = Field(True, description="may be stopped for a higher-priority job")
+    checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
 
 
 class RankPlacement(BaseModel):

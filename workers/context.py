@@ -17,6 +17,7 @@ class RankInfo:
     dp: int
     tp: int
     pp: int
+    local_world_size: int = 1
 
 
 @dataclass

@@ -1,14 +1,37 @@
-"""A deterministic synthetic token stream with structure a model can learn.
+"""Token streams indexed by sample, so any data-parallel degree reads the same data.
 
-Each sequence follows a fixed affine rule `next = (a * tok + b) mod vocab` with a little
-noise, so the loss falls well below ln(vocab) within tens of steps: a real signal that
-training works, with no dataset to download. Batch (step, rank) is a pure function of the
-seed, so data-parallel ranks see different data and a resumed job sees the same data.
+Step s of a run with global batch G consumes samples [s*G, (s+1)*G) of the stream; data-
+parallel rank r of dp takes the r-th contiguous slice of them. The samples a step sees do
+not depend on dp, so a job resumed at another degree (or compared with one process)
+continues exactly where it stopped: no sample repeated, none skipped. The position to
+checkpoint is simply the number of samples consumed.
+
+- `SyntheticTokens`: each sequence follows `next = (a * tok + b) mod vocab` with a little
+  noise, seeded per sample: a signal the model learns in tens of steps, nothing to download.
+- `TokenFile`: a flat file of uint16 token ids (nanoGPT's `train.bin`), memory-mapped;
+  sample i is the window starting at i * seq_len (wrapping around the file).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
 import torch
+
+
+class TokenStream(Protocol):
+    def samples(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-token targets of samples [start, start + count), each
+        of shape (count, seq_len)."""
+        ...
+
+
+def rank_slice(step_start: int, global_batch: int, dp_rank: int, dp: int) -> tuple[int, int]:
+    """(first sample, count) that data-parallel rank `dp_rank` reads of one global batch."""
+    per_rank = global_batch // dp
+    return step_start + dp_rank * per_rank, per_rank
 
 
 class SyntheticTokens:
@@ -17,14 +40,35 @@ class SyntheticTokens:
         self.multiplier = 5 if vocab_size % 5 else 7
         self.offset = 3
 
-    def batch(self, *, step: int, rank: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and next-token targets of shape (batch_size, seq_len)."""
-        gen = torch.Generator().manual_seed(((self.seed * 1_000_003 + step) * 1009 + rank) % 2**63)
-        tokens = torch.empty(batch_size, self.seq_len + 1, dtype=torch.long)
-        tokens[:, 0] = torch.randint(self.vocab_size, (batch_size,), generator=gen)
-        for pos in range(1, self.seq_len + 1):
-            rule = (tokens[:, pos - 1] * self.multiplier + self.offset) % self.vocab_size
-            noise = torch.randint(self.vocab_size, (batch_size,), generator=gen)
-            use_noise = torch.rand(batch_size, generator=gen) < self.noise
-            tokens[:, pos] = torch.where(use_noise, noise, rule)
+    def samples(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [self._sequence(index) for index in range(start, start + count)]
+        tokens = torch.stack(rows)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def _sequence(self, index: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + index) % 2**63)
+        length = self.seq_len + 1
+        noise = torch.randint(self.vocab_size, (length,), generator=gen)
+        use_noise = (torch.rand(length, generator=gen) < self.noise).tolist()
+        values = noise.tolist()
+        for pos in range(1, length):
+            if not use_noise[pos]:
+                values[pos] = (values[pos - 1] * self.multiplier + self.offset) % self.vocab_size
+        return torch.tensor(values, dtype=torch.long)
+
+
+class TokenFile:
+    def __init__(self, path: Path | str, *, seq_len: int) -> None:
+        self.tokens = np.memmap(path, dtype=np.uint16, mode="r")
+        if len(self.tokens) < seq_len + 1:
+            raise ValueError(f"{path}: {len(self.tokens)} tokens, fewer than seq_len + 1")
+        self.seq_len = seq_len
+
+    def samples(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        total = len(self.tokens)
+        windows = []
+        for index in range(start, start + count):
+            first = (index * self.seq_len) % (total - self.seq_len)
+            windows.append(self.tokens[first : first + self.seq_len + 1].astype(np.int64))
+        tokens = torch.from_numpy(np.stack(windows))
         return tokens[:, :-1], tokens[:, 1:]

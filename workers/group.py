@@ -70,8 +70,17 @@ class GroupSpec:
         return len(self.node_ids)
 
     def rank_info(self, rank: int) -> RankInfo:
-        local_rank = self.node_ids[:rank].count(self.node_ids[rank])
-        return RankInfo(rank, self.world_size, local_rank, self.dp, self.tp, self.pp)
+        node = self.node_ids[rank]
+        local_rank = self.node_ids[:rank].count(node)
+        return RankInfo(
+            rank,
+            self.world_size,
+            local_rank,
+            self.dp,
+            self.tp,
+            self.pp,
+            local_world_size=self.node_ids.count(node),
+        )
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,12 @@ import socket
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from workers.context import RankContext, RankInfo
+from workers.script import torchrun_env
 
 # Phases a rank reports; the group aggregates them.
 IDLE, RUNNING, SUCCEEDED, FAILED = "idle", "running", "succeeded", "failed"
@@ -28,6 +30,8 @@ class RankActor:
         # imports torch._dynamo lazily (~4 s), which would otherwise stall step 1.
         import torch._dynamo
         import torch.distributed  # noqa: F401
+
+        import workers.training  # noqa: F401  (FSDP, TP, pipelining, DCP: ~1 s more)
 
         self._stop_event = threading.Event()
         self._phase = IDLE
@@ -59,14 +63,19 @@ class RankActor:
 
         if self._thread is not None:
             raise RuntimeError("this rank was already started")
-        _set_torchrun_env(info, master_addr, master_port)
         self._ctx = RankContext(info, self._stop_event)
+        # Function entrypoints written for torchrun find the variables it sets.
+        os.environ.update(torchrun_env(self._ctx, master_addr, master_port))
         self._phase = RUNNING
+        target: Callable[..., None]
+        args: tuple[Any, ...]
+        if entrypoint["kind"] == "script":  # the script makes its own process group
+            target, args = self._run_script, (self._ctx, entrypoint, master_addr, master_port)
+        else:
+            init_method = f"tcp://{master_addr}:{master_port}"
+            target, args = self._run, (self._ctx, init_method, entrypoint, timeout_s)
         self._thread = threading.Thread(
-            target=self._run,
-            args=(self._ctx, f"tcp://{master_addr}:{master_port}", entrypoint, timeout_s),
-            name=f"rank-{info.rank}",
-            daemon=True,
+            target=target, args=args, name=f"rank-{info.rank}", daemon=True
         )
         self._thread.start()
         return str(ray.get_runtime_context().get_node_id())
@@ -88,6 +97,22 @@ class RankActor:
     def stop(self) -> None:
         self._stop_event.set()
 
+    def _run_script(
+        self, ctx: RankContext, entrypoint: dict[str, Any], master_addr: str, master_port: int
+    ) -> None:
+        from workers.script import run_script
+
+        try:
+            run_script(ctx, entrypoint, master_addr=master_addr, master_port=master_port)
+            self._phase = SUCCEEDED
+        except BaseException:
+            self._fail()
+
+    def _fail(self) -> None:
+        self._failed_at = time.time()
+        self._error = traceback.format_exc(limit=20)
+        self._phase = FAILED
+
     def _run(
         self, ctx: RankContext, init_method: str, entrypoint: dict[str, Any], timeout_s: float
     ) -> None:
@@ -106,9 +131,7 @@ class RankActor:
             _run_entrypoint(ctx, entrypoint)
             self._phase = SUCCEEDED
         except BaseException:
-            self._failed_at = time.time()
-            self._error = traceback.format_exc(limit=20)
-            self._phase = FAILED
+            self._fail()
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -117,23 +140,12 @@ class RankActor:
 def _run_entrypoint(ctx: RankContext, entrypoint: dict[str, Any]) -> None:
     kind = entrypoint["kind"]
     if kind == "builtin":
-        from workers.trainer import BuiltinSpec, train_builtin
+        from workers.trainer import train_builtin
 
-        train_builtin(ctx, BuiltinSpec.from_entrypoint(entrypoint))
+        train_builtin(ctx, entrypoint)
     elif kind == "function":
         from workers.entrypoints import resolve_function
 
         resolve_function(entrypoint["target"])(ctx, **entrypoint.get("kwargs", {}))
     else:
         raise ValueError(f"unknown entrypoint kind {kind!r}")
-
-
-def _set_torchrun_env(info: RankInfo, master_addr: str, master_port: int) -> None:
-    """Set the variables torchrun sets, so user code written for torchrun finds them."""
-    os.environ.update(
-        RANK=str(info.rank),
-        WORLD_SIZE=str(info.world_size),
-        LOCAL_RANK=str(info.local_rank),
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(master_port),
-    )

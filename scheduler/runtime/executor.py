@@ -6,7 +6,8 @@ attempt, spec), which is why `attach` can find a group again after a service res
 
 from __future__ import annotations
 
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 from scheduler.runtime.views import gang_shape
 from scheduler.store import JobRecord
@@ -22,7 +23,22 @@ class Executor(Protocol):
     def job_ids(self) -> set[int]: ...
 
 
-def group_spec(job: JobRecord) -> GroupSpec:
+def rank_entrypoint(job: JobRecord, checkpoint_root: Path | None) -> dict[str, Any]:
+    """The entrypoint the ranks run. The built-in trainer also gets the FSDP switch and
+    the job's checkpoint directory and policy (the same directory on every attempt, so a
+    requeued or restarted job resumes from its newest checkpoint)."""
+    entrypoint = dict(job.spec["entrypoint"])
+    if entrypoint.get("kind") == "builtin":
+        policy = job.spec.get("checkpoint") or {}
+        entrypoint["fsdp"] = bool(job.spec["parallelism"].get("fsdp", False))
+        entrypoint["checkpoint_interval_steps"] = policy.get("interval_steps")
+        entrypoint["keep_last"] = policy.get("keep_last", 2)
+        if checkpoint_root is not None:
+            entrypoint["checkpoint_dir"] = str(checkpoint_root / f"job-{job.id}")
+    return entrypoint
+
+
+def group_spec(job: JobRecord, checkpoint_root: Path | None = None) -> GroupSpec:
     if job.placement is None:
         raise ValueError(f"job {job.id} has no placement")
     shape = gang_shape(job.spec, job.placement)  # an elastic job runs at its placed dp
@@ -35,23 +51,26 @@ def group_spec(job: JobRecord) -> GroupSpec:
         dp=shape.parallelism.dp,
         tp=shape.parallelism.tp,
         pp=shape.parallelism.pp,
-        entrypoint=job.spec["entrypoint"],
+        entrypoint=rank_entrypoint(job, checkpoint_root),
     )
 
 
 class RayExecutor:
-    def __init__(self, *, placement_timeout_s: float) -> None:
+    def __init__(self, *, placement_timeout_s: float, checkpoint_root: Path | None = None) -> None:
         self._placement_timeout_s = placement_timeout_s
+        self._checkpoint_root = checkpoint_root
         self._groups: dict[int, WorkerGroup] = {}
 
     def launch(self, job: JobRecord) -> None:
         self.release(job.id)
         self._groups[job.id] = WorkerGroup.launch(
-            group_spec(job), placement_timeout_s=self._placement_timeout_s
+            group_spec(job, self._checkpoint_root), placement_timeout_s=self._placement_timeout_s
         )
 
     def attach(self, job: JobRecord) -> bool:
-        group = WorkerGroup.attach(group_spec(job)) if job.placement else None
+        group = (
+            WorkerGroup.attach(group_spec(job, self._checkpoint_root)) if job.placement else None
+        )
         if group is not None:
             self._groups[job.id] = group
         return group is not None

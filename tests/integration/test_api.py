@@ -41,7 +41,7 @@ def test_submit_returns_201_with_the_pending_job(client: TestClient) -> None:
     assert job["priority"] == 3
     assert job["queue"] == "default"
     assert job["num_gpus"] == 2
-    assert job["spec"]["parallelism"] == {"dp": 2, "tp": 1, "pp": 1}
+    assert job["spec"]["parallelism"] == {"dp": 2, "tp": 1, "pp": 1, "fsdp": False}
     assert job["spec"]["resources"] == {"gpus_per_rank": 1, "cpus_per_rank": 1.0}
     assert job["progress"]["total_steps"] == 5
     assert client.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
@@ -91,7 +91,18 @@ def test_submit_function_entrypoint(client: TestClient) -> None:
             },
             "parallelism",
         ),
-        ({"parallelism": {"tp": 2}}, "parallelism.tp"),
+        ({"parallelism": {"tp": 4}}, "parallelism.tp"),  # gpt-tiny has 2 heads
+        ({"parallelism": {"dp": 1, "pp": 8}}, "parallelism.pp"),  # and 4 layers
+        ({"entrypoint": {"kind": "builtin", "microbatches": 3}}, "entrypoint.microbatches"),
+        (
+            {
+                "parallelism": {"dp": 2, "fsdp": True},
+                "entrypoint": {"kind": "builtin", "grad_compression": "fp16"},
+            },
+            "entrypoint.grad_compression",
+        ),
+        ({"entrypoint": {"kind": "builtin", "precision": "fp8"}}, "entrypoint.precision"),
+        ({"checkpoint": {"keep_last": 0}}, "checkpoint.keep_last"),
         ({"resources": {"gpus_per_rank": 0}}, "resources.gpus_per_rank"),
         ({"max_restarts": -1}, "max_restarts"),
         ({"time_limit_s": 0}, "time_limit_s"),

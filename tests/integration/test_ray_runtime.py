@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,6 +38,15 @@ def poll_until(group: WorkerGroup, phases: set[GroupPhase], timeout_s: float = 1
             return status
         time.sleep(0.2)
     raise AssertionError(f"group still {group.poll()} after {timeout_s} s")
+
+
+def run_to_end(group_spec: GroupSpec) -> GroupStatus:
+    """Launch a group, wait until it ends, tear it down; its final status."""
+    group = WorkerGroup.launch(group_spec, placement_timeout_s=60)
+    try:
+        return poll_until(group, {GroupPhase.SUCCEEDED, GroupPhase.FAILED})
+    finally:
+        group.teardown()
 
 
 def free_gpus() -> float:
@@ -80,11 +90,7 @@ def test_function_entrypoints_get_a_device_mesh(gpu_node_ids: list[str]) -> None
         dp=2,
         tp=2,
     )
-    group = WorkerGroup.launch(group_spec, placement_timeout_s=60)
-    try:
-        status = poll_until(group, {GroupPhase.SUCCEEDED, GroupPhase.FAILED})
-    finally:
-        group.teardown()
+    status = run_to_end(group_spec)
     assert status.phase is GroupPhase.SUCCEEDED, status.error
     wait_for_free_gpus(8.0)
 
@@ -111,15 +117,37 @@ def test_a_user_exception_fails_the_gang_with_its_traceback(gpu_node_ids: list[s
         "target": "workers.examples:fail_on_rank",
         "kwargs": {"rank": 1, "message": "boom from rank 1"},
     }
-    group = WorkerGroup.launch(spec(103, gpu_node_ids, entrypoint), placement_timeout_s=60)
-    try:
-        status = poll_until(group, {GroupPhase.SUCCEEDED, GroupPhase.FAILED})
-    finally:
-        group.teardown()
+    status = run_to_end(spec(103, gpu_node_ids, entrypoint))
     assert status.phase is GroupPhase.FAILED
     assert status.error is not None
     assert "rank 1 failed" in status.error
     assert "RuntimeError: boom from rank 1" in status.error
+
+
+def test_an_unmodified_torchrun_script_runs_as_two_ranks(gpu_node_ids: list[str]) -> None:
+    """PyTorch's DDP tutorial script, changed only from nccl to gloo."""
+    script = Path(__file__).parents[2] / "examples" / "ddp_tutorial.py"
+    entrypoint = {"kind": "script", "path": str(script)}
+    status = run_to_end(spec(104, gpu_node_ids, entrypoint))
+    assert status.phase is GroupPhase.SUCCEEDED, status.error
+
+
+def test_a_failing_script_fails_the_gang_with_its_output(
+    gpu_node_ids: list[str], tmp_path: Path
+) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import os, sys\n"
+        "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'],"
+        " 'local', os.environ['LOCAL_RANK'], 'of', os.environ['LOCAL_WORLD_SIZE'])\n"
+        "sys.exit(3)\n"
+    )
+    entrypoint = {"kind": "script", "path": str(script)}
+    status = run_to_end(spec(105, gpu_node_ids, entrypoint))
+    assert status.phase is GroupPhase.FAILED
+    assert status.error is not None
+    assert "crash.py exited with code 3" in status.error
+    assert "of 2 local 0 of 1" in status.error  # one rank on each node
 
 
 def test_a_new_driver_reattaches_to_a_running_group(gpu_node_ids: list[str]) -> None:

@@ -71,7 +71,7 @@ def test_submit_posts_the_full_spec_with_auth() -> None:
     assert (request.method, request.url.path) == ("POST", "/v1/jobs")
     assert request.headers["authorization"] == "Bearer secret"
     sent = json.loads(request.content)
-    assert sent["parallelism"] == {"dp": 2, "tp": 1, "pp": 1}
+    assert sent["parallelism"] == {"dp": 2, "tp": 1, "pp": 1, "fsdp": False}
     assert sent["entrypoint"]["steps"] == 5
 
 

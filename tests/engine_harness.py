@@ -1,0 +1,83 @@
+"""Run the training engine on N local processes over gloo, as a job's ranks would."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from workers.plan import ParallelPlan
+from workers.training import TrainSpec, train
+
+
+class _StopAt:
+    """A reporter that asks the loop to stop once `stop_at` steps are done, as a
+    preemption notice would."""
+
+    def __init__(self, stop_at: int | None) -> None:
+        self.stop_at, self.step = stop_at, 0
+
+    def should_stop(self) -> bool:
+        return self.stop_at is not None and self.step >= self.stop_at
+
+    def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None:
+        self.step = step
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_engine(
+    plan: ParallelPlan,
+    spec: TrainSpec,
+    out: Path,
+    *,
+    checkpoint_dir: Path | None = None,
+    stop_at: int | None = None,
+) -> dict[str, Any]:
+    """Train on plan.world_size processes; rank 0's result: losses, resumed_from, step."""
+    out.mkdir(parents=True, exist_ok=True)
+    job = {
+        "world": plan.world_size,
+        "port": free_port(),
+        "plan": asdict(plan),
+        "spec": asdict(spec),
+        "out": str(out),
+        "checkpoint_dir": checkpoint_dir,
+        "stop_at": stop_at,
+    }
+    mp.start_processes(_rank_main, args=(job,), nprocs=plan.world_size, start_method="spawn")
+    result: dict[str, Any] = json.loads((out / "rank0.json").read_text())
+    return result
+
+
+def _rank_main(rank: int, job: dict[str, Any]) -> None:
+    torch.set_num_threads(1)  # 8 ranks on 2 cores: no oversubscription
+    url = f"tcp://127.0.0.1:{job['port']}"
+    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=job["world"])
+    try:
+        result = train(
+            _StopAt(job["stop_at"]),
+            ParallelPlan(**job["plan"]),
+            TrainSpec(**job["spec"]),
+            checkpoint_dir=job["checkpoint_dir"],
+        )
+        if rank == 0:
+            payload = {
+                "losses": result.losses,
+                "resumed_from": result.resumed_from,
+                "step": result.step,
+            }
+            Path(job["out"], "rank0.json").write_text(json.dumps(payload))
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it
+    finally:
+        dist.destroy_process_group()

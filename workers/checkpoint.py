@@ -1,0 +1,119 @@
+"""Distributed checkpoints with `torch.distributed.checkpoint` (DCP).
+
+Model and optimizer state are saved by parameter name (optimizer state flattened to
+`state.<fqn>.<key>`), as DCP's sharded tensors: a checkpoint written by FSDP at dp=4 loads
+at dp=2, and a pipeline stage finds its layers by name whatever the pipeline degree was.
+The trainer state is the step; the data position follows from it (samples are indexed by
+step, `workers.data`), and nothing is random after init, so there is no RNG to restore.
+
+Layout: `<dir>/step-00000120/` per checkpoint; a checkpoint counts once DCP has written
+its `.metadata` (the last file it writes), so a crash mid-save leaves the previous one in
+charge. The newest `keep_last` are kept.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+PREFIX = "step-"
+
+
+class Checkpointer:
+    """Saves and restores this rank's model parts and optimizers (one per part). With no
+    directory it does nothing: a job without checkpoints."""
+
+    def __init__(
+        self,
+        directory: Path | None,
+        parts: Sequence[nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer],
+        keep_last: int = 2,
+    ) -> None:
+        self.directory, self.parts, self.optimizers = directory, parts, optimizers
+        self.keep_last = max(1, keep_last)
+
+    def save(self, step: int) -> Path | None:
+        if self.directory is None:
+            return None
+        path = self.directory / f"{PREFIX}{step:08d}"
+        models, optims = self._state_dicts()
+        state_dict_saver.save(_merged(models, optims, step), checkpoint_id=str(path))
+        _barrier()
+        if _is_rank0():
+            for old in completed(self.directory)[: -self.keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+        _barrier()
+        return path
+
+    def load_latest(self) -> int:
+        """Restore the newest complete checkpoint; the step it was taken at (0: none)."""
+        if self.directory is None:
+            return 0
+        done = completed(self.directory)
+        if not done:
+            return 0
+        models, optims = self._state_dicts()
+        state = _merged(models, optims, 0)
+        state_dict_loader.load(
+            state, checkpoint_id=str(done[-1])
+        )  # fills the tensors of every dict
+        for part, optimizer, model_sd, optim_sd in zip(
+            self.parts, self.optimizers, models, optims, strict=True
+        ):
+            set_model_state_dict(part, model_sd)
+            set_optimizer_state_dict(part, optimizer, optim_sd, options=FLAT)
+        return int(state["trainer"]["step"].item())
+
+    def _state_dicts(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        models = [get_model_state_dict(part) for part in self.parts]
+        optims = [
+            get_optimizer_state_dict(part, opt, options=FLAT)
+            for part, opt in zip(self.parts, self.optimizers, strict=True)
+        ]
+        return models, optims
+
+
+def completed(directory: Path) -> list[Path]:
+    """Complete checkpoints in `directory`, oldest first."""
+    if not directory.is_dir():
+        return []
+    return sorted(
+        p for p in directory.glob(f"{PREFIX}*") if p.is_dir() and (p / ".metadata").exists()
+    )
+
+
+def _merged(
+    models: list[dict[str, Any]], optims: list[dict[str, Any]], step: int
+) -> dict[str, Any]:
+    """One state dict over all parts: names are the full model's, so they never clash."""
+    model: dict[str, Any] = {}
+    optim: dict[str, Any] = {}
+    for model_sd, optim_sd in zip(models, optims, strict=True):
+        model.update(model_sd)
+        optim.update(optim_sd)
+    return {"model": model, "optim": optim, "trainer": {"step": torch.tensor(step)}}
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,198 @@
+"""Turn a full model into this rank's part of a hybrid-parallel model, in a fixed order:
+
+    pipeline split -> tensor parallel -> activation checkpointing -> FSDP2 | DDP
+
+Every rank first builds the whole model from the same seed, so each shard is a slice of
+identical weights and a run matches a single process with the same seed. Each `apply_*`
+is torch.distributed's own part (`parallelize_module`, `fully_shard`, DDP comm hooks,
+`torch.distributed.pipelining`); this module only decides what goes where.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
+    PipelineScheduleSingle,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+from workers.gpt import GPT, Block
+from workers.model_configs import GPTConfig
+from workers.plan import ParallelPlan
+
+
+@dataclass
+class ModelParts:
+    """This rank's share of the model: one part per pipeline stage it runs (one, or two
+    with interleaved 1F1B), already parallelized; `stages` is set when pp > 1."""
+
+    parts: list[GPT]
+    stage_ids: list[int]
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti | None = None
+    ddp: DistributedDataParallel | None = None  # wraps parts[0] for pure data parallel
+
+    @property
+    def first(self) -> bool:
+        return 0 in self.stage_ids
+
+    def last(self, plan: ParallelPlan) -> bool:
+        return plan.num_stages - 1 in self.stage_ids
+
+
+def build_mesh(plan: ParallelPlan, device_type: str) -> DeviceMesh:
+    return init_device_mesh(
+        device_type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp")
+    )
+
+
+def build_parts(
+    plan: ParallelPlan,
+    config: GPTConfig,
+    mesh: DeviceMesh,
+    device: torch.device,
+    *,
+    seed: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> ModelParts:
+    pp_rank = mesh.get_local_rank("pp")
+    stage_ids = [pp_rank + i * plan.pp for i in range(plan.stages_per_rank)]
+    parts = []
+    for stage in stage_ids:
+        torch.manual_seed(seed)  # the same full model on every rank and in a single process
+        model = GPT(config).to(device)
+        if plan.pp > 1:
+            layers = plan.stage_layers(stage, config.n_layer)
+            model.keep_only(layers, first=stage == 0, last=stage == plan.num_stages - 1)
+        parts.append(model)
+    for model in parts:
+        if plan.tp > 1:
+            apply_tensor_parallel(model, mesh["tp"])
+        if plan.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        if plan.fsdp:
+            apply_fsdp(model, mesh["dp"], plan)
+    result = ModelParts(parts, stage_ids)
+    if plan.dp > 1 and not plan.fsdp and plan.tp == 1 and plan.pp == 1:
+        result.ddp = apply_ddp(parts[0], mesh["dp"], plan)
+    if plan.pp > 1:
+        result.schedule = build_schedule(
+            plan, parts, stage_ids, mesh=mesh, device=device, loss_fn=loss_fn
+        )
+    return result
+
+
+def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
+    """Megatron-style: q, k, v and fc column-wise (each rank computes n_head / tp heads
+    and a slice of the MLP), proj row-wise (one all-reduce per attention and per MLP).
+    Embeddings, norms and the head stay replicated."""
+    plan = {
+        "attn.wq": ColwiseParallel(),
+        "attn.wk": ColwiseParallel(),
+        "attn.wv": ColwiseParallel(),
+        "attn.proj": RowwiseParallel(),
+        "mlp.fc": ColwiseParallel(),
+        "mlp.proj": RowwiseParallel(),
+    }
+    for block in model.blocks.values():
+        parallelize_module(block, tp_mesh, plan)
+
+
+def apply_activation_checkpointing(model: GPT) -> None:
+    """Recompute each block's activations in backward: memory for compute."""
+    for block in model.blocks.values():
+        assert isinstance(block, Block)
+        block.recompute = True
+
+
+def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, plan: ParallelPlan) -> None:
+    """FSDP2 per block, then the rest: each block's parameters are gathered just before
+    it runs and freed after. bf16 keeps fp32 master weights and reduces in fp32."""
+    policy = MixedPrecisionPolicy()
+    if plan.precision == "bf16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks.values():
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, plan: ParallelPlan) -> DistributedDataParallel:
+    device_ids = [model_device(model)] if model_device(model).type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=dp_mesh.get_group())
+    hook = _comm_hook(plan, dp_mesh.get_group())
+    if hook is not None:
+        state, fn = hook
+        ddp.register_comm_hook(state, fn)
+    return ddp
+
+
+def _comm_hook(
+    plan: ParallelPlan, group: dist.ProcessGroup
+) -> tuple[Any, Callable[..., Any]] | None:
+    """fp16 and PowerSGD are torch's hooks. The stock bf16 hook refuses anything but NCCL,
+    so bf16 uses the same compress-allreduce-decompress helper the stock hooks are built
+    on, which works on gloo too."""
+    if plan.grad_compression == "fp16":
+        return group, default_hooks.fp16_compress_hook
+    if plan.grad_compression == "bf16":
+        return group, _bf16_compress_hook
+    if plan.grad_compression == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=group, matrix_approximation_rank=1, start_powerSGD_iter=2
+        )
+        return state, powerSGD_hook.powerSGD_hook
+    return None
+
+
+def _bf16_compress_hook(process_group: Any, bucket: Any) -> Any:
+    return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
+
+
+# DDP checks the hook's annotations against the classes themselves; postponed annotations
+# (`from __future__ import annotations`) are strings, so give it the objects.
+_bf16_compress_hook.__annotations__.update(
+    bucket=dist.GradBucket,  # type: ignore[attr-defined]
+    **{"return": torch.futures.Future[torch.Tensor]},
+)
+
+
+def build_schedule(
+    plan: ParallelPlan,
+    parts: Sequence[nn.Module],
+    stage_ids: list[int],
+    *,
+    mesh: DeviceMesh,
+    device: torch.device,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> PipelineScheduleSingle | PipelineScheduleMulti:
+    group = mesh.get_group("pp")
+    stages: list[Any] = [
+        PipelineStage(part, stage, plan.num_stages, device, group=group)
+        for part, stage in zip(parts, stage_ids, strict=True)
+    ]
+    if plan.pipeline_schedule == "interleaved-1f1b":
+        return ScheduleInterleaved1F1B(stages, plan.microbatches, loss_fn=loss_fn)
+    kind = ScheduleGPipe if plan.pipeline_schedule == "gpipe" else Schedule1F1B
+    return kind(stages[0], plan.microbatches, loss_fn=loss_fn)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

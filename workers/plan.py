@@ -1,0 +1,114 @@
+"""The parallel plan of a training job, checked before any process starts.
+
+No torch here: the API validates a submission with the same checks the ranks rely on, so a
+plan that cannot work is a 422 naming the field, not a crash on eight GPUs an hour later.
+Field names in errors are the job spec's (`parallelism.tp`, `entrypoint.microbatches`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from workers.model_configs import GPTConfig
+
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Precision = Literal["fp32", "bf16"]
+Compression = Literal["none", "fp16", "bf16", "powersgd"]
+
+
+class PlanError(ValueError):
+    """A plan that cannot run; `field` is the job-spec path of the value at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How the ranks split the work. The mesh is (pp, dp, tp), tp innermost: a tensor-
+    parallel group is consecutive ranks, which the scheduler places on one node.
+
+    fsdp: shard parameters, gradients and optimizer state over the data-parallel axis
+        (FSDP2, ZeRO-3 style) instead of replicating them (DDP).
+    microbatches: per optimizer step and data-parallel rank, for the pipeline schedule.
+    grad_compression: a DDP communication hook (pure data parallel only).
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    fsdp: bool = False
+    microbatches: int = 1
+    pipeline_schedule: PipelineSchedule = "1f1b"
+    precision: Precision = "fp32"
+    grad_compression: Compression = "none"
+    activation_checkpointing: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Interleaved 1F1B gives each pipeline rank two model chunks (virtual stages)."""
+        return 2 if self.pp > 1 and self.pipeline_schedule == "interleaved-1f1b" else 1
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.stages_per_rank
+
+    def stage_layers(self, stage: int, n_layer: int) -> range:
+        """Layers of pipeline stage `stage`: contiguous, as even as possible, the earlier
+        stages taking the remainder (the last stage also runs the head)."""
+        base, extra = divmod(n_layer, self.num_stages)
+        start = stage * base + min(stage, extra)
+        return range(start, start + base + (1 if stage < extra else 0))
+
+
+def validate_plan(plan: ParallelPlan, model: GPTConfig, *, batch_size: int) -> None:
+    """Raise PlanError for the first thing that cannot work. `batch_size` is per data-
+    parallel rank and optimizer step (before gradient accumulation)."""
+    for axis in ("dp", "tp", "pp", "microbatches"):
+        if getattr(plan, axis) < 1:
+            raise PlanError(_field(axis), "must be >= 1")
+    _check_tensor_parallel(plan, model)
+    _check_pipeline(plan, model, batch_size)
+    if plan.grad_compression != "none" and (plan.fsdp or plan.tp > 1 or plan.pp > 1):
+        raise PlanError(
+            "entrypoint.grad_compression",
+            "gradient compression is a DDP communication hook: it needs pure data parallel "
+            "(tp = pp = 1, fsdp off)",
+        )
+
+
+def _check_tensor_parallel(plan: ParallelPlan, model: GPTConfig) -> None:
+    for name, size in (("n_head", model.n_head), ("n_embd", model.n_embd)):
+        if size % plan.tp:
+            raise PlanError(
+                "parallelism.tp", f"tp={plan.tp} must divide the model's {name} ({size})"
+            )
+
+
+def _check_pipeline(plan: ParallelPlan, model: GPTConfig, batch_size: int) -> None:
+    if plan.num_stages > model.n_layer:
+        raise PlanError(
+            "parallelism.pp",
+            f"{plan.num_stages} pipeline stages for a model of {model.n_layer} layers: every "
+            "stage needs at least one layer",
+        )
+    if batch_size % plan.microbatches:
+        raise PlanError(
+            "entrypoint.microbatches",
+            f"{plan.microbatches} microbatches must divide the batch size ({batch_size})",
+        )
+    if plan.stages_per_rank > 1 and plan.microbatches % plan.pp:
+        raise PlanError(
+            "entrypoint.microbatches",
+            f"interleaved 1F1B needs a multiple of pp={plan.pp} microbatches",
+        )
+
+
+def _field(axis: str) -> str:
+    return f"entrypoint.{axis}" if axis == "microbatches" else f"parallelism.{axis}"

@@ -1,0 +1,330 @@
+"""The hybrid-parallel training loop: one optimizer step is visible end to end.
+
+    batch slice -> forward/backward (pipeline schedule, or plain) -> sync grads (when no
+    DDP/FSDP does it) -> clip -> optimizer + LR step -> report -> checkpoint
+
+Runs on any process group the caller set up (Ray rank actors, torchrun, tests); a single
+process is the same code with a plan of 1 x 1 x 1, which is what loss parity compares to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from workers.checkpoint import Checkpointer
+from workers.data import SyntheticTokens, TokenFile, TokenStream, rank_slice
+from workers.gpt import next_token_loss, parameter_count
+from workers.model_configs import MODEL_CONFIGS, GPTConfig
+from workers.parallelize import ModelParts, build_mesh, build_parts
+from workers.plan import ParallelPlan, validate_plan
+
+# Dense bf16 peak FLOP/s by device name fragment, for MFU (per GPU).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+class Reporter(Protocol):
+    """What the loop needs of its caller: `workers.context.RankContext` is one."""
+
+    def should_stop(self) -> bool: ...
+
+    def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """What to train and how long. `batch_size` is per data-parallel rank and micro-step;
+    one optimizer step sees dp x batch_size x grad_accumulation sequences."""
+
+    model: str = "gpt-tiny"
+    steps: int = 100
+    batch_size: int = 8
+    learning_rate: float = 3e-3
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_accumulation: int = 1
+    max_grad_norm: float | None = 1.0
+    seed: int = 0
+    data_path: str | None = None  # uint16 token file; None: synthetic tokens
+    checkpoint_interval_steps: int | None = None
+    keep_last: int = 2
+
+    @property
+    def config(self) -> GPTConfig:
+        return MODEL_CONFIGS[self.model]
+
+
+@dataclass
+class TrainResult:
+    step: int
+    losses: list[float] = field(default_factory=list)
+    resumed_from: int = 0
+    stopped: bool = False
+
+
+def train(
+    reporter: Reporter,
+    plan: ParallelPlan,
+    spec: TrainSpec,
+    *,
+    checkpoint_dir: Path | None = None,
+) -> TrainResult:
+    """Train on the default process group (world = plan.world_size), resuming from the
+    latest checkpoint in `checkpoint_dir` if there is one."""
+    validate_plan(plan, spec.config, batch_size=spec.batch_size)
+    device = _device()
+    mesh = build_mesh(plan, device.type)
+    accumulation = spec.grad_accumulation
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return next_token_loss(output, target) / accumulation
+
+    parts = build_parts(plan, spec.config, mesh, device, seed=spec.seed, loss_fn=loss_fn)
+    optimizers = [_optimizer(part, spec) for part in parts.parts]
+    schedulers = [_lr_schedule(opt, spec) for opt in optimizers]
+    checkpointer = Checkpointer(checkpoint_dir, parts.parts, optimizers, spec.keep_last)
+    step = checkpointer.load_latest()
+    for scheduler in schedulers:  # the LR follows the restored step
+        for _ in range(step):
+            scheduler.step()
+    loop = _Loop(plan=plan, spec=spec, mesh=mesh, parts=parts, device=device, loss_fn=loss_fn)
+    result = TrainResult(step=step, resumed_from=step)
+    while step < spec.steps:
+        if reporter.should_stop():
+            result.stopped = True
+            break
+        step += 1
+        metrics = loop.step(step, optimizers)
+        metrics["lr"] = optimizers[0].param_groups[0]["lr"]
+        for scheduler in schedulers:
+            scheduler.step()
+        result.losses.append(metrics["loss"])
+        reporter.report(step=step, **metrics)
+        if spec.checkpoint_interval_steps and step % spec.checkpoint_interval_steps == 0:
+            checkpointer.save(step)
+    result.step = step
+    if step > result.resumed_from or result.stopped:
+        checkpointer.save(step)  # at the end, and on a stop request (preemption notice)
+    return result
+
+
+class _Loop:
+    def __init__(
+        self,
+        *,
+        plan: ParallelPlan,
+        spec: TrainSpec,
+        mesh: Any,
+        parts: ModelParts,
+        device: torch.device,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> None:
+        self.plan, self.spec, self.mesh, self.parts = plan, spec, mesh, parts
+        self.device, self.loss_fn = device, loss_fn
+        self.dp_rank = mesh.get_local_rank("dp")
+        self.counts_loss = parts.last(plan) and mesh.get_local_rank("tp") == 0
+        self.stream = _stream(spec)
+        config = spec.config
+        self.tokens_per_step = plan.dp * spec.batch_size * spec.grad_accumulation * config.seq_len
+        self.flops_per_token = 6 * parameter_count(config)
+
+    def step(self, step: int, optimizers: list[torch.optim.Optimizer]) -> dict[str, float]:
+        started = time.perf_counter()
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        loss = torch.zeros((), device=self.device)
+        global_batch = self.plan.dp * self.spec.batch_size
+        for micro in range(self.spec.grad_accumulation):
+            first_sample = ((step - 1) * self.spec.grad_accumulation + micro) * global_batch
+            start, count = rank_slice(first_sample, global_batch, self.dp_rank, self.plan.dp)
+            inputs, targets = self.stream.samples(start, count)
+            last_micro = micro == self.spec.grad_accumulation - 1
+            loss += self._forward_backward(
+                inputs.to(self.device), targets.to(self.device), last_micro
+            )
+        synced = time.perf_counter()
+        self._sync_grads()
+        grad_norm = self._clip()
+        for opt in optimizers:
+            opt.step()
+        loss_value = self._global_loss(loss)
+        sync_s = time.perf_counter() - synced
+        elapsed = time.perf_counter() - started
+        metrics = self._metrics(loss_value, grad_norm, elapsed, sync_s)
+        metrics["state_mb"] = _state_bytes(self.parts.parts, optimizers) / 2**20
+        return metrics
+
+    def _forward_backward(
+        self, inputs: torch.Tensor, targets: torch.Tensor, last_micro: bool
+    ) -> torch.Tensor:
+        with self._autocast():
+            schedule = self.parts.schedule
+            if schedule is not None:
+                losses: list[torch.Tensor] = []
+                args = (inputs,) if self.parts.first else ()
+                target = targets if self.parts.last(self.plan) else None
+                schedule.step(*args, target=target, losses=losses if target is not None else None)
+                if not losses:
+                    return torch.zeros((), device=self.device)
+                return torch.stack([item.detach() for item in losses]).mean()
+            ddp = self.parts.ddp
+            model = ddp if ddp is not None else self.parts.parts[0]
+            no_sync = (
+                ddp.no_sync() if ddp is not None and not last_micro else contextlib.nullcontext()
+            )
+            with no_sync:
+                loss = self.loss_fn(model(inputs), targets)
+                loss.backward()  # type: ignore[no-untyped-call]
+            return loss.detach()
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 autocast where FSDP's mixed-precision policy does not already cast."""
+        enabled = self.plan.precision == "bf16" and not self.plan.fsdp
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def _sync_grads(self) -> None:
+        """Average gradients over the data-parallel axis where neither DDP nor FSDP does:
+        data parallel combined with tensor or pipeline parallel without FSDP."""
+        if self.plan.dp == 1 or self.plan.fsdp or self.parts.ddp is not None:
+            return
+        group = self.mesh.get_group("dp")
+        for grad in _grads(self.parts.parts):
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            dist.all_reduce(local, group=group)
+            local /= self.plan.dp
+
+    def _clip(self) -> float:
+        """Global gradient norm over every shard and stage; clip to `max_grad_norm`."""
+        squares = torch.zeros((), device=self.device)
+        for grad in _grads(self.parts.parts):
+            norm = torch.linalg.vector_norm(grad.float())
+            squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
+        if self.plan.pp > 1:
+            dist.all_reduce(squares, group=self.mesh.get_group("pp"))
+        total = float(squares.sqrt().item())
+        limit = self.spec.max_grad_norm
+        if limit is not None and total > limit:
+            # By hand, as a Python float: torch's clip helpers refuse a mix of DTensor
+            # (sharded) and plain (replicated) gradients, which TP without FSDP has.
+            scale = limit / (total + 1e-6)
+            for grad in _grads(self.parts.parts):
+                grad.mul_(scale)
+        return total
+
+    def _global_loss(self, loss: torch.Tensor) -> float:
+        """The step's loss over the whole global batch: the last stage's tp-rank-0 losses,
+        averaged over data-parallel ranks (one small all-reduce over the world)."""
+        value = loss if self.counts_loss else torch.zeros_like(loss)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            value = value.clone()
+            dist.all_reduce(value)
+        return float(value.item()) / self.plan.dp
+
+    def _metrics(
+        self, loss: float, grad_norm: float, elapsed: float, sync_s: float
+    ) -> dict[str, float]:
+        tokens_per_s = self.tokens_per_step / elapsed
+        metrics = {
+            "loss": loss,
+            "tokens_per_s": tokens_per_s,
+            "step_time_s": elapsed,
+            "sync_s": sync_s,
+            "compute_s": elapsed - sync_s,
+            "grad_norm": grad_norm,
+            "peak_memory_mb": _peak_memory_mb(self.device),
+        }
+        peak = _peak_flops(self.device)
+        if peak is not None:
+            # 6 N flops per token (forward + backward), the usual MFU estimate
+            metrics["mfu"] = self.flops_per_token * tokens_per_s / (peak * self.plan.world_size)
+        return metrics
+
+
+def _stream(spec: TrainSpec) -> TokenStream:
+    config = spec.config
+    if spec.data_path:
+        return TokenFile(spec.data_path, seq_len=config.seq_len)
+    return SyntheticTokens(vocab_size=config.vocab_size, seq_len=config.seq_len, seed=spec.seed)
+
+
+def _optimizer(part: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        part.parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
+    )
+
+
+def _lr_schedule(
+    optimizer: torch.optim.Optimizer, spec: TrainSpec
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup, then cosine decay to `min_lr_ratio` of the peak at the last step."""
+
+    def factor(step: int) -> float:
+        if step < spec.warmup_steps:
+            return (step + 1) / spec.warmup_steps
+        span = max(1, spec.steps - spec.warmup_steps)
+        progress = min(1.0, (step - spec.warmup_steps) / span)
+        cosine = 0.5 * (1 + math.cos(math.pi * progress))
+        return spec.min_lr_ratio + (1 - spec.min_lr_ratio) * cosine
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _params(parts: Sequence[nn.Module]) -> Iterator[nn.Parameter]:
+    for part in parts:
+        yield from part.parameters()
+
+
+def _grads(parts: Sequence[nn.Module]) -> Iterator[torch.Tensor]:
+    for param in _params(parts):
+        if param.grad is not None:
+            yield param.grad
+
+
+def _state_bytes(parts: Sequence[nn.Module], optimizers: list[torch.optim.Optimizer]) -> int:
+    """Bytes of parameters, gradients and optimizer state this rank holds (its shards
+    under FSDP or TP): what sharding divides."""
+    total = 0
+    for param in _params(parts):
+        for tensor in (param, param.grad):
+            if tensor is not None:
+                local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+                total += local.numel() * local.element_size()
+    for opt in optimizers:
+        for state in opt.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    local = value.to_local() if isinstance(value, DTensor) else value
+                    total += local.numel() * local.element_size()
+    return total
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    """GPU: the allocator's peak. CPU: the process's peak resident set (all of it)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 
@@ -40,8 +42,17 @@ class RankContext:
     stop (cancel, preemption notice).
     """
 
-    def __init__(self, info: RankInfo, stop_event: threading.Event) -> None:
+    def __init__(
+        self,
+        info: RankInfo,
+        stop_event: threading.Event,
+        *,
+        checkpoint_dir: Path | None = None,
+        keep_last: int = 2,
+    ) -> None:
         self.info = info
+        self.checkpoint_dir = checkpoint_dir  # the job's, the same on every attempt
+        self._keep_last = keep_last
         self._stop_event = stop_event
         self._lock = threading.Lock()
         self._progress = Progress()
@@ -67,6 +78,14 @@ class RankContext:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         shape = (self.info.pp, self.info.dp, self.info.tp)
         return init_device_mesh(device, shape, mesh_dim_names=("pp", "dp", "tp"))
+
+    def checkpointer(self, parts: Sequence[Any], optimizers: Sequence[Any]) -> Any:
+        """A `workers.checkpoint.Checkpointer` for this job's model parts and their
+        optimizers (one each): `load_latest()` on start, `save(step)` when `should_stop()`
+        turns True and at the end. It does nothing when the job has no directory."""
+        from workers.checkpoint import Checkpointer
+
+        return Checkpointer(self.checkpoint_dir, parts, optimizers, self._keep_last)
 
     def should_stop(self) -> bool:
         return self._stop_event.is_set()

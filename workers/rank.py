@@ -15,6 +15,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from workers.context import RankContext, RankInfo
@@ -63,7 +64,13 @@ class RankActor:
 
         if self._thread is not None:
             raise RuntimeError("this rank was already started")
-        self._ctx = RankContext(info, self._stop_event)
+        directory = entrypoint.get("checkpoint_dir")
+        self._ctx = RankContext(
+            info,
+            self._stop_event,
+            checkpoint_dir=Path(directory) if directory else None,
+            keep_last=int(entrypoint.get("keep_last", 2)),
+        )
         # Function entrypoints written for torchrun find the variables it sets.
         os.environ.update(torchrun_env(self._ctx, master_addr, master_port))
         self._phase = RUNNING

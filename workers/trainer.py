@@ -9,7 +9,6 @@ is preempted or restarted finds its newest checkpoint there and resumes from it.
 from __future__ import annotations
 
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from workers.context import RankContext
@@ -33,11 +32,5 @@ def builtin_spec(entrypoint: dict[str, Any]) -> TrainSpec:
 def train_builtin(ctx: RankContext, entrypoint: dict[str, Any]) -> dict[str, Any]:
     info = ctx.info
     plan = builtin_plan(entrypoint, dp=info.dp, tp=info.tp, pp=info.pp)
-    directory = entrypoint.get("checkpoint_dir")
-    result = train(
-        ctx,
-        plan,
-        builtin_spec(entrypoint),
-        checkpoint_dir=Path(directory) if directory else None,
-    )
+    result = train(ctx, plan, builtin_spec(entrypoint), checkpoint_dir=ctx.checkpoint_dir)
     return {"step": result.step, "resumed_from": result.resumed_from}

@@ -24,17 +24,18 @@ class Executor(Protocol):
 
 
 def rank_entrypoint(job: JobRecord, checkpoint_root: Path | None) -> dict[str, Any]:
-    """The entrypoint the ranks run. The built-in trainer also gets the FSDP switch and
-    the job's checkpoint directory and policy (the same directory on every attempt, so a
-    requeued or restarted job resumes from its newest checkpoint)."""
+    """The entrypoint the ranks run, plus what only the service knows: the job's
+    checkpoint directory (the same on every attempt, so a requeued or restarted job
+    resumes from its newest checkpoint) and policy; the built-in trainer also gets the
+    FSDP switch."""
     entrypoint = dict(job.spec["entrypoint"])
+    policy = job.spec.get("checkpoint") or {}
     if entrypoint.get("kind") == "builtin":
-        policy = job.spec.get("checkpoint") or {}
         entrypoint["fsdp"] = bool(job.spec["parallelism"].get("fsdp", False))
         entrypoint["checkpoint_interval_steps"] = policy.get("interval_steps")
+    if checkpoint_root is not None and entrypoint.get("kind") in ("builtin", "function"):
+        entrypoint["checkpoint_dir"] = str(checkpoint_root / f"job-{job.id}")
         entrypoint["keep_last"] = policy.get("keep_last", 2)
-        if checkpoint_root is not None:
-            entrypoint["checkpoint_dir"] = str(checkpoint_root / f"job-{job.id}")
     return entrypoint
 
 

@@ -8,14 +8,18 @@ single-process loss curve, in fp32, to 1e-5 (measured: within 1e-6).
 
 from __future__ import annotations
 
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
 from tests.engine_harness import run_engine
+from workers.context import RankContext, RankInfo
 from workers.data import TokenFile, rank_slice
 from workers.model_configs import MODEL_CONFIGS
 from workers.plan import ParallelPlan, PlanError, validate_plan
@@ -162,3 +166,26 @@ def test_a_token_file_is_read_as_consecutive_windows(tmp_path: Path) -> None:
     assert targets.tolist() == [list(range(17, 25)), list(range(25, 33))]
     with pytest.raises(ValueError, match="fewer than seq_len"):
         TokenFile(path, seq_len=100)
+
+
+def test_function_entrypoints_checkpoint_through_the_context(tmp_path: Path) -> None:
+    """`ctx.checkpointer` outside any process group: save twice, keep the newest, and a
+    fresh model and optimizer resume from it."""
+    ctx = RankContext(
+        RankInfo(0, 1, 0, 1, 1, 1), threading.Event(), checkpoint_dir=tmp_path, keep_last=1
+    )
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    saver = ctx.checkpointer([model], [optimizer])
+    saver.save(3)
+    saver.save(5)
+    fresh = nn.Linear(4, 2)
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters())
+    assert ctx.checkpointer([fresh], [fresh_optimizer]).load_latest() == 5
+    assert torch.equal(fresh.weight, model.weight)
+    restored = fresh_optimizer.state[fresh.weight]["exp_avg"]
+    assert torch.equal(restored, optimizer.state[model.weight]["exp_avg"])
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000005"]

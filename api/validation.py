@@ -37,6 +37,7 @@ def _check_plan(submit: JobSubmit, entrypoint: Builtin, shape: GangShape) -> Non
             precision=entrypoint.precision,
             grad_compression=entrypoint.grad_compression,
             activation_checkpointing=entrypoint.activation_checkpointing,
+            sequence_parallel=entrypoint.sequence_parallel,
         )
         try:
             validate_plan(plan, MODEL_CONFIGS[entrypoint.model], batch_size=entrypoint.batch_size)

@@ -91,6 +91,9 @@ class Builtin(_Strict):
         "none", description="DDP communication hook (pure data parallel only)"
     )
     activation_checkpointing: bool = False
+    sequence_parallel: bool = Field(
+        False, description="with tp > 1, also shard norms and the residual stream by sequence"
+    )
     data_path: str | None = Field(
         None, max_length=4096, description="uint16 token file (nanoGPT .bin); null: synthetic"
     )

@@ -28,9 +28,13 @@ from torch.distributed.pipelining.schedules import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 from torch.nn.parallel import DistributedDataParallel
@@ -85,7 +89,7 @@ def build_parts(
         parts.append(model)
     for model in parts:
         if plan.tp > 1:
-            apply_tensor_parallel(model, mesh["tp"])
+            apply_tensor_parallel(model, mesh["tp"], sequence_parallel=plan.sequence_parallel)
         if plan.activation_checkpointing:
             apply_activation_checkpointing(model)
         if plan.fsdp:
@@ -100,11 +104,17 @@ def build_parts(
     return result
 
 
-def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
+def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
     """Megatron-style: q, k, v and fc column-wise (each rank computes n_head / tp heads
     and a slice of the MLP), proj row-wise (one all-reduce per attention and per MLP).
-    Embeddings, norms and the head stay replicated."""
-    plan = {
+    Embeddings, the final norm and the head stay replicated.
+
+    Sequence parallel: between the row-wise and the next column-wise layer (the residual
+    stream and the two LayerNorms) each rank keeps 1/tp of the sequence, so the
+    all-reduce becomes a reduce-scatter + all-gather and those activations take 1/tp of
+    the memory. A stage's blocks take and give the full sequence, so embeddings, the head
+    and pipeline boundaries do not change."""
+    plan: dict[str, Any] = {
         "attn.wq": ColwiseParallel(),
         "attn.wk": ColwiseParallel(),
         "attn.wv": ColwiseParallel(),
@@ -112,8 +122,40 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
         "mlp.fc": ColwiseParallel(),
         "mlp.proj": RowwiseParallel(),
     }
-    for block in model.blocks.values():
+    if sequence_parallel:
+        to_full = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        )
+        plan |= {
+            "ln1": SequenceParallel(),
+            "attn": to_full,
+            "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+            "ln2": SequenceParallel(),
+            "mlp": to_full,
+            "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+        }
+    blocks = list(model.blocks.values())
+    for block in blocks:
         parallelize_module(block, tp_mesh, plan)
+    if sequence_parallel:
+        parallelize_module(
+            blocks[0],
+            tp_mesh,
+            PrepareModuleInput(
+                input_layouts=(Replicate(),),
+                desired_input_layouts=(Shard(1),),
+                use_local_output=True,
+            ),
+        )
+        parallelize_module(
+            blocks[-1],
+            tp_mesh,
+            PrepareModuleOutput(
+                output_layouts=(Shard(1),),
+                desired_output_layouts=(Replicate(),),
+                use_local_output=True,
+            ),
+        )
 
 
 def apply_activation_checkpointing(model: GPT) -> None:

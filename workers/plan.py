@@ -34,6 +34,8 @@ class ParallelPlan:
         (FSDP2, ZeRO-3 style) instead of replicating them (DDP).
     microbatches: per optimizer step and data-parallel rank, for the pipeline schedule.
     grad_compression: a DDP communication hook (pure data parallel only).
+    sequence_parallel: with tp > 1, shard the residual stream and norms over the
+        sequence too (Megatron-SP).
     """
 
     dp: int = 1
@@ -45,6 +47,7 @@ class ParallelPlan:
     precision: Precision = "fp32"
     grad_compression: Compression = "none"
     activation_checkpointing: bool = False
+    sequence_parallel: bool = False
 
     @property
     def world_size(self) -> int:
@@ -84,6 +87,11 @@ def validate_plan(plan: ParallelPlan, model: GPTConfig, *, batch_size: int) -> N
 
 
 def _check_tensor_parallel(plan: ParallelPlan, model: GPTConfig) -> None:
+    if plan.sequence_parallel and model.seq_len % plan.tp:
+        raise PlanError(
+            "entrypoint.sequence_parallel",
+            f"tp={plan.tp} must divide the model's seq_len ({model.seq_len})",
+        )
     for name, size in (("n_head", model.n_head), ("n_embd", model.n_embd)):
         if size % plan.tp:
             raise PlanError(

@@ -45,9 +45,20 @@ def single_process_losses(batch_size: int, out: Path) -> tuple[float, ...]:
         (ParallelPlan(pp=2, microbatches=2, pipeline_schedule="1f1b"), 8),
         (ParallelPlan(pp=2, microbatches=2, pipeline_schedule="interleaved-1f1b"), 8),
         (ParallelPlan(dp=2, tp=2), 4),  # data parallel synced by hand beside TP
+        (ParallelPlan(tp=2, pp=2, microbatches=2, sequence_parallel=True), 8),
         (ParallelPlan(dp=2, tp=2, pp=2, fsdp=True, microbatches=2), 4),  # 8 ranks
     ],
-    ids=["ddp2", "fsdp2", "tp2", "pp2-gpipe", "pp2-1f1b", "pp2-interleaved", "dp2xtp2", "2x2x2"],
+    ids=[
+        "ddp2",
+        "fsdp2",
+        "tp2",
+        "pp2-gpipe",
+        "pp2-1f1b",
+        "pp2-interleaved",
+        "dp2xtp2",
+        "tp2xpp2-sequence-parallel",
+        "2x2x2",
+    ],
 )
 def test_loss_matches_a_single_process(
     plan: ParallelPlan, batch_size: int, tmp_path_factory: pytest.TempPathFactory
@@ -148,6 +159,7 @@ def test_bf16_autocast_and_activation_checkpointing_train(tmp_path: Path) -> Non
         ),
         (ParallelPlan(dp=2, fsdp=True, grad_compression="fp16"), 8, "entrypoint.grad_compression"),
         (ParallelPlan(dp=0), 8, "parallelism.dp"),
+        (ParallelPlan(tp=3, sequence_parallel=True), 8, "entrypoint.sequence_parallel"),
     ],
 )
 def test_invalid_plans_fail_before_anything_starts(

@@ -92,6 +92,7 @@ class GroupStatus:
     first_loss: float | None = None
     tokens_per_s: float | None = None
     error: str | None = None
+    checkpoint_step: int | None = None  # the newest step the ranks have saved
 
 
 class WorkerGroup:
@@ -283,6 +284,8 @@ def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     """One status for the gang: a failed rank fails it, all succeeded succeeds it."""
     lead = statuses[0]
     progress = {key: lead[key] for key in ("step", "loss", "first_loss", "tokens_per_s")}
+    saved = lead.get("checkpoint_step")  # absent from actors started by an older release
+    progress["checkpoint_step"] = int(saved) if saved is not None else None
     phases = Counter(s["phase"] for s in statuses)
     if phases[FAILED]:
         return GroupStatus(

@@ -97,6 +97,7 @@ class RankActor:
             "loss": progress.loss if progress else None,
             "first_loss": progress.first_loss if progress else None,
             "tokens_per_s": progress.tokens_per_s if progress else None,
+            "checkpoint_step": progress.metrics.get("checkpoint_step") if progress else None,
             "reported_at": progress.reported_at if progress else 0.0,
             "pid": os.getpid(),
         }

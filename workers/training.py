@@ -101,6 +101,10 @@ def train(
             scheduler.step()
     loop = _Loop(plan=plan, spec=spec, mesh=mesh, parts=parts, device=device, loss_fn=loss_fn)
     result = TrainResult(step=step, resumed_from=step)
+    # The newest saved step goes out with every report, so the runtime can say how many
+    # steps a stop or a crash loses.
+    saved: dict[str, float] = {"checkpoint_step": step} if step else {}
+    metrics: dict[str, float] = {}
     while step < spec.steps:
         if reporter.should_stop():
             result.stopped = True
@@ -111,12 +115,15 @@ def train(
         for scheduler in schedulers:
             scheduler.step()
         result.losses.append(metrics["loss"])
-        reporter.report(step=step, **metrics)
-        if spec.checkpoint_interval_steps and step % spec.checkpoint_interval_steps == 0:
-            checkpointer.save(step)
+        interval = spec.checkpoint_interval_steps
+        due = interval is not None and step % interval == 0
+        if due and checkpointer.save(step) is not None:
+            saved = {"checkpoint_step": step}
+        reporter.report(step=step, **metrics, **saved)
     result.step = step
-    if step > result.resumed_from or result.stopped:
-        checkpointer.save(step)  # at the end, and on a stop request (preemption notice)
+    if (step > result.resumed_from or result.stopped) and checkpointer.save(step) is not None:
+        # at the end, and on a stop request (preemption notice)
+        reporter.report(step=step, **metrics, checkpoint_step=step)
     return result
 
 

@@ -240,11 +240,16 @@ class SchedulerLoop:
             )
             return
         how = "stopped" if exited else "killed at the deadline"
+        saved = status.checkpoint_step
+        resume = (
+            f"resumes from its checkpoint at step {saved} ({status.step - saved} steps lost)"
+            if saved is not None
+            else f"no checkpoint, so it restarts from step 0 ({status.step} steps lost)"
+        )
         self._transition(
             job,
             JobState.PENDING,
-            f"{how} at step {status.step} and requeued; no checkpoint yet, so it restarts "
-            f"from step 0 ({status.step} steps lost)",
+            f"{how} at step {status.step} and requeued; {resume}",
             placement=None,
             preempt_deadline=None,
         )

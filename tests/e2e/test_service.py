@@ -190,19 +190,20 @@ def test_cli_submit_jobs_status_cancel(service: Service) -> None:
     assert "422" in bad.stderr and "parallelism" in bad.stderr
 
 
-def test_a_high_priority_job_preempts_and_the_victim_runs_again(
+def test_a_preempted_builtin_job_checkpoints_and_resumes_where_it_stopped(
     tmp_path: Path, ray_cluster: Any
 ) -> None:
+    """The victim gets the stop notice, finishes its step, checkpoints it and exits; the
+    high-priority job runs; the victim is admitted again and continues from the step it
+    saved: no step is lost, none is repeated."""
     service = Service(data_dir=tmp_path, ray_address=ray_cluster.address)
-    service.env.update(GANGWAY_MIN_RUNTIME_S="0", GANGWAY_CHECKPOINT_GRACE_S="30")
+    service.env.update(GANGWAY_MIN_RUNTIME_S="0", GANGWAY_CHECKPOINT_GRACE_S="60")
     try:
         client = service.start()
         low = client.submit(
             name="low",
             parallelism=Parallelism(dp=8),
-            entrypoint=Function(
-                target="workers.examples:sleep_steps", kwargs={"steps": 400, "step_s": 0.05}
-            ),
+            entrypoint=Builtin(steps=400, batch_size=1),
         )
         wait_for(client, low.id, "stepping")
         high = client.submit(
@@ -212,8 +213,14 @@ def test_a_high_priority_job_preempts_and_the_victim_runs_again(
             entrypoint=Builtin(steps=5),
         )
         client.wait(high.id, timeout_s=120, poll_s=0.3)
-        done = client.wait(low.id, timeout_s=180, poll_s=0.3)
-        assert done.attempt == 2
+        steps_seen = []
+        while (job := client.get(low.id)).state is not JobState.SUCCEEDED:
+            assert not job.state.is_terminal, job.status_reason
+            if job.attempt == 2 and job.state is JobState.RUNNING and job.progress.step:
+                steps_seen.append(job.progress.step)
+            time.sleep(0.2)
+        assert job.attempt == 2
+        assert job.progress.step == 400
         low_states = states(client, low.id)
         assert low_states[:6] == [
             "PENDING",
@@ -225,7 +232,14 @@ def test_a_high_priority_job_preempts_and_the_victim_runs_again(
         ]
         preempted = next(e for e in client.events(low.id) if e.to_state is JobState.PREEMPTING)
         assert f"preempted for job {high.id}" in preempted.reason
-        requeued = [e for e in client.events(low.id) if e.from_state is JobState.PREEMPTING]
-        assert "stopped at step" in requeued[0].reason
+        requeued = next(e for e in client.events(low.id) if e.from_state is JobState.PREEMPTING)
+        stopped_at = int(requeued.reason.split("stopped at step ")[1].split()[0])
+        assert f"resumes from its checkpoint at step {stopped_at} (0 steps lost)" in (
+            requeued.reason
+        )
+        assert 0 < stopped_at < 400
+        saved = sorted(p.name for p in (tmp_path / "checkpoints" / f"job-{low.id}").iterdir())
+        assert saved == [f"step-{stopped_at:08d}", "step-00000400"]  # the stop, the end
+        assert steps_seen and min(steps_seen) > stopped_at  # attempt 2 went on from there
     finally:
         service.stop()

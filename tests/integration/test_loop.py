@@ -313,6 +313,17 @@ def test_a_victim_that_ignores_the_notice_is_killed_at_the_deadline(
     assert "killed at the deadline" in repo.get(low.id).status_reason
 
 
+def test_the_requeue_reason_counts_steps_lost_since_the_checkpoint(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
+) -> None:
+    low, _ = preempt_a_running_job(repo, loop, executor, clock)
+    executor.statuses[low.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=9, checkpoint_step=7)
+    loop.tick()
+    reason = repo.get(low.id).status_reason
+    assert "stopped at step 9 and requeued; resumes from its checkpoint at step 7" in reason
+    assert "(2 steps lost)" in reason
+
+
 def test_queue_quotas_and_fair_share_reach_the_core(
     repo: JobRepository, executor: FakeExecutor, clock: Clock
 ) -> None:

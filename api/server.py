@@ -46,6 +46,8 @@ class Runtime:
             policy=self._settings.policy(),
             queues=self._settings.quotas(),
             fair_share_half_life_s=self._settings.fair_share_half_life_s,
+            hang_factor=self._settings.hang_factor,
+            hang_min_s=self._settings.hang_min_s,
         )
         loop.reconcile()
         self._thread = threading.Thread(

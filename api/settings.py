@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     schedule_interval_s: float = Field(1.0, gt=0, le=60)
     placement_timeout_s: float = Field(120.0, gt=0)
+    hang_factor: float = Field(10.0, gt=1, description="x recent step time without progress")
+    hang_min_s: float = Field(300.0, gt=0, description="never call a job hung sooner")
     # Scheduling policy (see scheduler.core.config.PolicyConfig for what each one bounds).
     aging_interval_s: float = Field(3600.0, gt=0)
     min_runtime_s: float = Field(600.0, ge=0)

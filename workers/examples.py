@@ -52,3 +52,13 @@ def check_mesh(ctx: RankContext) -> None:
     if int(value.item()) != info.dp:
         raise RuntimeError(f"dp all_reduce gave {value.item()}, expected {info.dp}")
     ctx.report(step=1)
+
+
+def hang_at_step(ctx: RankContext, step: int = 3, step_s: float = 0.05) -> None:
+    """Report steps 1..`step`, then hang like a deadlocked collective: never return, never
+    look at `should_stop()`. For hang detection."""
+    for current in range(1, step + 1):
+        time.sleep(step_s)
+        ctx.report(step=current)
+    while True:
+        time.sleep(1.0)

@@ -245,6 +245,22 @@ class WorkerGroup:
         for actor in self._actors:
             actor.stop.remote()
 
+    def stacks(self, timeout_s: float = 10.0) -> str:
+        """Every rank's Python stacks, rank by rank; a rank that does not answer within
+        `timeout_s` says so instead (a hung rank's actor still answers: the entrypoint
+        runs in its own thread)."""
+        refs = [actor.stacks.remote() for actor in self._actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        done = set(ready)
+        sections = []
+        for rank, ref in enumerate(refs):
+            try:
+                text = ray.get(ref) if ref in done else f"(no answer in {timeout_s:.0f} s)"
+            except RayError as exc:
+                text = f"(could not ask it: {exc})"
+            sections.append(f"=== rank {rank} ===\n{text}")
+        return "\n".join(sections)
+
     def teardown(self) -> None:
         """Kill the ranks and free the placement group; safe to call more than once."""
         _teardown(self._pg, self._actors)

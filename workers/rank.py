@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -104,6 +105,15 @@ class RankActor:
 
     def stop(self) -> None:
         self._stop_event.set()
+
+    def stacks(self) -> str:
+        """Every thread's Python stack in this rank's process, for a hang report."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        parts = []
+        for ident, frame in sys._current_frames().items():
+            stack = "".join(traceback.format_stack(frame))
+            parts.append(f"thread {names.get(ident, ident)}:\n{stack}")
+        return "\n".join(parts)
 
     def _run_script(
         self, ctx: RankContext, entrypoint: dict[str, Any], master_addr: str, master_port: int

@@ -21,6 +21,7 @@ class Executor(Protocol):
     def poll(self) -> dict[int, GroupStatus]: ...
     def release(self, job_id: int) -> None: ...
     def job_ids(self) -> set[int]: ...
+    def stacks(self, job_id: int) -> str: ...
 
 
 def rank_entrypoint(job: JobRecord, checkpoint_root: Path | None) -> dict[str, Any]:
@@ -92,3 +93,7 @@ class RayExecutor:
 
     def job_ids(self) -> set[int]:
         return set(self._groups)
+
+    def stacks(self, job_id: int) -> str:
+        group = self._groups.get(job_id)
+        return group.stacks() if group is not None else "(no live ranks)"

@@ -26,7 +26,7 @@ from scheduler.model import (
 )
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.runtime.executor import Executor
-from scheduler.runtime.views import job_view
+from scheduler.runtime.views import job_view, run_info
 from scheduler.store import JobRecord, JobRepository, StaleState
 from scheduler.store.repository import utcnow
 from workers.group import GroupPhase, GroupStatus
@@ -48,6 +48,8 @@ class SchedulerLoop:
         policy: PolicyConfig | None = None,
         queues: Mapping[str, QueueQuota] | None = None,
         fair_share_half_life_s: float = 7 * 24 * 3600.0,
+        hang_factor: float = 10.0,
+        hang_min_s: float = 300.0,
     ) -> None:
         self._repo = repo
         self._cluster = cluster
@@ -58,6 +60,10 @@ class SchedulerLoop:
         self._policy = replace(policy or PolicyConfig(), elastic_resize=False)
         self._queues = dict(queues or {})
         self._half_life_s = fair_share_half_life_s
+        # A running job whose step has not moved for hang_factor x its step time (and at
+        # least hang_min_s) is hung: its stacks are kept and it is restarted.
+        self._hang_factor = hang_factor
+        self._hang_min_s = hang_min_s
 
     # -- start-up ---------------------------------------------------------------------
 
@@ -215,6 +221,10 @@ class SchedulerLoop:
         elif status.phase is GroupPhase.PLACEMENT_TIMEOUT:
             self._executor.release(job.id)
             self._requeue(job, status.error or "placement timed out")
+        elif (hang := self._hang(job, status)) is not None:
+            stacks = self._executor.stacks(job.id)
+            self._executor.release(job.id)
+            self._fail_or_restart(job, f"{stacks}\n{hang}")
         elif self._over_time_limit(job):
             self._executor.release(job.id)
             limit = job.spec.get("time_limit_s")
@@ -224,6 +234,29 @@ class SchedulerLoop:
                 f"time limit of {limit} s exceeded",
                 error="time limit exceeded",
             )
+
+    def _hang(self, job: JobRecord, status: GroupStatus) -> str | None:
+        """Why the job counts as hung, or None. Only a job that has stepped in this
+        attempt is judged (start-up and checkpoint loading have no step time to go by)."""
+        run = run_info(job)
+        if (
+            job.state is not JobState.RUNNING
+            or status.step != job.step
+            or run is None
+            or run.step_time_s is None
+            or job.progress_at is None
+            or job.progress_at < run.started_at
+        ):
+            return None
+        limit = max(self._hang_min_s, self._hang_factor * run.step_time_s)
+        silent = (self._clock() - job.progress_at).total_seconds()
+        if silent <= limit:
+            return None
+        return (
+            f"hung: no progress past step {job.step} for {silent:.0f} s (limit {limit:.0f} s "
+            f"= max({self._hang_min_s:.0f} s, {self._hang_factor:g} x step time "
+            f"{run.step_time_s:.2f} s)); every rank's stacks are above"
+        )
 
     def _observe_preempting(self, job: JobRecord, status: GroupStatus) -> None:
         """Requeue once the ranks have stopped, or at the deadline (then they are killed)."""

@@ -59,6 +59,9 @@ class FakeExecutor:
     def job_ids(self) -> set[int]:
         return set(self.statuses)
 
+    def stacks(self, job_id: int) -> str:
+        return f"=== rank 0 ===\nthread rank-0: stuck in job {job_id}"
+
 
 class Clock:
     def __init__(self) -> None:
@@ -358,3 +361,34 @@ def test_an_elastic_job_starts_at_the_degree_that_fits(
     assert started.placement is not None and len(started.placement) == 3
     assert group_spec(started).dp == 3
     assert blocker.id in executor.statuses
+
+
+def test_a_job_without_progress_is_hung_its_stacks_kept_and_it_restarts(
+    repo: JobRepository, executor: FakeExecutor, clock: Clock
+) -> None:
+    loop = SchedulerLoop(
+        repo=repo,
+        cluster=FakeCluster(),
+        executor=executor,
+        clock=clock,
+        hang_factor=10,
+        hang_min_s=60,
+    )
+    job = submit(repo, max_restarts=1)
+    loop.tick()
+    executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=0)
+    loop.tick()  # RUNNING, started now
+    clock.now += timedelta(seconds=10)
+    executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=5)
+    loop.tick()  # 5 steps in 10 s: 2 s a step, so hung after max(60, 10 x 2) = 60 s
+    clock.now += timedelta(seconds=59)
+    loop.tick()
+    assert repo.get(job.id).state is JobState.RUNNING
+    clock.now += timedelta(seconds=2)
+    loop.tick()
+    hung = repo.get(job.id)
+    assert hung.state is JobState.PENDING and hung.restarts == 1
+    assert job.id in executor.released
+    assert hung.error is not None and "stuck in job" in hung.error
+    restarting = next(e for e in repo.events(job.id) if e.to_state is JobState.RESTARTING)
+    assert "hung: no progress past step 5 for 61 s (limit 60 s" in restarting.reason

@@ -150,6 +150,21 @@ def test_a_failing_script_fails_the_gang_with_its_output(
     assert "of 2 local 0 of 1" in status.error  # one rank on each node
 
 
+def test_a_hung_group_shows_every_ranks_stack(gpu_node_ids: list[str]) -> None:
+    entrypoint = {"kind": "function", "target": "workers.examples:hang_at_step"}
+    group = WorkerGroup.launch(spec(106, gpu_node_ids, entrypoint), placement_timeout_s=60)
+    try:
+        deadline = time.monotonic() + 60
+        while group.poll().step < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stacks = group.stacks()
+    finally:
+        group.teardown()
+    assert "=== rank 0 ===" in stacks and "=== rank 1 ===" in stacks
+    assert stacks.count("in hang_at_step") == 2  # each rank's entrypoint thread, where it is
+    wait_for_free_gpus(8.0)
+
+
 def test_a_new_driver_reattaches_to_a_running_group(gpu_node_ids: list[str]) -> None:
     entrypoint = {
         "kind": "function",

@@ -1,7 +1,8 @@
-"""REST v1: jobs, events, cluster, health. Handlers read and write the store only."""
+"""REST v1: jobs, events, logs, cluster, health. Handlers read and write the store only."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -14,9 +15,11 @@ from gangway.models import (
     ErrorBody,
     JobEvent,
     JobInfo,
+    JobLogs,
     JobPage,
     JobState,
     JobSubmit,
+    LogLine,
     Script,
 )
 from scheduler.model import RESOURCE_HOLDING_STATES
@@ -101,6 +104,18 @@ def cancel_job(job_id: int, repo: Repo) -> JobInfo:
 @router.get("/v1/jobs/{job_id}/events", response_model=list[JobEvent], responses=_ERRORS)
 def job_events(job_id: int, repo: Repo) -> list[JobEvent]:
     return [job_event(e) for e in repo.events(job_id)]
+
+
+@router.get("/v1/jobs/{job_id}/logs", response_model=JobLogs, responses=_ERRORS)
+def job_logs(
+    job_id: int,
+    repo: Repo,
+    rank: Annotated[int | None, Query(ge=0, description="one rank only")] = None,
+    tail: Annotated[int, Query(ge=1, le=10_000, description="the last N lines")] = 200,
+) -> JobLogs:
+    """What the ranks printed, every attempt, oldest first; kept after the job ends."""
+    lines = repo.logs(job_id, rank=rank, tail=tail)
+    return JobLogs(lines=[LogLine(**asdict(line)) for line in lines])
 
 
 @router.get("/v1/cluster", response_model=ClusterInfo)

@@ -121,6 +121,24 @@ def cancel(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None
 
 
 @app.command()
+def logs(
+    job_id: int,
+    rank: Annotated[int | None, typer.Option(min=0, help="one rank only")] = None,
+    tail: Annotated[int, typer.Option(min=1, max=10_000, help="the last N lines")] = 200,
+    url: Url = DEFAULT_URL,
+    as_json: AsJson = False,
+) -> None:
+    """What a job's ranks printed (all attempts), oldest first."""
+    with _client(url) as client:
+        lines = _run(lambda: client.logs(job_id, rank=rank, tail=tail))
+    if as_json:
+        typer.echo(json.dumps([line.model_dump() for line in lines]))
+        return
+    for line in lines:
+        typer.echo(f"[attempt {line.attempt} rank {line.rank}] {line.line}")
+
+
+@app.command()
 def simulate(
     trace: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="trace CSV")],
     nodes: Annotated[int, typer.Option(min=1, help="nodes in the simulated cluster")],

@@ -13,15 +13,18 @@ from gangway.models import (
     ClusterInfo,
     JobEvent,
     JobInfo,
+    JobLogs,
     JobPage,
     JobState,
     JobSubmit,
+    LogLine,
     field_path,
 )
 
 M = TypeVar("M", bound=BaseModel)
 
 JobEvents = list[JobEvent]
+LogLines = list[LogLine]
 _EVENTS = TypeAdapter(JobEvents)
 
 
@@ -80,6 +83,13 @@ class Client:
 
     def events(self, job_id: int) -> JobEvents:
         return _EVENTS.validate_python(self._request("GET", f"/v1/jobs/{job_id}/events").json())
+
+    def logs(self, job_id: int, *, rank: int | None = None, tail: int = 200) -> LogLines:
+        """The last `tail` lines the job's ranks printed (all attempts), oldest first."""
+        params: dict[str, Any] = {"tail": tail}
+        if rank is not None:
+            params["rank"] = rank
+        return self._call("GET", f"/v1/jobs/{job_id}/logs", JobLogs, params=params).lines
 
     def wait(self, job_id: int, timeout_s: float = 600.0, *, poll_s: float = 1.0) -> JobInfo:
         """Block until the job ends. Raises `JobFailed` unless it SUCCEEDED."""

@@ -214,6 +214,17 @@ class JobEvent(BaseModel):
     reason: str
 
 
+class LogLine(BaseModel):
+    attempt: int
+    rank: int
+    seq: int = Field(description="the line's number within its rank and attempt")
+    line: str
+
+
+class JobLogs(BaseModel):
+    lines: list[LogLine]
+
+
 class NodeInfo(BaseModel):
     id: str
     name: str

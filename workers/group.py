@@ -93,6 +93,8 @@ class GroupStatus:
     tokens_per_s: float | None = None
     error: str | None = None
     checkpoint_step: int | None = None  # the newest step the ranks have saved
+    # Output lines new since the previous poll: (rank, number, line). Handed out once.
+    logs: tuple[tuple[int, int, str], ...] = ()
 
 
 class WorkerGroup:
@@ -113,6 +115,9 @@ class WorkerGroup:
         self._address_ref: Any = None
         self._start_refs: list[Any] | None = None
         self._status_refs: list[Any] | None = None
+        # The newest output line fetched per rank. A group attached after a service
+        # restart starts at 0: the store drops lines it already has.
+        self._log_cursor = [0] * spec.world_size
         self._last = GroupStatus(self._phase, ranks_started=bool(actors))
         self._error: str | None = None
 
@@ -164,7 +169,10 @@ class WorkerGroup:
             self._fail(f"Ray error: {exc}")
         if self._phase in (GroupPhase.FAILED, GroupPhase.PLACEMENT_TIMEOUT):
             self._last = replace(self._last, phase=self._phase, error=self._error)
-        return self._last
+        status = self._last
+        if status.logs:
+            self._last = replace(status, logs=())
+        return status
 
     def _poll_placing(self) -> None:
         # pg.wait asks the GCS; pg.ready() would submit a new probe task on every poll.
@@ -224,15 +232,26 @@ class WorkerGroup:
 
     def _poll_running(self) -> None:
         if self._status_refs is None:
-            self._status_refs = [a.status.remote() for a in self._actors]
+            self._status_refs = [
+                actor.status.remote(self._log_cursor[rank])
+                for rank, actor in enumerate(self._actors)
+            ]
         ready, _ = ray.wait(self._status_refs, num_returns=len(self._status_refs), timeout=0)
         if len(ready) < len(self._status_refs):
             return
         statuses = ray.get(self._status_refs)
         self._status_refs = None
-        self._last = _aggregate(statuses)
+        self._last = replace(_aggregate(statuses), logs=self._new_lines(statuses))
         self._phase = self._last.phase
         self._error = self._last.error
+
+    def _new_lines(self, statuses: list[dict[str, Any]]) -> tuple[tuple[int, int, str], ...]:
+        lines = []
+        for rank, status in enumerate(statuses):
+            for number, line in status.get("logs", ()):
+                lines.append((rank, int(number), str(line)))
+                self._log_cursor[rank] = max(self._log_cursor[rank], int(number))
+        return tuple(lines)
 
     def _fail(self, error: str) -> None:
         self._phase = GroupPhase.FAILED

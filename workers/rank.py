@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.context import RankContext, RankInfo
+from workers.logtap import LineBuffer, Tap
 from workers.script import torchrun_env
 
 # Phases a rank reports; the group aggregates them.
@@ -35,6 +36,9 @@ class RankActor:
 
         import workers.training  # noqa: F401  (FSDP, TP, pipelining, DCP: ~1 s more)
 
+        self._logs = LineBuffer()
+        sys.stdout = Tap(sys.stdout, self._logs, "stdout")
+        sys.stderr = Tap(sys.stderr, self._logs, "stderr")
         self._stop_event = threading.Event()
         self._phase = IDLE
         self._error: str | None = None
@@ -88,9 +92,11 @@ class RankActor:
         self._thread.start()
         return str(ray.get_runtime_context().get_node_id())
 
-    def status(self) -> dict[str, Any]:
+    def status(self, log_after: int = 0) -> dict[str, Any]:
+        """Phase, progress, and the output lines numbered above `log_after`."""
         progress = self._ctx.progress() if self._ctx else None
         return {
+            "logs": self._logs.since(log_after),
             "phase": self._phase,
             "error": self._error,
             "failed_at": self._failed_at,

@@ -60,6 +60,7 @@ class TrainSpec:
     data_path: str | None = None  # uint16 token file; None: synthetic tokens
     checkpoint_interval_steps: int | None = None
     keep_last: int = 2
+    log_every: int = 10  # global rank 0 prints a progress line this often
 
     @property
     def config(self) -> GPTConfig:
@@ -120,6 +121,8 @@ def train(
         if due and checkpointer.save(step) is not None:
             saved = {"checkpoint_step": step}
         reporter.report(step=step, **metrics, **saved)
+        if _is_global_rank0() and (step in (1, spec.steps) or step % spec.log_every == 0):
+            print(_progress_line(step, spec.steps, metrics), flush=True)
     result.step = step
     if (step > result.resumed_from or result.stopped) and checkpointer.save(step) is not None:
         # at the end, and on a stop request (preemption notice)
@@ -257,6 +260,18 @@ class _Loop:
             # 6 N flops per token (forward + backward), the usual MFU estimate
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (peak * self.plan.world_size)
         return metrics
+
+
+def _progress_line(step: int, steps: int, metrics: dict[str, float]) -> str:
+    return (
+        f"step {step}/{steps} loss {metrics['loss']:.4f} "
+        f"tokens/s {metrics['tokens_per_s']:,.0f} step {metrics['step_time_s'] * 1000:.0f} ms "
+        f"grad norm {metrics['grad_norm']:.3f} lr {metrics['lr']:.2e}"
+    )
+
+
+def _is_global_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def _stream(spec: TrainSpec) -> TokenStream:

@@ -195,6 +195,7 @@ class SchedulerLoop:
                 self._executor.release(job_id)
 
     def _record_progress(self, job: JobRecord, status: GroupStatus) -> None:
+        self._repo.append_logs(job.id, job.attempt, status.logs)
         if status.step != job.step:
             self._repo.record_progress(
                 job.id,

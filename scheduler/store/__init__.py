@@ -8,6 +8,7 @@ from scheduler.store.repository import (
     JobNotFound,
     JobRecord,
     JobRepository,
+    LogLine,
     NewJob,
     StaleState,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "JobNotFound",
     "JobRecord",
     "JobRepository",
+    "LogLine",
     "NewJob",
     "StaleState",
     "make_engine",

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, delete, select, update
+from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from scheduler.core.fairshare import UsageInterval
 from scheduler.model import JobState, Node, is_legal_transition
-from scheduler.store.tables import JobEventRow, JobRow, NodeRow
+from scheduler.store.tables import JobEventRow, JobLogRow, JobRow, NodeRow
 
 
 class JobNotFound(LookupError):
@@ -85,6 +85,14 @@ class JobRecord:
     queued_at: datetime | None = None
     waited_s: float = 0.0
     attained_gpu_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LogLine:
+    attempt: int
+    rank: int
+    seq: int
+    line: str
 
 
 @dataclass(frozen=True)
@@ -302,6 +310,40 @@ class JobRepository:
                 row.first_loss = first_loss
             row.step, row.loss, row.tokens_per_s = step, loss, tokens_per_s
             row.progress_at = self._clock()
+
+    def append_logs(self, job_id: int, attempt: int, lines: Sequence[tuple[int, int, str]]) -> int:
+        """Store (rank, seq, line) output of one attempt; lines at or below a rank's
+        newest stored seq are dropped (a reattached group sends them again). Returns
+        how many were stored."""
+        if not lines:
+            return 0
+        with Session(self._engine) as session, session.begin():
+            newest = dict(
+                session.execute(
+                    select(JobLogRow.rank, func.max(JobLogRow.seq))
+                    .where(JobLogRow.job_id == job_id, JobLogRow.attempt == attempt)
+                    .group_by(JobLogRow.rank)
+                ).all()
+            )
+            fresh = [
+                JobLogRow(job_id=job_id, attempt=attempt, rank=rank, seq=seq, line=line)
+                for rank, seq, line in lines
+                if seq > newest.get(rank, 0)
+            ]
+            session.add_all(fresh)
+            return len(fresh)
+
+    def logs(self, job_id: int, *, rank: int | None = None, tail: int = 200) -> list[LogLine]:
+        """The last `tail` lines of the job (all attempts), oldest first."""
+        query = select(JobLogRow).where(JobLogRow.job_id == job_id)
+        if rank is not None:
+            query = query.where(JobLogRow.rank == rank)
+        query = query.order_by(JobLogRow.id.desc()).limit(tail)
+        with Session(self._engine) as session:
+            if session.get(JobRow, job_id) is None:
+                raise JobNotFound(job_id)
+            rows = list(session.scalars(query))
+        return [LogLine(r.attempt, r.rank, r.seq, r.line) for r in reversed(rows)]
 
     def usage_intervals(self, since: datetime) -> list[UsageInterval]:
         """GPU use of every run that started, and was still going at or after `since`

@@ -100,6 +100,19 @@ class JobEventRow(Base):
     reason: Mapped[str] = mapped_column(Text)
 
 
+class JobLogRow(Base):
+    """One line a rank printed. `seq` numbers a rank's lines within an attempt."""
+
+    __tablename__ = "job_logs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    line: Mapped[str] = mapped_column(Text)
+
+
 class NodeRow(Base):
     """The last cluster snapshot the scheduler loop saw; the API reads this, never Ray."""
 

@@ -62,6 +62,12 @@ def test_dp2_builtin_job_trains_to_success(service: Service) -> None:
     assert client.cluster().gpus_free == 8
     page = httpx.get(service.url + "/").text
     assert "demo-dp2" in page and "SUCCEEDED" in page
+    logs = client.logs(job.id)  # rank 0's progress lines, kept after the job ended
+    assert any(line.line.startswith("step 1/30 loss") for line in logs), logs
+    assert any(line.line.startswith("step 30/30 loss") for line in logs), logs
+    assert {(line.attempt, line.rank) for line in logs if "loss" in line.line} == {(1, 0)}
+    cli_logs = gangway_cli("logs", str(job.id), "--tail", "5", "--url", service.url)
+    assert "[attempt 1 rank 0] step 30/30 loss" in cli_logs
     print(f"dp=2 demo: submit -> SUCCEEDED in {elapsed:.1f} s")
 
 

@@ -163,11 +163,27 @@ def test_cancel_and_events(client: TestClient) -> None:
     ]
 
 
+def test_logs_tail_and_filter_by_rank(client: TestClient, repo: JobRepository) -> None:
+    job_id = client.post("/v1/jobs", json=body()).json()["id"]
+    repo.append_logs(job_id, 1, [(0, 1, "step 1"), (1, 1, "hello from 1"), (0, 2, "step 2")])
+    lines = client.get(f"/v1/jobs/{job_id}/logs").json()["lines"]
+    assert [(x["rank"], x["line"]) for x in lines] == [
+        (0, "step 1"),
+        (1, "hello from 1"),
+        (0, "step 2"),
+    ]
+    one = client.get(f"/v1/jobs/{job_id}/logs", params={"rank": 1, "tail": 5}).json()
+    assert one["lines"] == [{"attempt": 1, "rank": 1, "seq": 1, "line": "hello from 1"}]
+    bad = client.get(f"/v1/jobs/{job_id}/logs", params={"tail": 0})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "tail"
+
+
 def test_unknown_job_is_404_everywhere(client: TestClient) -> None:
     for method, path in [
         ("GET", "/v1/jobs/424242"),
         ("POST", "/v1/jobs/424242/cancel"),
         ("GET", "/v1/jobs/424242/events"),
+        ("GET", "/v1/jobs/424242/logs"),
     ]:
         response = client.request(method, path)
         assert response.status_code == 404

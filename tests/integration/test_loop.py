@@ -392,3 +392,16 @@ def test_a_job_without_progress_is_hung_its_stacks_kept_and_it_restarts(
     assert hung.error is not None and "stuck in job" in hung.error
     restarting = next(e for e in repo.events(job.id) if e.to_state is JobState.RESTARTING)
     assert "hung: no progress past step 5 for 61 s (limit 60 s" in restarting.reason
+
+
+def test_rank_output_reaches_the_store_once(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    job = submit(repo)
+    loop.tick()
+    lines = ((0, 1, "step 1/10 loss 5.5"), (1, 1, "rank 1 says hi"))
+    executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=1, logs=lines)
+    loop.tick()
+    loop.tick()  # the fake hands out the same lines again: the store keeps one copy
+    stored = [(x.attempt, x.rank, x.line) for x in repo.logs(job.id)]
+    assert stored == [(1, 0, "step 1/10 loss 5.5"), (1, 1, "rank 1 says hi")]

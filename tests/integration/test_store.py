@@ -158,3 +158,22 @@ def test_transitions_bank_waits_and_attained_gpu_seconds(repo: JobRepository) ->
             assert record.queued_at == now[0]
     assert (record.waited_s, record.attained_gpu_s) == (30.0, 155.0 * 4)
     assert record.queued_at == start + timedelta(seconds=117)
+
+
+def test_logs_are_kept_per_attempt_and_rank_without_repeats(repo: JobRepository) -> None:
+    job = repo.create(new_job())
+    assert repo.append_logs(job.id, 1, [(0, 1, "a0"), (1, 1, "b0"), (0, 2, "a1")]) == 3
+    # a group reattached after a service restart sends its buffer again: nothing repeats
+    assert repo.append_logs(job.id, 1, [(0, 1, "a0"), (0, 2, "a1"), (0, 3, "a2")]) == 1
+    assert repo.append_logs(job.id, 2, [(0, 1, "second attempt")]) == 1
+    assert [(x.attempt, x.rank, x.seq, x.line) for x in repo.logs(job.id)] == [
+        (1, 0, 1, "a0"),
+        (1, 1, 1, "b0"),
+        (1, 0, 2, "a1"),
+        (1, 0, 3, "a2"),
+        (2, 0, 1, "second attempt"),
+    ]
+    assert [x.line for x in repo.logs(job.id, rank=1)] == ["b0"]
+    assert [x.line for x in repo.logs(job.id, tail=2)] == ["a2", "second attempt"]
+    with pytest.raises(JobNotFound):
+        repo.logs(job.id + 100)

@@ -95,6 +95,7 @@ class GroupStatus:
     checkpoint_step: int | None = None  # the newest step the ranks have saved
     # Output lines new since the previous poll: (rank, number, line). Handed out once.
     logs: tuple[tuple[int, int, str], ...] = ()
+    lost_nodes: tuple[str, ...] = ()  # nodes whose rank actors died (a failed gang)
 
 
 class WorkerGroup:
@@ -118,6 +119,7 @@ class WorkerGroup:
         # The newest output line fetched per rank. A group attached after a service
         # restart starts at 0: the store drops lines it already has.
         self._log_cursor = [0] * spec.world_size
+        self._lost_nodes: tuple[str, ...] = ()
         self._last = GroupStatus(self._phase, ranks_started=bool(actors))
         self._error: str | None = None
 
@@ -162,13 +164,17 @@ class WorkerGroup:
             if self._phase is GroupPhase.RUNNING:
                 self._poll_running()
         except RayActorError as exc:
-            self._fail(f"a rank's actor died: {exc}")
+            self._lost_nodes = self._nodes_of_dead_ranks()
+            where = ", ".join(sorted(set(self._lost_nodes))) or "unknown"
+            self._fail(f"a rank's actor died (node {where}): {exc}")
         except PlacementMismatch as exc:
             self._fail(str(exc))
         except RayError as exc:
             self._fail(f"Ray error: {exc}")
         if self._phase in (GroupPhase.FAILED, GroupPhase.PLACEMENT_TIMEOUT):
-            self._last = replace(self._last, phase=self._phase, error=self._error)
+            self._last = replace(
+                self._last, phase=self._phase, error=self._error, lost_nodes=self._lost_nodes
+            )
         status = self._last
         if status.logs:
             self._last = replace(status, logs=())
@@ -244,6 +250,21 @@ class WorkerGroup:
         self._last = replace(_aggregate(statuses), logs=self._new_lines(statuses))
         self._phase = self._last.phase
         self._error = self._last.error
+
+    def _nodes_of_dead_ranks(self) -> tuple[str, ...]:
+        """Ask every rank once more (briefly): the nodes of those whose actor is gone. A
+        node can die long before Ray's health check calls it dead."""
+        refs = [actor.status.remote() for actor in self._actors]
+        ray.wait(refs, num_returns=len(refs), timeout=5.0)
+        dead = []
+        for rank, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError:
+                dead.append(self.spec.node_ids[rank])
+            except RayError:
+                continue  # slow, not dead
+        return tuple(dict.fromkeys(dead))
 
     def _new_lines(self, statuses: list[dict[str, Any]]) -> tuple[tuple[int, int, str], ...]:
         lines = []

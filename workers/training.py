@@ -121,7 +121,10 @@ def train(
         if due and checkpointer.save(step) is not None:
             saved = {"checkpoint_step": step}
         reporter.report(step=step, **metrics, **saved)
-        if _is_global_rank0() and (step in (1, spec.steps) or step % spec.log_every == 0):
+        first_of_attempt = step == result.resumed_from + 1
+        if _is_global_rank0() and (
+            first_of_attempt or step == spec.steps or step % spec.log_every == 0
+        ):
             print(_progress_line(step, spec.steps, metrics), flush=True)
     result.step = step
     if (step > result.resumed_from or result.stopped) and checkpointer.save(step) is not None:

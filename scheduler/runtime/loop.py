@@ -50,6 +50,7 @@ class SchedulerLoop:
         fair_share_half_life_s: float = 7 * 24 * 3600.0,
         hang_factor: float = 10.0,
         hang_min_s: float = 300.0,
+        suspect_s: float = 300.0,
     ) -> None:
         self._repo = repo
         self._cluster = cluster
@@ -64,6 +65,10 @@ class SchedulerLoop:
         # least hang_min_s) is hung: its stacks are kept and it is restarted.
         self._hang_factor = hang_factor
         self._hang_min_s = hang_min_s
+        # Nodes where a gang's actors died, and when: not placed on for suspect_s, since
+        # Ray may report a dead node alive for a while (its health check is slower).
+        self._suspect_s = suspect_s
+        self._suspects: dict[str, datetime] = {}
 
     # -- start-up ---------------------------------------------------------------------
 
@@ -100,7 +105,16 @@ class SchedulerLoop:
             stop.wait(interval_s)
 
     def _refresh_nodes(self) -> list[Node]:
-        nodes = self._cluster.nodes()
+        now = self._clock()
+        self._suspects = {
+            node: at
+            for node, at in self._suspects.items()
+            if (now - at).total_seconds() < self._suspect_s
+        }
+        nodes = [
+            replace(node, alive=False) if node.id in self._suspects else node
+            for node in self._cluster.nodes()
+        ]
         self._repo.replace_nodes(nodes)
         return nodes
 
@@ -218,6 +232,8 @@ class SchedulerLoop:
             self._transition(job, JobState.SUCCEEDED, f"all ranks finished at step {status.step}")
         elif status.phase is GroupPhase.FAILED:
             self._executor.release(job.id)
+            for node in status.lost_nodes:
+                self._suspects[node] = self._clock()
             self._fail_or_restart(job, status.error or "the gang failed")
         elif status.phase is GroupPhase.PLACEMENT_TIMEOUT:
             self._executor.release(job.id)

@@ -21,6 +21,7 @@ import pytest
 import ray
 
 from gangway import Builtin, Client, Function, JobState, Parallelism
+from scheduler.runtime.cluster import NODE_NAME_LABEL
 from tests.e2e.service import Service, wait_for
 
 pytestmark = pytest.mark.ray
@@ -247,5 +248,50 @@ def test_a_preempted_builtin_job_checkpoints_and_resumes_where_it_stopped(
         saved = sorted(p.name for p in (tmp_path / "checkpoints" / f"job-{low.id}").iterdir())
         assert saved == [f"step-{stopped_at:08d}", "step-00000400"]  # the stop, the end
         assert steps_seen and min(steps_seen) > stopped_at  # attempt 2 went on from there
+    finally:
+        service.stop()
+
+
+def test_losing_a_node_restarts_the_job_from_its_checkpoint_on_the_rest(
+    tmp_path: Path, ray_cluster: Any
+) -> None:
+    """An elastic job spans three nodes (dp=12); one node dies mid-training. The gang
+    fails fast (its actors die), the job restarts within max_restarts on the two nodes
+    left (dp=8) and resumes from its last checkpoint, resharded to the new degree."""
+    extra = ray_cluster.add_node(num_gpus=4, num_cpus=8, labels={NODE_NAME_LABEL: "local-3"})
+    ray_cluster.wait_for_nodes()
+    service = Service(data_dir=tmp_path, ray_address=ray_cluster.address)
+    try:
+        client = service.start()
+        job = client.submit(
+            name="elastic",
+            parallelism=Parallelism(dp={"min": 4, "max": 12}),
+            entrypoint=Builtin(steps=120, batch_size=1),
+            checkpoint={"interval_steps": 10},
+            max_restarts=2,
+        )
+        deadline = time.monotonic() + 180
+        while (running := client.get(job.id)).progress.step < 25:
+            assert time.monotonic() < deadline, running.status_reason
+            time.sleep(0.3)
+        assert running.placement is not None and len(running.placement) == 12
+        ray_cluster.remove_node(extra, allow_graceful=False)
+        lost_at = time.time()
+        done = client.wait(job.id, timeout_s=300, poll_s=0.5)
+        events = client.events(job.id)
+        for event in events:
+            print(f"{event.at:%H:%M:%S} {event.from_state} -> {event.to_state}: {event.reason}")
+        restart = next(e for e in events if e.to_state is JobState.RESTARTING)
+        assert "restart 1 of 2" in restart.reason
+        detected_s = restart.at.timestamp() - lost_at
+        print(f"node lost -> RESTARTING in {detected_s:.1f} s")
+        assert detected_s < 60
+        assert done.attempt == 2 and done.progress.step == 120
+        assert done.placement is not None and len(done.placement) == 8
+        assert {p.node_name for p in done.placement} == {"local-1", "local-2"}
+        logs = [x.line for x in client.logs(job.id, tail=1000) if x.attempt == done.attempt]
+        first = next(line for line in logs if line.startswith("step "))
+        resumed_step = int(first.split()[1].split("/")[0])
+        assert resumed_step > 20 and resumed_step % 10 == 1, first  # after a checkpoint
     finally:
         service.stop()

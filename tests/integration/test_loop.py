@@ -405,3 +405,20 @@ def test_rank_output_reaches_the_store_once(
     loop.tick()  # the fake hands out the same lines again: the store keeps one copy
     stored = [(x.attempt, x.rank, x.line) for x in repo.logs(job.id)]
     assert stored == [(1, 0, "step 1/10 loss 5.5"), (1, 1, "rank 1 says hi")]
+
+
+def test_a_gang_that_lost_a_node_restarts_elsewhere(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    """Ray can report a dead node alive for a while; the loop does not wait to be told."""
+    job = submit(repo, max_restarts=1)
+    loop.tick()
+    assert executor.launched[-1][2] == ("id-1", "id-1")
+    executor.statuses[job.id] = GroupStatus(
+        GroupPhase.FAILED, True, error="a rank's actor died (node id-1)", lost_nodes=("id-1",)
+    )
+    loop.tick()  # RESTARTING -> PENDING
+    loop.tick()
+    assert executor.launched[-1][:2] == (job.id, 2)
+    assert executor.launched[-1][2] == ("id-2", "id-2")
+    assert {n.name: n.alive for n in repo.nodes()} == {"local-1": False, "local-2": True}

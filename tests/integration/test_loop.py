@@ -87,9 +87,17 @@ def repo(repo: JobRepository, clock: Clock) -> JobRepository:
     return repo.with_clock(clock)
 
 
+def make_loop(
+    repo: JobRepository, executor: FakeExecutor, clock: Clock, **options: Any
+) -> SchedulerLoop:
+    return SchedulerLoop(
+        repo=repo, cluster=FakeCluster(), executor=executor, clock=clock, **options
+    )
+
+
 @pytest.fixture
 def loop(repo: JobRepository, executor: FakeExecutor, clock: Clock) -> SchedulerLoop:
-    return SchedulerLoop(repo=repo, cluster=FakeCluster(), executor=executor, clock=clock)
+    return make_loop(repo, executor, clock)
 
 
 SPEC: dict[str, Any] = {
@@ -330,12 +338,8 @@ def test_the_requeue_reason_counts_steps_lost_since_the_checkpoint(
 def test_queue_quotas_and_fair_share_reach_the_core(
     repo: JobRepository, executor: FakeExecutor, clock: Clock
 ) -> None:
-    loop = SchedulerLoop(
-        repo=repo,
-        cluster=FakeCluster(),
-        executor=executor,
-        clock=clock,
-        queues={"small": QueueQuota(guaranteed_gpus=1, borrow_limit_gpus=1)},
+    loop = make_loop(
+        repo, executor, clock, queues={"small": QueueQuota(guaranteed_gpus=1, borrow_limit_gpus=1)}
     )
     first = repo.create(
         NewJob(name="a", queue="small", priority=0, spec=SPEC, num_gpus=2, total_steps=10)
@@ -366,14 +370,7 @@ def test_an_elastic_job_starts_at_the_degree_that_fits(
 def test_a_job_without_progress_is_hung_its_stacks_kept_and_it_restarts(
     repo: JobRepository, executor: FakeExecutor, clock: Clock
 ) -> None:
-    loop = SchedulerLoop(
-        repo=repo,
-        cluster=FakeCluster(),
-        executor=executor,
-        clock=clock,
-        hang_factor=10,
-        hang_min_s=60,
-    )
+    loop = make_loop(repo, executor, clock, hang_factor=10, hang_min_s=60)
     job = submit(repo, max_restarts=1)
     loop.tick()
     executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=0)

@@ -11,7 +11,7 @@ from scheduler.core import never_fits_reason
 from scheduler.model import GangShape, Node
 from workers.entrypoints import EntrypointError, resolve_function
 from workers.model_configs import MODEL_CONFIGS
-from workers.plan import ParallelPlan, PlanError, validate_plan
+from workers.plan import PlanError, plan_from_entrypoint, validate_plan
 
 
 def validate_submission(submit: JobSubmit, shape: GangShape, nodes: Sequence[Node]) -> None:
@@ -26,19 +26,11 @@ def _check_plan(submit: JobSubmit, entrypoint: Builtin, shape: GangShape) -> Non
     """The engine's own plan checks, before anything starts. An elastic job is checked at
     its smallest and largest degree (the batch and sharding must work at both)."""
     degrees = {shape.dp_min or shape.parallelism.dp, shape.dp_max or shape.parallelism.dp}
+    # What the executor hands the ranks: the entrypoint plus the FSDP switch.
+    fields = {**entrypoint.model_dump(), "fsdp": submit.parallelism.fsdp}
+    parallelism = submit.parallelism
     for dp in sorted(degrees):
-        plan = ParallelPlan(
-            dp=dp,
-            tp=submit.parallelism.tp,
-            pp=submit.parallelism.pp,
-            fsdp=submit.parallelism.fsdp,
-            microbatches=entrypoint.microbatches,
-            pipeline_schedule=entrypoint.pipeline_schedule,
-            precision=entrypoint.precision,
-            grad_compression=entrypoint.grad_compression,
-            activation_checkpointing=entrypoint.activation_checkpointing,
-            sequence_parallel=entrypoint.sequence_parallel,
-        )
+        plan = plan_from_entrypoint(fields, dp=dp, tp=parallelism.tp, pp=parallelism.pp)
         try:
             validate_plan(plan, MODEL_CONFIGS[entrypoint.model], batch_size=entrypoint.batch_size)
         except PlanError as exc:

@@ -170,8 +170,6 @@ class JobView:
     # When the job last entered PENDING (None: at submit). Aging counts from here, so a
     # preempted job starts its wait again instead of jumping the queue at once.
     queued_at: datetime | None = None
-    # Seconds spent queued before the current queue period or run (all earlier waits).
-    waited_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

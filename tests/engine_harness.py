@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.e2e.service import free_port
 from workers.plan import ParallelPlan
 from workers.training import TrainSpec, train
 
@@ -28,12 +28,6 @@ class _StopAt:
 
     def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None:
         self.step = step
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_engine(

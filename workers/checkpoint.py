@@ -60,7 +60,7 @@ class Checkpointer:
                 _merged(models, optims, step), checkpoint_id=str(path), no_dist=_single_process()
             )
         _barrier()
-        if _is_rank0():
+        if is_rank0():
             for old in completed(self.directory)[: -self.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         _barrier()
@@ -127,7 +127,8 @@ def _single_process_is_intended() -> Iterator[None]:
         yield
 
 
-def _is_rank0() -> bool:
+def is_rank0() -> bool:
+    """Rank 0 of the default process group, or the only process when there is none."""
     return not dist.is_initialized() or dist.get_rank() == 0
 
 

@@ -10,6 +10,7 @@ Output written below Python (C++ warnings from gloo) reaches Ray's files only.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 from typing import TextIO
 
@@ -37,7 +38,10 @@ class LineBuffer:
     def since(self, after: int, limit: int = 1000) -> list[tuple[int, str]]:
         """Up to `limit` lines numbered above `after`, oldest first."""
         with self._lock:
-            return [item for item in self._lines if item[0] > after][:limit]
+            if not self._lines:
+                return []
+            start = max(0, after + 1 - self._lines[0][0])  # numbers are consecutive
+            return list(itertools.islice(self._lines, start, start + limit))
 
 
 class Tap:

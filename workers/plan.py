@@ -7,8 +7,9 @@ Field names in errors are the job spec's (`parallelism.tp`, `entrypoint.microbat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 from workers.model_configs import GPTConfig
 
@@ -70,6 +71,15 @@ class ParallelPlan:
         return range(start, start + base + (1 if stage < extra else 0))
 
 
+def plan_from_entrypoint(
+    entrypoint: Mapping[str, Any], *, dp: int, tp: int, pp: int
+) -> ParallelPlan:
+    """The plan a builtin entrypoint asks for (its plan fields; other keys are ignored).
+    The API checks submissions with it and the ranks run it, so both see one plan."""
+    chosen = {k: v for k, v in entrypoint.items() if k in _ENTRYPOINT_FIELDS}
+    return ParallelPlan(dp=dp, tp=tp, pp=pp, **chosen)
+
+
 def validate_plan(plan: ParallelPlan, model: GPTConfig, *, batch_size: int) -> None:
     """Raise PlanError for the first thing that cannot work. `batch_size` is per data-
     parallel rank and optimizer step (before gradient accumulation)."""
@@ -116,6 +126,9 @@ def _check_pipeline(plan: ParallelPlan, model: GPTConfig, batch_size: int) -> No
             "entrypoint.microbatches",
             f"interleaved 1F1B needs a multiple of pp={plan.pp} microbatches",
         )
+
+
+_ENTRYPOINT_FIELDS = {f.name for f in fields(ParallelPlan)} - {"dp", "tp", "pp"}
 
 
 def _field(axis: str) -> str:

@@ -12,16 +12,10 @@ from dataclasses import fields
 from typing import Any
 
 from workers.context import RankContext
-from workers.plan import ParallelPlan
+from workers.plan import plan_from_entrypoint
 from workers.training import TrainSpec, train
 
-_PLAN_KEYS = {f.name for f in fields(ParallelPlan)} - {"dp", "tp", "pp"}
 _SPEC_KEYS = {f.name for f in fields(TrainSpec)}
-
-
-def builtin_plan(entrypoint: dict[str, Any], *, dp: int, tp: int, pp: int) -> ParallelPlan:
-    chosen = {k: v for k, v in entrypoint.items() if k in _PLAN_KEYS}
-    return ParallelPlan(dp=dp, tp=tp, pp=pp, **chosen)
 
 
 def builtin_spec(entrypoint: dict[str, Any]) -> TrainSpec:
@@ -31,6 +25,6 @@ def builtin_spec(entrypoint: dict[str, Any]) -> TrainSpec:
 
 def train_builtin(ctx: RankContext, entrypoint: dict[str, Any]) -> dict[str, Any]:
     info = ctx.info
-    plan = builtin_plan(entrypoint, dp=info.dp, tp=info.tp, pp=info.pp)
+    plan = plan_from_entrypoint(entrypoint, dp=info.dp, tp=info.tp, pp=info.pp)
     result = train(ctx, plan, builtin_spec(entrypoint), checkpoint_dir=ctx.checkpoint_dir)
     return {"step": result.step, "resumed_from": result.resumed_from}

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from workers.checkpoint import Checkpointer
+from workers.checkpoint import Checkpointer, is_rank0
 from workers.data import SyntheticTokens, TokenFile, TokenStream, rank_slice
 from workers.gpt import next_token_loss, parameter_count
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
@@ -122,9 +122,7 @@ def train(
             saved = {"checkpoint_step": step}
         reporter.report(step=step, **metrics, **saved)
         first_of_attempt = step == result.resumed_from + 1
-        if _is_global_rank0() and (
-            first_of_attempt or step == spec.steps or step % spec.log_every == 0
-        ):
+        if is_rank0() and (first_of_attempt or step == spec.steps or step % spec.log_every == 0):
             print(_progress_line(step, spec.steps, metrics), flush=True)
     result.step = step
     if (step > result.resumed_from or result.stopped) and checkpointer.save(step) is not None:
@@ -152,6 +150,7 @@ class _Loop:
         config = spec.config
         self.tokens_per_step = plan.dp * spec.batch_size * spec.grad_accumulation * config.seq_len
         self.flops_per_token = 6 * parameter_count(config)
+        self.state_mb: float | None = None
 
     def step(self, step: int, optimizers: list[torch.optim.Optimizer]) -> dict[str, float]:
         started = time.perf_counter()
@@ -176,7 +175,9 @@ class _Loop:
         sync_s = time.perf_counter() - synced
         elapsed = time.perf_counter() - started
         metrics = self._metrics(loss_value, grad_norm, elapsed, sync_s)
-        metrics["state_mb"] = _state_bytes(self.parts.parts, optimizers) / 2**20
+        if self.state_mb is None:  # fixed once the optimizer has made its state
+            self.state_mb = _state_bytes(self.parts.parts, optimizers) / 2**20
+        metrics["state_mb"] = self.state_mb
         return metrics
 
     def _forward_backward(
@@ -271,10 +272,6 @@ def _progress_line(step: int, steps: int, metrics: dict[str, float]) -> str:
         f"tokens/s {metrics['tokens_per_s']:,.0f} step {metrics['step_time_s'] * 1000:.0f} ms "
         f"grad norm {metrics['grad_norm']:.3f} lr {metrics['lr']:.2e}"
     )
-
-
-def _is_global_rank0() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def _stream(spec: TrainSpec) -> TokenStream:

@@ -49,7 +49,6 @@ def job_view(record: JobRecord) -> JobView:
         user=record.user,
         attained_gpu_s=record.attained_gpu_s,
         queued_at=record.queued_at,
-        waited_s=record.waited_s,
     )
 
 

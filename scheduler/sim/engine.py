@@ -265,7 +265,6 @@ class Simulator:
             user=job.trace.queue,
             attained_gpu_s=job.attained_gpu_s,
             queued_at=EPOCH + timedelta(seconds=job.queued_s),
-            waited_s=job.waited_s,
         )
 
     def _run_info(self, job: SimJob, now: float) -> RunInfo:

@@ -3,8 +3,10 @@
 Model and optimizer state are saved by parameter name (optimizer state flattened to
 `state.<fqn>.<key>`), as DCP's sharded tensors: a checkpoint written by FSDP at dp=4 loads
 at dp=2, and a pipeline stage finds its layers by name whatever the pipeline degree was.
-The trainer state is the step; the data position follows from it (samples are indexed by
-step, `workers.data`), and nothing is random after init, so there is no RNG to restore.
+The trainer state is the step plus named counters (the built-in trainer keeps its data
+position, the next sample index, there: with an elastic job the global batch changes with
+dp, so the position no longer follows from the step). Nothing is random after init, so
+there is no RNG to restore.
 
 Layout: `<dir>/step-00000120/` per checkpoint; a checkpoint counts once DCP has written
 its `.metadata` (the last file it writes), so a crash mid-save leaves the previous one in
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint import FileSystemReader, state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -49,16 +51,17 @@ class Checkpointer:
     ) -> None:
         self.directory, self.parts, self.optimizers = directory, parts, optimizers
         self.keep_last = max(1, keep_last)
+        self.counters: dict[str, int] = {}  # what the newest load restored besides the step
 
-    def save(self, step: int) -> Path | None:
+    def save(self, step: int, **counters: int) -> Path | None:
+        """Save at `step`, with integer `counters` the caller wants back on resume."""
         if self.directory is None:
             return None
         path = self.directory / f"{PREFIX}{step:08d}"
         models, optims = self._state_dicts()
+        state = _merged(models, optims, step, counters)
         with _single_process_is_intended():
-            state_dict_saver.save(
-                _merged(models, optims, step), checkpoint_id=str(path), no_dist=_single_process()
-            )
+            state_dict_saver.save(state, checkpoint_id=str(path), no_dist=_single_process())
         _barrier()
         if is_rank0():
             for old in completed(self.directory)[: -self.keep_last]:
@@ -66,15 +69,19 @@ class Checkpointer:
         _barrier()
         return path
 
-    def load_latest(self) -> int:
-        """Restore the newest complete checkpoint; the step it was taken at (0: none)."""
+    def load_latest(self, *counters: str) -> int:
+        """Restore the newest complete checkpoint; the step it was taken at (0: none).
+        The named `counters` it holds land in `self.counters` (absent ones stay out)."""
+        self.counters = {}
         if self.directory is None:
             return 0
         done = completed(self.directory)
         if not done:
             return 0
         models, optims = self._state_dicts()
-        state = _merged(models, optims, 0)
+        saved = FileSystemReader(done[-1]).read_metadata().state_dict_metadata
+        held = [name for name in counters if f"trainer.{name}" in saved]
+        state = _merged(models, optims, 0, dict.fromkeys(held, 0))
         with _single_process_is_intended():  # DCP fills the tensors of every dict in place
             state_dict_loader.load(state, checkpoint_id=str(done[-1]), no_dist=_single_process())
         for part, optimizer, model_sd, optim_sd in zip(
@@ -82,7 +89,9 @@ class Checkpointer:
         ):
             set_model_state_dict(part, model_sd)
             set_optimizer_state_dict(part, optimizer, optim_sd, options=FLAT)
-        return int(state["trainer"]["step"].item())
+        trainer = {key: int(value.item()) for key, value in state["trainer"].items()}
+        self.counters = {k: v for k, v in trainer.items() if k != "step"}
+        return trainer["step"]
 
     def _state_dicts(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         models = [get_model_state_dict(part) for part in self.parts]
@@ -103,7 +112,10 @@ def completed(directory: Path) -> list[Path]:
 
 
 def _merged(
-    models: list[dict[str, Any]], optims: list[dict[str, Any]], step: int
+    models: list[dict[str, Any]],
+    optims: list[dict[str, Any]],
+    step: int,
+    counters: dict[str, int],
 ) -> dict[str, Any]:
     """One state dict over all parts: names are the full model's, so they never clash."""
     model: dict[str, Any] = {}
@@ -111,7 +123,12 @@ def _merged(
     for model_sd, optim_sd in zip(models, optims, strict=True):
         model.update(model_sd)
         optim.update(optim_sd)
-    return {"model": model, "optim": optim, "trainer": {"step": torch.tensor(step)}}
+    trainer = {"step": step, **counters}
+    return {
+        "model": model,
+        "optim": optim,
+        "trainer": {key: torch.tensor(value) for key, value in trainer.items()},
+    }
 
 
 def _single_process() -> bool:

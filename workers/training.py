@@ -30,6 +30,9 @@ from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.parallelize import ModelParts, build_mesh, build_parts
 from workers.plan import ParallelPlan, validate_plan
 
+# The checkpoint counter that holds the data position (the next sample index).
+NEXT_SAMPLE = "next_sample"
+
 # Dense bf16 peak FLOP/s by device name fragment, for MFU (per GPU).
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
 
@@ -96,11 +99,13 @@ def train(
     optimizers = [_optimizer(part, spec) for part in parts.parts]
     schedulers = [_lr_schedule(opt, spec) for opt in optimizers]
     checkpointer = Checkpointer(checkpoint_dir, parts.parts, optimizers, spec.keep_last)
-    step = checkpointer.load_latest()
+    step = checkpointer.load_latest(NEXT_SAMPLE)
     for scheduler in schedulers:  # the LR follows the restored step
         for _ in range(step):
             scheduler.step()
     loop = _Loop(plan=plan, spec=spec, mesh=mesh, parts=parts, device=device, loss_fn=loss_fn)
+    # Checkpoints written before the position was saved ran at this plan's batch.
+    loop.next_sample = checkpointer.counters.get(NEXT_SAMPLE, step * loop.samples_per_step)
     result = TrainResult(step=step, resumed_from=step)
     # The newest saved step goes out with every report, so the runtime can say how many
     # steps a stop or a crash loses.
@@ -118,14 +123,15 @@ def train(
         result.losses.append(metrics["loss"])
         interval = spec.checkpoint_interval_steps
         due = interval is not None and step % interval == 0
-        if due and checkpointer.save(step) is not None:
+        if due and checkpointer.save(step, **loop.counters()) is not None:
             saved = {"checkpoint_step": step}
         reporter.report(step=step, **metrics, **saved)
         first_of_attempt = step == result.resumed_from + 1
         if is_rank0() and (first_of_attempt or step == spec.steps or step % spec.log_every == 0):
             print(_progress_line(step, spec.steps, metrics), flush=True)
     result.step = step
-    if (step > result.resumed_from or result.stopped) and checkpointer.save(step) is not None:
+    ended = step > result.resumed_from or result.stopped
+    if ended and checkpointer.save(step, **loop.counters()) is not None:
         # at the end, and on a stop request (preemption notice)
         reporter.report(step=step, **metrics, checkpoint_step=step)
     return result
@@ -148,7 +154,10 @@ class _Loop:
         self.counts_loss = parts.last(plan) and mesh.get_local_rank("tp") == 0
         self.stream = _stream(spec)
         config = spec.config
-        self.tokens_per_step = plan.dp * spec.batch_size * spec.grad_accumulation * config.seq_len
+        self.samples_per_step = plan.dp * spec.batch_size * spec.grad_accumulation
+        self.tokens_per_step = self.samples_per_step * config.seq_len
+        # The data position: samples every earlier step consumed, at whatever dp it ran.
+        self.next_sample = 0
         self.flops_per_token = 6 * parameter_count(config)
         self.state_mb: float | None = None
 
@@ -159,13 +168,14 @@ class _Loop:
         loss = torch.zeros((), device=self.device)
         global_batch = self.plan.dp * self.spec.batch_size
         for micro in range(self.spec.grad_accumulation):
-            first_sample = ((step - 1) * self.spec.grad_accumulation + micro) * global_batch
+            first_sample = self.next_sample + micro * global_batch
             start, count = rank_slice(first_sample, global_batch, self.dp_rank, self.plan.dp)
             inputs, targets = self.stream.samples(start, count)
             last_micro = micro == self.spec.grad_accumulation - 1
             loss += self._forward_backward(
                 inputs.to(self.device), targets.to(self.device), last_micro
             )
+        self.next_sample += self.samples_per_step
         synced = time.perf_counter()
         self._sync_grads()
         grad_norm = self._clip()
@@ -179,6 +189,10 @@ class _Loop:
             self.state_mb = _state_bytes(self.parts.parts, optimizers) / 2**20
         metrics["state_mb"] = self.state_mb
         return metrics
+
+    def counters(self) -> dict[str, int]:
+        """What a checkpoint keeps besides the step."""
+        return {NEXT_SAMPLE: self.next_sample}
 
     def _forward_backward(
         self, inputs: torch.Tensor, targets: torch.Tensor, last_micro: bool

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from tests.engine_harness import run_engine
@@ -104,6 +105,25 @@ def test_checkpoint_at_dp4_resumes_at_dp2_on_the_same_curve(tmp_path: Path) -> N
     assert first["losses"] + second["losses"] == pytest.approx(whole["losses"], abs=TOLERANCE)
     kept = sorted(p.name for p in checkpoints.iterdir())
     assert kept == ["step-00000003", "step-00000006"]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # read back in-process
+def test_a_resize_keeps_the_batch_per_rank_and_the_data_position(tmp_path: Path) -> None:
+    """An elastic resize keeps each rank's batch, so the global batch follows dp; the
+    checkpoint carries the data position, and the job reads on from there."""
+    checkpoints = tmp_path / "checkpoints"
+    spec = TrainSpec(steps=5, batch_size=2)
+    run_engine(ParallelPlan(dp=2), spec, tmp_path / "dp2", checkpoint_dir=checkpoints, stop_at=3)
+    assert _saved_position(checkpoints / "step-00000003") == 3 * 4
+    resumed = run_engine(ParallelPlan(dp=4), spec, tmp_path / "dp4", checkpoint_dir=checkpoints)
+    assert (resumed["resumed_from"], resumed["step"]) == (3, 5)
+    assert _saved_position(checkpoints / "step-00000005") == 3 * 4 + 2 * 8
+
+
+def _saved_position(checkpoint: Path) -> int:
+    state = {"trainer": {"next_sample": torch.tensor(0)}}
+    dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+    return int(state["trainer"]["next_sample"].item())
 
 
 def test_the_data_stream_neither_repeats_nor_skips_across_a_change_of_dp() -> None:

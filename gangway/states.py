@@ -17,6 +17,7 @@ class JobState(enum.StrEnum):
     RUNNING = "RUNNING"
     RESTARTING = "RESTARTING"
     PREEMPTING = "PREEMPTING"
+    RESIZING = "RESIZING"  # an elastic job checkpoints, to restart at another dp
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"

@@ -19,10 +19,12 @@ RESOURCE_HOLDING_STATES = frozenset(
         JobState.RUNNING,
         JobState.RESTARTING,
         JobState.PREEMPTING,
+        JobState.RESIZING,
     }
 )
 
-# Holding states the loop drives toward running (all but PREEMPTING, which it drives out).
+# Holding states the loop drives toward running (PREEMPTING it drives out, RESIZING
+# through a checkpoint and a new launch).
 ACTIVE_STATES = (JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING)
 
 # Every legal edge. Any non-terminal state may go to CANCELLED (user) or FAILED (an error
@@ -34,11 +36,19 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.ADMITTED: frozenset({JobState.STARTING, JobState.PENDING}),
     JobState.STARTING: frozenset({JobState.RUNNING, JobState.RESTARTING, JobState.PENDING}),
     JobState.RUNNING: frozenset(
-        {JobState.SUCCEEDED, JobState.PREEMPTING, JobState.RESTARTING, JobState.PENDING}
+        {
+            JobState.SUCCEEDED,
+            JobState.PREEMPTING,
+            JobState.RESIZING,
+            JobState.RESTARTING,
+            JobState.PENDING,
+        }
     ),
     JobState.RESTARTING: frozenset({JobState.STARTING, JobState.PENDING}),
     # SUCCEEDED: the job finished its last step before it could stop.
     JobState.PREEMPTING: frozenset({JobState.PENDING, JobState.SUCCEEDED}),
+    # ADMITTED: relaunched at the new dp, from the checkpoint it wrote on the notice.
+    JobState.RESIZING: frozenset({JobState.ADMITTED, JobState.SUCCEEDED, JobState.RESTARTING}),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),

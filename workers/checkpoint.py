@@ -25,7 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader, state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -147,6 +148,21 @@ def _single_process_is_intended() -> Iterator[None]:
 def is_rank0() -> bool:
     """Rank 0 of the default process group, or the only process when there is none."""
     return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def stop_agreed(local: bool) -> bool:
+    """True on every rank if any rank was asked to stop. A notice reaches the ranks at
+    different moments; a rank that left the loop alone would wait in the checkpoint's
+    collectives while its peers wait in the next step's, until the deadline kills them.
+    One one-element all-reduce per call (the trainer calls it once a step)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return local
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    )
+    flag = torch.tensor([int(local)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _barrier() -> None:

@@ -81,14 +81,24 @@ class RankContext:
 
     def checkpointer(self, parts: Sequence[Any], optimizers: Sequence[Any]) -> Any:
         """A `workers.checkpoint.Checkpointer` for this job's model parts and their
-        optimizers (one each): `load_latest()` on start, `save(step)` when `should_stop()`
-        turns True and at the end. It does nothing when the job has no directory."""
+        optimizers (one each): `load_latest()` on start, `save(step)` when
+        `should_stop_together()` turns True and at the end. It does nothing when the job
+        has no directory."""
         from workers.checkpoint import Checkpointer
 
         return Checkpointer(self.checkpoint_dir, parts, optimizers, self._keep_last)
 
     def should_stop(self) -> bool:
+        """This rank was asked to stop. Its peers may learn it a step later: before a
+        collective such as a checkpoint, use `should_stop_together()`."""
         return self._stop_event.is_set()
+
+    def should_stop_together(self) -> bool:
+        """Whether any rank was asked to stop, the same answer on every rank. A
+        collective: every rank calls it at the same point of each step."""
+        from workers.checkpoint import stop_agreed
+
+        return stop_agreed(self.should_stop())
 
     def report(
         self,

@@ -63,7 +63,7 @@ class GroupSpec:
 
     @property
     def name(self) -> str:
-        return f"gangway-job{self.job_id}-attempt{self.attempt}"
+        return group_name(self.job_id, self.attempt)
 
     @property
     def world_size(self) -> int:
@@ -307,6 +307,23 @@ class WorkerGroup:
         self._actors = []
 
 
+def group_name(job_id: int, attempt: int) -> str:
+    return f"gangway-job{job_id}-attempt{attempt}"
+
+
+def reap(job_id: int, attempt: int) -> None:
+    """Tear down whatever Ray still runs for one attempt of a job, whatever its size: a
+    service that restarted in the middle of a resize no longer knows the old world size."""
+    name = group_name(job_id, attempt)
+    names = [
+        entry["name"]
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry["namespace"] == NAMESPACE and entry["name"].startswith(f"{name}-rank")
+    ]
+    found = [_named(actor_name) for actor_name in names]
+    _teardown(_lookup(lambda: get_placement_group(name)), [a for a in found if a is not None])
+
+
 def _teardown(pg: PlacementGroup | None, actors: list[Any]) -> None:
     for actor in actors:
         with contextlib.suppress(ValueError, RayError):
@@ -325,7 +342,11 @@ def _lookup(find: Callable[[], T]) -> T | None:
 
 
 def _named_actor(spec: GroupSpec, rank: int) -> Any | None:
-    return _lookup(lambda: ray.get_actor(_actor_name(spec, rank), namespace=NAMESPACE))
+    return _named(_actor_name(spec, rank))
+
+
+def _named(actor_name: str) -> Any | None:
+    return _lookup(lambda: ray.get_actor(actor_name, namespace=NAMESPACE))
 
 
 def _all_started(actors: list[Any]) -> bool:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from workers.checkpoint import Checkpointer, is_rank0
+from workers.checkpoint import Checkpointer, is_rank0, stop_agreed
 from workers.data import SyntheticTokens, TokenFile, TokenStream, rank_slice
 from workers.gpt import next_token_loss, parameter_count
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
@@ -112,7 +112,7 @@ def train(
     saved: dict[str, float] = {"checkpoint_step": step} if step else {}
     metrics: dict[str, float] = {}
     while step < spec.steps:
-        if reporter.should_stop():
+        if stop_agreed(reporter.should_stop()):
             result.stopped = True
             break
         step += 1

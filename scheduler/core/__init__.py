@@ -5,7 +5,15 @@ deterministic.
 """
 
 from scheduler.core.config import PolicyConfig
-from scheduler.core.decisions import Admit, Blocker, Decision, Explanation, Preempt, Wait
+from scheduler.core.decisions import (
+    Admit,
+    Blocker,
+    Decision,
+    Explanation,
+    Preempt,
+    Resize,
+    Wait,
+)
 from scheduler.core.feasibility import never_fits_reason
 from scheduler.core.ordering import queue_order, victim_order
 from scheduler.core.placement import Capacity, free_capacity, place_gang
@@ -19,6 +27,7 @@ __all__ = [
     "Explanation",
     "PolicyConfig",
     "Preempt",
+    "Resize",
     "Wait",
     "free_capacity",
     "never_fits_reason",

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from scheduler.runtime.views import gang_shape
 from scheduler.store import JobRecord
-from workers.group import GroupSpec, GroupStatus, WorkerGroup
+from workers.group import GroupSpec, GroupStatus, WorkerGroup, reap
 
 
 class Executor(Protocol):
@@ -22,6 +22,7 @@ class Executor(Protocol):
     def release(self, job_id: int) -> None: ...
     def job_ids(self) -> set[int]: ...
     def stacks(self, job_id: int) -> str: ...
+    def reap(self, job: JobRecord) -> None: ...
 
 
 def rank_entrypoint(job: JobRecord, checkpoint_root: Path | None) -> dict[str, Any]:
@@ -97,3 +98,8 @@ class RayExecutor:
     def stacks(self, job_id: int) -> str:
         group = self._groups.get(job_id)
         return group.stacks() if group is not None else "(no live ranks)"
+
+    def reap(self, job: JobRecord) -> None:
+        """Tear down what Ray runs for the job's current attempt, without attaching."""
+        self.release(job.id)
+        reap(job.id, job.attempt)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 
-from scheduler.core import Admit, PolicyConfig, Preempt, Wait, schedule
+from scheduler.core import Admit, PolicyConfig, Preempt, Resize, Wait, schedule
 from scheduler.core.fairshare import decayed_usage
 from scheduler.model import (
     ACTIVE_STATES,
@@ -26,7 +26,7 @@ from scheduler.model import (
 )
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.runtime.executor import Executor
-from scheduler.runtime.views import job_view, run_info
+from scheduler.runtime.views import gang_shape, job_view, run_info
 from scheduler.store import JobRecord, JobRepository, StaleState
 from scheduler.store.repository import utcnow
 from workers.group import GroupPhase, GroupStatus
@@ -56,9 +56,7 @@ class SchedulerLoop:
         self._cluster = cluster
         self._executor = executor
         self._clock = clock
-        # Resizing a running gang needs checkpoint-and-resume in the runtime, which it does
-        # not have yet: elastic jobs start at the largest degree that fits and keep it.
-        self._policy = replace(policy or PolicyConfig(), elastic_resize=False)
+        self._policy = policy or PolicyConfig()
         self._queues = dict(queues or {})
         self._half_life_s = fair_share_half_life_s
         # A running job whose step has not moved for hang_factor x its step time (and at
@@ -75,6 +73,12 @@ class SchedulerLoop:
     def reconcile(self) -> None:
         """Match every active job in the store with what Ray runs: reattach or requeue."""
         for job in self._repo.in_states(RESOURCE_HOLDING_STATES):
+            if job.state is JobState.RESIZING:
+                # The store holds the new placement; the old gang cannot be attached by
+                # it, so it goes, and the job resumes from its newest checkpoint.
+                self._executor.reap(job)
+                self._relaunch(job, "the service restarted during the resize")
+                continue
             running = job.state in (JobState.RUNNING, JobState.PREEMPTING)
             if running and self._executor.attach(job):
                 log.info("job %s: reattached to its running ranks", job.id)
@@ -135,10 +139,10 @@ class SchedulerLoop:
                 self._admit(records[decision.job_id], decision)
             elif isinstance(decision, Preempt):
                 self._preempt(records[decision.job_id], decision)
-            elif isinstance(decision, Wait):
+            elif isinstance(decision, Resize):
+                self._resize(records[decision.job_id], decision)
+            else:
                 self._explain(records[decision.job_id], decision)
-            else:  # Resize: not produced while elastic_resize is off (see __init__)
-                log.error("job %s: ignoring unexpected %s", decision.job_id, decision)
 
     def _recent_usage(self, now: datetime) -> dict[tuple[str, str], float]:
         """Decayed GPU-seconds per (queue, user); runs older than 10 half-lives count < 0.1%."""
@@ -169,6 +173,21 @@ class SchedulerLoop:
         if preempting.state is JobState.PREEMPTING:
             self._executor.stop(job.id)
 
+    def _resize(self, job: JobRecord, decision: Resize) -> None:
+        """Take the new placement in the store at once (the core counts it from now on)
+        and send the stop notice; the gang restarts at the new dp once it has saved."""
+        deadline = self._clock() + timedelta(seconds=self._policy.checkpoint_grace_s)
+        resizing = self._transition(
+            job,
+            JobState.RESIZING,
+            f"{decision.reason}; checkpointing to restart at dp={decision.dp}",
+            placement=list(decision.placement.node_ids),
+            num_gpus=len(decision.placement.node_ids) * job_view(job).shape.gpus_per_rank,
+            preempt_deadline=deadline,
+        )
+        if resizing.state is JobState.RESIZING:
+            self._executor.stop(job.id)
+
     def _admit(self, job: JobRecord, decision: Admit) -> None:
         try:
             admitted = self._repo.transition(
@@ -177,6 +196,7 @@ class SchedulerLoop:
                 expected=JobState.PENDING,
                 reason=decision.reason,
                 placement=list(decision.placement.node_ids),
+                num_gpus=len(decision.placement.node_ids) * job_view(job).shape.gpus_per_rank,
                 attempt=job.attempt + 1,
                 error=None,
                 step=0,
@@ -185,13 +205,30 @@ class SchedulerLoop:
             )
         except StaleState:
             return  # cancelled meanwhile
+        self._launch(admitted)
+
+    def _relaunch(self, job: JobRecord, why: str) -> None:
+        """A resized job's next attempt, on the placement the store already holds."""
+        dp = gang_shape(job.spec, job.placement).parallelism.dp
+        admitted = self._transition(
+            job,
+            JobState.ADMITTED,
+            f"{why}; relaunching at dp={dp}",
+            attempt=job.attempt + 1,
+            preempt_deadline=None,
+            error=None,
+        )
+        if admitted.state is JobState.ADMITTED:
+            self._launch(admitted)
+
+    def _launch(self, admitted: JobRecord) -> None:
         try:
             self._executor.launch(admitted)
         except Exception as exc:
-            log.exception("job %s: launch failed", job.id)
+            log.exception("job %s: launch failed", admitted.id)
             self._requeue(admitted, f"could not launch on Ray: {exc}")
             return
-        ranks = len(decision.placement.node_ids)
+        ranks = len(admitted.placement or ())
         self._transition(
             admitted, JobState.STARTING, f"placement group requested; starting {ranks} ranks"
         )
@@ -203,6 +240,8 @@ class SchedulerLoop:
             job = self._repo.get(job_id)
             if job.state is JobState.PREEMPTING:
                 self._observe_preempting(job, status)
+            elif job.state is JobState.RESIZING:
+                self._observe_resizing(job, status)
             elif job.state in ACTIVE_STATES:
                 self._observe(job, status)
             else:
@@ -277,18 +316,46 @@ class SchedulerLoop:
 
     def _observe_preempting(self, job: JobRecord, status: GroupStatus) -> None:
         """Requeue once the ranks have stopped, or at the deadline (then they are killed)."""
+        stopped = self._stopped(job, status)
+        if stopped is None:
+            return
+        where, resume = stopped
+        self._transition(
+            job,
+            JobState.PENDING,
+            f"{where} and requeued; {resume}",
+            placement=None,
+            preempt_deadline=None,
+        )
+
+    def _observe_resizing(self, job: JobRecord, status: GroupStatus) -> None:
+        """Relaunch at the new placement once the ranks have saved and exited (or at the
+        deadline, from the checkpoint before). A rank that crashed is a failure."""
+        if status.phase is GroupPhase.FAILED:
+            self._record_progress(job, status)
+            self._executor.release(job.id)
+            self._fail_or_restart(job, status.error or "the gang failed while resizing")
+            return
+        stopped = self._stopped(job, status)
+        if stopped is not None:
+            self._relaunch(job, "; ".join(stopped))
+
+    def _stopped(self, job: JobRecord, status: GroupStatus) -> tuple[str, str] | None:
+        """For a gang sent the stop notice: None while it may still stop on its own;
+        otherwise release it and say where it stopped and what it resumes from (a job
+        that finished meanwhile succeeds, and the answer is None too)."""
         self._record_progress(job, status)
         exited = status.phase in (GroupPhase.SUCCEEDED, GroupPhase.FAILED)
         deadline = job.preempt_deadline
         if not exited and (deadline is None or self._clock() < deadline):
-            return
+            return None
         self._executor.release(job.id)
         finished = job.total_steps is not None and status.step >= job.total_steps
         if status.phase is GroupPhase.SUCCEEDED and finished:
             self._transition(
-                job, JobState.SUCCEEDED, f"finished at step {status.step} while preempted"
+                job, JobState.SUCCEEDED, f"finished at step {status.step} while stopping"
             )
-            return
+            return None
         how = "stopped" if exited else "killed at the deadline"
         saved = status.checkpoint_step
         resume = (
@@ -296,13 +363,7 @@ class SchedulerLoop:
             if saved is not None
             else f"no checkpoint, so it restarts from step 0 ({status.step} steps lost)"
         )
-        self._transition(
-            job,
-            JobState.PENDING,
-            f"{how} at step {status.step} and requeued; {resume}",
-            placement=None,
-            preempt_deadline=None,
-        )
+        return f"{how} at step {status.step}", resume
 
     def _fail_or_restart(self, job: JobRecord, error: str) -> None:
         max_restarts = int(job.spec.get("max_restarts", 0))

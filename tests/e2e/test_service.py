@@ -295,3 +295,57 @@ def test_losing_a_node_restarts_the_job_from_its_checkpoint_on_the_rest(
         assert resumed_step > 20 and resumed_step % 10 == 1, first  # after a checkpoint
     finally:
         service.stop()
+
+
+def test_an_elastic_job_grows_and_shrinks_through_checkpoints(service: Service) -> None:
+    """An elastic job (dp 2..8) starts at dp=4 beside a blocker; the blocker goes, so it
+    grows to dp=8; a high-priority job arrives, so it shrinks to dp=4 instead of anyone
+    being preempted; the high job ends, so it grows again. Every resize saves on the
+    notice and the next attempt goes on from that step: no step lost."""
+    service.env.update(GANGWAY_CHECKPOINT_GRACE_S="60")
+    client = service.start()
+    blocker = client.submit(
+        name="blocker", parallelism=Parallelism(dp=4), entrypoint=Builtin(steps=100_000)
+    )
+    wait_for(client, blocker.id, "stepping")
+    elastic = client.submit(
+        name="elastic",
+        parallelism=Parallelism(dp={"min": 2, "max": 8}),
+        entrypoint=Builtin(steps=400, batch_size=1),
+    )
+    assert len(wait_for(client, elastic.id, "stepping").placement or ()) == 4
+    client.cancel(blocker.id)
+    wait_for_attempt(client, elastic.id, 2)
+    high = client.submit(
+        name="high", priority=10, parallelism=Parallelism(dp=4), entrypoint=Builtin(steps=5)
+    )
+    assert client.wait(high.id, timeout_s=120, poll_s=0.3).state is JobState.SUCCEEDED
+    done = client.wait(elastic.id, timeout_s=300, poll_s=0.5)
+    events = client.events(elastic.id)
+    for event in events:
+        print(f"{event.at:%H:%M:%S} {event.from_state} -> {event.to_state}: {event.reason}")
+    resizes = [e.reason for e in events if e.to_state is JobState.RESIZING]
+    assert "grown from dp=4 to dp=8" in resizes[0]
+    assert f"shrunk from dp=8 to dp=4 to make room for job {high.id}" in resizes[1]
+    assert "grown from dp=4 to dp=8" in resizes[2]
+    assert "PREEMPTING" not in states(client, elastic.id) + states(client, high.id)
+    relaunches = [e.reason for e in events if e.from_state is JobState.RESIZING]
+    assert len(relaunches) == 3 and all("(0 steps lost)" in r for r in relaunches), relaunches
+    assert done.state is JobState.SUCCEEDED and done.progress.step == 400
+    assert done.attempt == 4 and len(done.placement or ()) == 8
+    logs = client.logs(elastic.id, tail=2000)
+    for relaunch, attempt in zip(relaunches, (2, 3, 4), strict=True):
+        stopped_at = int(relaunch.split("stopped at step ")[1].split(";")[0])
+        first = next(x.line for x in logs if x.attempt == attempt and x.line.startswith("step "))
+        assert first.startswith(f"step {stopped_at + 1}/400"), (relaunch, first)
+
+
+def wait_for_attempt(client: Client, job_id: int, attempt: int, timeout_s: float = 120) -> None:
+    """Until `attempt` has trained a step (its rank 0 prints one on its first step)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(
+        x.attempt == attempt and x.line.startswith("step ") for x in client.logs(job_id)
+    ):
+        job = client.get(job_id)
+        assert time.monotonic() < deadline and not job.state.is_terminal, job.status_reason
+        time.sleep(0.3)

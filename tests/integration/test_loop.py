@@ -34,6 +34,11 @@ class FakeExecutor:
     released: list[int] = field(default_factory=list)
     stopped: list[int] = field(default_factory=list)
     attachable: set[int] = field(default_factory=set)
+    reaped: list[tuple[int, int]] = field(default_factory=list)
+
+    def reap(self, job: JobRecord) -> None:
+        self.release(job.id)
+        self.reaped.append((job.id, job.attempt))
 
     def stop(self, job_id: int) -> None:
         self.stopped.append(job_id)
@@ -365,6 +370,123 @@ def test_an_elastic_job_starts_at_the_degree_that_fits(
     assert started.placement is not None and len(started.placement) == 3
     assert group_spec(started).dp == 3
     assert blocker.id in executor.statuses
+
+
+ELASTIC = {"dp": {"min": 2, "max": 8}, "tp": 1, "pp": 1}
+
+
+def running_elastic_job(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, *, blocker_dp: int
+) -> tuple[JobRecord, JobRecord]:
+    """An elastic job (dp 2..8) running beside a blocker of `blocker_dp` GPUs."""
+    blocker = submit(repo, dp=blocker_dp)
+    loop.tick()
+    elastic = submit(repo, parallelism=ELASTIC)
+    loop.tick()
+    for job in (blocker, elastic):
+        executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=4)
+    loop.tick()
+    return blocker, repo.get(elastic.id)
+
+
+def test_an_elastic_job_grows_onto_freed_gpus_through_a_checkpoint(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    blocker, elastic = running_elastic_job(repo, loop, executor, blocker_dp=5)
+    assert group_spec(elastic).dp == 3 and elastic.state is JobState.RUNNING
+    executor.statuses[blocker.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
+    loop.tick()  # sees the blocker finish
+    loop.tick()  # grows onto its GPUs
+    resizing = repo.get(elastic.id)
+    assert resizing.state is JobState.RESIZING
+    assert resizing.placement is not None and len(resizing.placement) == 8  # held at once
+    assert resizing.num_gpus == 8
+    assert "grown from dp=3 to dp=8" in resizing.status_reason
+    assert executor.stopped == [elastic.id]
+
+    loop.tick()  # still saving: no relaunch yet
+    assert repo.get(elastic.id).state is JobState.RESIZING
+    executor.statuses[elastic.id] = GroupStatus(
+        GroupPhase.SUCCEEDED, True, step=6, checkpoint_step=6
+    )
+    loop.tick()
+    relaunched = repo.get(elastic.id)
+    assert relaunched.state is JobState.STARTING and relaunched.attempt == 2
+    assert executor.launched[-1] == (elastic.id, 2, relaunched.placement)
+    assert group_spec(relaunched).dp == 8
+    admitted = [e for e in repo.events(elastic.id) if e.to_state is JobState.ADMITTED][-1]
+    assert admitted.reason == (
+        "stopped at step 6; resumes from its checkpoint at step 6 (0 steps lost); "
+        "relaunching at dp=8"
+    )
+    assert transitions(repo, elastic.id)[-4:] == ["RUNNING", "RESIZING", "ADMITTED", "STARTING"]
+
+
+def test_an_elastic_job_shrinks_for_a_higher_priority_job_before_any_preemption(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
+) -> None:
+    blocker, elastic = running_elastic_job(repo, loop, executor, blocker_dp=2)
+    assert group_spec(elastic).dp == 6
+    high = submit(repo, dp=3, priority=5)
+    loop.tick()
+    shrinking = repo.get(elastic.id)
+    assert shrinking.state is JobState.RESIZING and group_spec(shrinking).dp == 3
+    assert repo.get(blocker.id).state is JobState.RUNNING  # nobody preempted
+    waiting = repo.get(high.id)
+    assert waiting.state is JobState.PENDING
+    assert waiting.explanation is not None and waiting.explanation["blocker"] == "preempting"
+
+    executor.statuses[elastic.id] = GroupStatus(
+        GroupPhase.SUCCEEDED, True, step=9, checkpoint_step=9
+    )
+    loop.tick()
+    assert repo.get(elastic.id).state is JobState.STARTING
+    assert repo.get(high.id).state is JobState.STARTING
+
+
+def test_a_resize_past_its_deadline_relaunches_from_the_previous_checkpoint(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
+) -> None:
+    blocker, elastic = running_elastic_job(repo, loop, executor, blocker_dp=5)
+    executor.statuses[blocker.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
+    loop.tick()  # sees the blocker finish
+    loop.tick()  # grows onto its GPUs
+    executor.statuses[elastic.id] = GroupStatus(GroupPhase.RUNNING, True, step=7, checkpoint_step=5)
+    clock.now += timedelta(minutes=10)
+    loop.tick()
+    relaunched = repo.get(elastic.id)
+    assert relaunched.state is JobState.STARTING and relaunched.attempt == 2
+    reason = repo.events(elastic.id)[-2].reason
+    assert "killed at the deadline at step 7; resumes from its checkpoint at step 5" in reason
+    assert "(2 steps lost)" in reason
+
+
+def test_a_rank_that_crashes_while_resizing_fails_the_job(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    blocker, elastic = running_elastic_job(repo, loop, executor, blocker_dp=5)
+    executor.statuses[blocker.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
+    loop.tick()  # sees the blocker finish
+    loop.tick()  # grows onto its GPUs
+    executor.statuses[elastic.id] = GroupStatus(GroupPhase.FAILED, True, step=5, error="disk full")
+    loop.tick()
+    failed = repo.get(elastic.id)
+    assert failed.state is JobState.FAILED and failed.error == "disk full"
+
+
+def test_a_service_restart_mid_resize_reaps_the_old_gang_and_relaunches(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
+) -> None:
+    blocker, elastic = running_elastic_job(repo, loop, executor, blocker_dp=5)
+    executor.statuses[blocker.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
+    loop.tick()  # sees the blocker finish
+    loop.tick()  # grows onto its GPUs
+    fresh = FakeExecutor()
+    make_loop(repo, fresh, clock).reconcile()
+    assert fresh.reaped == [(elastic.id, 1)]
+    relaunched = repo.get(elastic.id)
+    assert relaunched.state is JobState.STARTING and relaunched.attempt == 2
+    assert fresh.launched == [(elastic.id, 2, relaunched.placement)]
 
 
 def test_a_job_without_progress_is_hung_its_stacks_kept_and_it_restarts(

@@ -12,6 +12,7 @@ from gangway.models import (
     NodeInfo,
     Progress,
     RankPlacement,
+    Straggler,
     WaitExplanation,
 )
 from scheduler.core import free_capacity
@@ -54,6 +55,15 @@ def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:
             first_loss=job.first_loss,
             tokens_per_s=job.tokens_per_s,
             updated_at=job.progress_at,
+            stragglers=[
+                Straggler(
+                    rank=s["rank"],
+                    node_name=node_names.get(s["node_id"], s["node_id"]),
+                    local_s=s["local_s"],
+                    ratio=s["ratio"],
+                )
+                for s in job.stragglers
+            ],
         ),
     )
 

@@ -18,6 +18,7 @@ from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.executor import RayExecutor
 from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
 from scheduler.runtime.loop import SchedulerLoop
+from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRepository, make_engine, upgrade_to_head
 
 log = logging.getLogger("gangway")
@@ -48,6 +49,9 @@ class Runtime:
             fair_share_half_life_s=self._settings.fair_share_half_life_s,
             hang_factor=self._settings.hang_factor,
             hang_min_s=self._settings.hang_min_s,
+            stragglers=StragglerWatch(
+                factor=self._settings.straggler_factor, window=self._settings.straggler_window
+            ),
         )
         loop.reconcile()
         self._thread = threading.Thread(

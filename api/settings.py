@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     placement_timeout_s: float = Field(120.0, gt=0)
     hang_factor: float = Field(10.0, gt=1, description="x recent step time without progress")
     hang_min_s: float = Field(300.0, gt=0, description="never call a job hung sooner")
+    straggler_factor: float = Field(
+        1.5, gt=1, description="a rank this many times slower than the gang's median is flagged"
+    )
+    straggler_window: int = Field(10, ge=3, description="polls with progress a flag looks at")
     # Scheduling policy (see scheduler.core.config.PolicyConfig for what each one bounds).
     aging_interval_s: float = Field(3600.0, gt=0)
     min_runtime_s: float = Field(600.0, ge=0)

@@ -158,6 +158,15 @@ class RankPlacement(BaseModel):
     node_name: str
 
 
+class Straggler(BaseModel):
+    """A rank persistently slower than its peers in work that waits on no peer."""
+
+    rank: int
+    node_name: str
+    local_s: float = Field(description="its median seconds of local work per step")
+    ratio: float = Field(description="that over the gang's median")
+
+
 class Progress(BaseModel):
     step: int
     total_steps: int | None
@@ -165,6 +174,9 @@ class Progress(BaseModel):
     first_loss: float | None
     tokens_per_s: float | None
     updated_at: datetime | None
+    stragglers: list[Straggler] = Field(
+        default_factory=list, description="ranks of this attempt flagged as slow"
+    )
 
 
 class WaitExplanation(BaseModel):

@@ -22,12 +22,13 @@ class _StopAt:
 
     def __init__(self, stop_at: int | None) -> None:
         self.stop_at, self.step = stop_at, 0
+        self.metrics: dict[str, Any] = {}
 
     def should_stop(self) -> bool:
         return self.stop_at is not None and self.step >= self.stop_at
 
     def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None:
-        self.step = step
+        self.step, self.metrics = step, metrics
 
 
 def run_engine(
@@ -38,7 +39,8 @@ def run_engine(
     checkpoint_dir: Path | None = None,
     stop_at: int | None = None,
 ) -> dict[str, Any]:
-    """Train on plan.world_size processes; rank 0's result: losses, resumed_from, step."""
+    """Train on plan.world_size processes; rank 0's result: losses, resumed_from, step,
+    and the metrics it reported last."""
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "world": plan.world_size,
@@ -59,8 +61,9 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
     url = f"tcp://127.0.0.1:{job['port']}"
     dist.init_process_group("gloo", init_method=url, rank=rank, world_size=job["world"])
     try:
+        reporter = _StopAt(job["stop_at"])
         result = train(
-            _StopAt(job["stop_at"]),
+            reporter,
             ParallelPlan(**job["plan"]),
             TrainSpec(**job["spec"]),
             checkpoint_dir=job["checkpoint_dir"],
@@ -70,6 +73,7 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
                 "losses": result.losses,
                 "resumed_from": result.resumed_from,
                 "step": result.step,
+                "metrics": reporter.metrics,
             }
             Path(job["out"], "rank0.json").write_text(json.dumps(payload))
         dist.barrier()  # no rank tears gloo down while a peer still talks to it

@@ -96,6 +96,8 @@ class GroupStatus:
     # Output lines new since the previous poll: (rank, number, line). Handed out once.
     logs: tuple[tuple[int, int, str], ...] = ()
     lost_nodes: tuple[str, ...] = ()  # nodes whose rank actors died (a failed gang)
+    # Per rank, the latest step's time in work that waits on no peer (None: not reported).
+    rank_local_s: tuple[float | None, ...] = ()
 
 
 class WorkerGroup:
@@ -363,6 +365,7 @@ def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     progress = {key: lead[key] for key in ("step", "loss", "first_loss", "tokens_per_s")}
     saved = lead.get("checkpoint_step")  # absent from actors started by an older release
     progress["checkpoint_step"] = int(saved) if saved is not None else None
+    progress["rank_local_s"] = tuple(s.get("local_s") for s in statuses)
     phases = Counter(s["phase"] for s in statuses)
     if phases[FAILED]:
         return GroupStatus(

@@ -105,6 +105,7 @@ class RankActor:
             "first_loss": progress.first_loss if progress else None,
             "tokens_per_s": progress.tokens_per_s if progress else None,
             "checkpoint_step": progress.metrics.get("checkpoint_step") if progress else None,
+            "local_s": progress.metrics.get("local_s") if progress else None,
             "reported_at": progress.reported_at if progress else 0.0,
             "pid": os.getpid(),
         }

@@ -160,6 +160,7 @@ class _Loop:
         self.next_sample = 0
         self.flops_per_token = 6 * parameter_count(config)
         self.state_mb: float | None = None
+        self.local = _LocalTimer(device)
 
     def step(self, step: int, optimizers: list[torch.optim.Optimizer]) -> dict[str, float]:
         started = time.perf_counter()
@@ -185,6 +186,9 @@ class _Loop:
         sync_s = time.perf_counter() - synced
         elapsed = time.perf_counter() - started
         metrics = self._metrics(loss_value, grad_norm, elapsed, sync_s)
+        local_s = self.local.total_s()  # after _global_loss's .item(): the events are done
+        if local_s is not None:
+            metrics["local_s"] = local_s
         if self.state_mb is None:  # fixed once the optimizer has made its state
             self.state_mb = _state_bytes(self.parts.parts, optimizers) / 2**20
         metrics["state_mb"] = self.state_mb
@@ -213,7 +217,9 @@ class _Loop:
                 ddp.no_sync() if ddp is not None and not last_micro else contextlib.nullcontext()
             )
             with no_sync:
-                loss = self.loss_fn(model(inputs), targets)
+                with self.local.span():  # no peer takes part in a forward without TP/FSDP
+                    output = model(inputs)
+                loss = self.loss_fn(output, targets)
                 loss.backward()  # type: ignore[no-untyped-call]
             return loss.detach()
 
@@ -278,6 +284,48 @@ class _Loop:
             # 6 N flops per token (forward + backward), the usual MFU estimate
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (peak * self.plan.world_size)
         return metrics
+
+
+class _LocalTimer:
+    """Time in work that waits on no peer (`local_s`, the runtime's straggler signal).
+
+    A peer's wait hides in every synchronised step time: each rank's step takes as long as
+    the slowest's. A forward pass of plain data parallel involves no collective, so its
+    time is this rank's own speed. CUDA events on the compute stream (read once the step
+    has synchronised), wall time on CPU. Not measured under a pipeline schedule, whose
+    forwards interleave with sends and receives; under TP or FSDP the forward holds their
+    collectives, so a slow rank slows its group's forwards alike.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.spans: list[Any] = []
+
+    @contextlib.contextmanager
+    def span(self) -> Iterator[None]:
+        if self.cuda:
+            start, end = _timing_event(), _timing_event()
+            start.record()
+            yield
+            end.record()
+            self.spans.append((start, end))
+        else:
+            began = time.perf_counter()
+            yield
+            self.spans.append(time.perf_counter() - began)
+
+    def total_s(self) -> float | None:
+        """The step's total, then start over; None when nothing was timed."""
+        spans, self.spans = self.spans, []
+        if not spans:
+            return None
+        if self.cuda:
+            return float(sum(start.elapsed_time(end) for start, end in spans)) / 1000.0
+        return float(sum(spans))
+
+
+def _timing_event() -> Any:
+    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
 
 def _progress_line(step: int, steps: int, metrics: dict[str, float]) -> str:

@@ -26,6 +26,7 @@ from scheduler.model import (
 )
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.runtime.executor import Executor
+from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.runtime.views import gang_shape, job_view, run_info
 from scheduler.store import JobRecord, JobRepository, StaleState
 from scheduler.store.repository import utcnow
@@ -51,6 +52,7 @@ class SchedulerLoop:
         hang_factor: float = 10.0,
         hang_min_s: float = 300.0,
         suspect_s: float = 300.0,
+        stragglers: StragglerWatch | None = None,
     ) -> None:
         self._repo = repo
         self._cluster = cluster
@@ -67,6 +69,8 @@ class SchedulerLoop:
         # Ray may report a dead node alive for a while (its health check is slower).
         self._suspect_s = suspect_s
         self._suspects: dict[str, datetime] = {}
+        self._stragglers = stragglers or StragglerWatch()
+        self._node_names: dict[str, str] = {}
 
     # -- start-up ---------------------------------------------------------------------
 
@@ -120,6 +124,7 @@ class SchedulerLoop:
             for node in self._cluster.nodes()
         ]
         self._repo.replace_nodes(nodes)
+        self._node_names = {node.id: node.name for node in nodes}
         return nodes
 
     def _release_inactive_groups(self) -> None:
@@ -199,6 +204,7 @@ class SchedulerLoop:
                 num_gpus=len(decision.placement.node_ids) * job_view(job).shape.gpus_per_rank,
                 attempt=job.attempt + 1,
                 error=None,
+                stragglers=None,
                 step=0,
                 loss=None,
                 tokens_per_s=None,
@@ -217,6 +223,7 @@ class SchedulerLoop:
             attempt=job.attempt + 1,
             preempt_deadline=None,
             error=None,
+            stragglers=None,
         )
         if admitted.state is JobState.ADMITTED:
             self._launch(admitted)
@@ -236,6 +243,7 @@ class SchedulerLoop:
     # -- polling ----------------------------------------------------------------------
 
     def _poll_groups(self) -> None:
+        self._stragglers.keep_only(self._executor.job_ids())
         for job_id, status in self._executor.poll().items():
             job = self._repo.get(job_id)
             if job.state is JobState.PREEMPTING:
@@ -257,6 +265,38 @@ class SchedulerLoop:
                 first_loss=status.first_loss,
                 tokens_per_s=status.tokens_per_s,
             )
+            self._watch_stragglers(job, status)
+
+    def _watch_stragglers(self, job: JobRecord, status: GroupStatus) -> None:
+        """Flag ranks persistently slower than their peers (and unflag them), once per
+        change: the job's `stragglers` and an event that keeps its state."""
+        found = self._stragglers.observe(job.id, job.attempt, status.rank_local_s)
+        if found is None or job.placement is None:
+            return
+        if [s.rank for s in found] == [s["rank"] for s in job.stragglers]:
+            return
+        window = self._stragglers.window
+        flagged = [
+            {
+                "rank": s.rank,
+                "node_id": job.placement[s.rank],
+                "local_s": round(s.local_s, 4),
+                "ratio": round(s.ratio, 2),
+            }
+            for s in found
+        ]
+        placement = job.placement
+        described = "; ".join(
+            f"rank {s.rank} on {self._node_names.get(placement[s.rank], placement[s.rank])} "
+            f"needs {s.local_s:.3f} s of local work per step, {s.ratio:.1f}x the gang's median"
+            for s in found
+        )
+        reason = (
+            f"straggler: {described} (median over the last {window} polls)"
+            if flagged
+            else f"no straggler: every rank within {self._stragglers.factor:g}x of the median"
+        )
+        self._repo.flag_stragglers(job.id, flagged, reason)
 
     def _observe(self, job: JobRecord, status: GroupStatus) -> None:
         self._record_progress(job, status)

@@ -85,6 +85,7 @@ class JobRecord:
     queued_at: datetime | None = None
     waited_s: float = 0.0
     attained_gpu_s: float = 0.0
+    stragglers: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,24 @@ class JobRepository:
             row.step, row.loss, row.tokens_per_s = step, loss, tokens_per_s
             row.progress_at = self._clock()
 
+    def flag_stragglers(
+        self, job_id: int, stragglers: Sequence[dict[str, Any]], reason: str
+    ) -> None:
+        """Replace the job's flagged ranks and say so in an event that keeps the state
+        (from = to): not a state change, but something its owner should see in the
+        timeline."""
+        now = self._clock()
+        with Session(self._engine) as session, session.begin():
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise JobNotFound(job_id)
+            row.stragglers = list(stragglers)
+            session.add(
+                JobEventRow(
+                    job_id=job_id, at=now, from_state=row.state, to_state=row.state, reason=reason
+                )
+            )
+
     def append_logs(self, job_id: int, attempt: int, lines: Sequence[tuple[int, int, str]]) -> int:
         """Store (rank, seq, line) output of one attempt; lines at or below a rank's
         newest stored seq are dropped (a reattached group sends them again). Returns
@@ -434,6 +453,7 @@ def _job_record(row: JobRow) -> JobRecord:
         queued_at=row.queued_at,
         waited_s=row.waited_s,
         attained_gpu_s=row.attained_gpu_s,
+        stragglers=tuple(row.stragglers or ()),
     )
 
 

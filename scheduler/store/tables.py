@@ -87,6 +87,9 @@ class JobRow(Base):
     queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     waited_s: Mapped[float] = mapped_column(Float, nullable=False, server_default="0")
     attained_gpu_s: Mapped[float] = mapped_column(Float, nullable=False, server_default="0")
+    # Ranks of the current attempt flagged as slower than their peers ({rank, node_id,
+    # local_s, ratio} each); cleared when the job is admitted again.
+    stragglers: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
 
 
 class JobEventRow(Base):

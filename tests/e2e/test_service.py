@@ -343,9 +343,7 @@ def test_an_elastic_job_grows_and_shrinks_through_checkpoints(service: Service) 
 def wait_for_attempt(client: Client, job_id: int, attempt: int, timeout_s: float = 120) -> None:
     """Until `attempt` has trained a step (its rank 0 prints one on its first step)."""
     deadline = time.monotonic() + timeout_s
-    while not any(
-        x.attempt == attempt and x.line.startswith("step ") for x in client.logs(job_id)
-    ):
+    while not any(x.attempt == attempt and x.line.startswith("step ") for x in client.logs(job_id)):
         job = client.get(job_id)
         assert time.monotonic() < deadline and not job.state.is_terminal, job.status_reason
         time.sleep(0.3)

@@ -11,6 +11,7 @@ import pytest
 from scheduler.model import JobState, Node, QueueQuota
 from scheduler.runtime.executor import group_spec
 from scheduler.runtime.loop import SchedulerLoop
+from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRecord, JobRepository, NewJob
 from workers.group import GroupPhase, GroupStatus
 
@@ -487,6 +488,37 @@ def test_a_service_restart_mid_resize_reaps_the_old_gang_and_relaunches(
     relaunched = repo.get(elastic.id)
     assert relaunched.state is JobState.STARTING and relaunched.attempt == 2
     assert fresh.launched == [(elastic.id, 2, relaunched.placement)]
+
+
+def test_a_persistently_slow_rank_is_flagged_and_unflagged_in_events(
+    repo: JobRepository, executor: FakeExecutor, clock: Clock
+) -> None:
+    loop = make_loop(repo, executor, clock, stragglers=StragglerWatch(window=3))
+    job = submit(repo, dp=3)
+    loop.tick()
+
+    def steps(first: int, local_s: tuple[float, ...]) -> None:
+        for step in range(first, first + 3):
+            executor.statuses[job.id] = GroupStatus(
+                GroupPhase.RUNNING, True, step=step, rank_local_s=local_s
+            )
+            loop.tick()
+
+    steps(1, (0.10, 0.31, 0.11))
+    flagged = repo.get(job.id)
+    assert flagged.state is JobState.RUNNING
+    assert flagged.stragglers == ({"rank": 1, "node_id": "id-1", "local_s": 0.31, "ratio": 2.82},)
+    note = repo.events(job.id)[-1]
+    assert note.from_state is note.to_state is JobState.RUNNING
+    assert note.reason == (
+        "straggler: rank 1 on local-1 needs 0.310 s of local work per step, 2.8x the "
+        "gang's median (median over the last 3 polls)"
+    )
+    steps(4, (0.10, 0.31, 0.11))
+    assert len(repo.events(job.id)) == 5  # still the same straggler: nothing new said
+    steps(7, (0.10, 0.10, 0.11))
+    assert repo.get(job.id).stragglers == ()
+    assert repo.events(job.id)[-1].reason.startswith("no straggler")
 
 
 def test_a_job_without_progress_is_hung_its_stacks_kept_and_it_restarts(

@@ -98,6 +98,8 @@ class GroupStatus:
     lost_nodes: tuple[str, ...] = ()  # nodes whose rank actors died (a failed gang)
     # Per rank, the latest step's time in work that waits on no peer (None: not reported).
     rank_local_s: tuple[float | None, ...] = ()
+    # Seconds from the stop notice until the last rank had saved and returned.
+    stop_ack_s: float | None = None
 
 
 class WorkerGroup:
@@ -366,6 +368,8 @@ def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     saved = lead.get("checkpoint_step")  # absent from actors started by an older release
     progress["checkpoint_step"] = int(saved) if saved is not None else None
     progress["rank_local_s"] = tuple(s.get("local_s") for s in statuses)
+    acks = [float(s["stop_ack_s"]) for s in statuses if s.get("stop_ack_s") is not None]
+    progress["stop_ack_s"] = max(acks) if len(acks) == len(statuses) else None
     phases = Counter(s["phase"] for s in statuses)
     if phases[FAILED]:
         return GroupStatus(

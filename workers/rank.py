@@ -45,6 +45,10 @@ class RankActor:
         self._failed_at: float | None = None
         self._ctx: RankContext | None = None
         self._thread: threading.Thread | None = None
+        # When the stop notice came and when the entrypoint returned: the acknowledgement
+        # time of a preemption or resize (the trainer saves before it returns).
+        self._stop_at: float | None = None
+        self._ended_at: float | None = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port: rank 0 hosts the process-group store."""
@@ -107,11 +111,19 @@ class RankActor:
             "checkpoint_step": progress.metrics.get("checkpoint_step") if progress else None,
             "local_s": progress.metrics.get("local_s") if progress else None,
             "reported_at": progress.reported_at if progress else 0.0,
+            "stop_ack_s": self._stop_ack_s(),
             "pid": os.getpid(),
         }
 
     def stop(self) -> None:
+        if self._stop_at is None:
+            self._stop_at = time.time()
         self._stop_event.set()
+
+    def _stop_ack_s(self) -> float | None:
+        if self._stop_at is None or self._ended_at is None:
+            return None
+        return max(0.0, self._ended_at - self._stop_at)
 
     def stacks(self) -> str:
         """Every thread's Python stack in this rank's process, for a hang report."""
@@ -129,12 +141,16 @@ class RankActor:
 
         try:
             run_script(ctx, entrypoint, master_addr=master_addr, master_port=master_port)
-            self._phase = SUCCEEDED
+            self._succeed()
         except BaseException:
             self._fail()
 
+    def _succeed(self) -> None:
+        self._ended_at = time.time()
+        self._phase = SUCCEEDED
+
     def _fail(self) -> None:
-        self._failed_at = time.time()
+        self._failed_at = self._ended_at = time.time()
         self._error = traceback.format_exc(limit=20)
         self._phase = FAILED
 
@@ -154,7 +170,7 @@ class RankActor:
                 timeout=timedelta(seconds=timeout_s),
             )
             _run_entrypoint(ctx, entrypoint)
-            self._phase = SUCCEEDED
+            self._succeed()
         except BaseException:
             self._fail()
         finally:

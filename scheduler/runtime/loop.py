@@ -396,14 +396,20 @@ class SchedulerLoop:
                 job, JobState.SUCCEEDED, f"finished at step {status.step} while stopping"
             )
             return None
-        how = "stopped" if exited else "killed at the deadline"
+        how = (
+            f"stopped at step {status.step}"
+            if exited
+            else f"killed at the deadline at step {status.step}"
+        )
+        if exited and status.stop_ack_s is not None:
+            how += f" ({status.stop_ack_s:.1f} s after the notice)"
         saved = status.checkpoint_step
         resume = (
             f"resumes from its checkpoint at step {saved} ({status.step - saved} steps lost)"
             if saved is not None
             else f"no checkpoint, so it restarts from step 0 ({status.step} steps lost)"
         )
-        return f"{how} at step {status.step}", resume
+        return how, resume
 
     def _fail_or_restart(self, job: JobRecord, error: str) -> None:
         max_restarts = int(job.spec.get("max_restarts", 0))

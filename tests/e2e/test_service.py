@@ -330,12 +330,13 @@ def test_an_elastic_job_grows_and_shrinks_through_checkpoints(service: Service) 
     assert "grown from dp=4 to dp=8" in resizes[2]
     assert "PREEMPTING" not in states(client, elastic.id) + states(client, high.id)
     relaunches = [e.reason for e in events if e.from_state is JobState.RESIZING]
+    assert all(" s after the notice)" in r for r in relaunches), relaunches
     assert len(relaunches) == 3 and all("(0 steps lost)" in r for r in relaunches), relaunches
     assert done.state is JobState.SUCCEEDED and done.progress.step == 400
     assert done.attempt == 4 and len(done.placement or ()) == 8
     logs = client.logs(elastic.id, tail=2000)
     for relaunch, attempt in zip(relaunches, (2, 3, 4), strict=True):
-        stopped_at = int(relaunch.split("stopped at step ")[1].split(";")[0])
+        stopped_at = int(relaunch.split("stopped at step ")[1].split()[0].rstrip(";"))
         first = next(x.line for x in logs if x.attempt == attempt and x.line.startswith("step "))
         assert first.startswith(f"step {stopped_at + 1}/400"), (relaunch, first)
 

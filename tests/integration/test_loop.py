@@ -334,10 +334,15 @@ def test_the_requeue_reason_counts_steps_lost_since_the_checkpoint(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
 ) -> None:
     low, _ = preempt_a_running_job(repo, loop, executor, clock)
-    executor.statuses[low.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=9, checkpoint_step=7)
+    executor.statuses[low.id] = GroupStatus(
+        GroupPhase.SUCCEEDED, True, step=9, checkpoint_step=7, stop_ack_s=1.3
+    )
     loop.tick()
     reason = repo.get(low.id).status_reason
-    assert "stopped at step 9 and requeued; resumes from its checkpoint at step 7" in reason
+    assert (
+        "stopped at step 9 (1.3 s after the notice) and requeued; resumes from its checkpoint "
+        "at step 7" in reason
+    )
     assert "(2 steps lost)" in reason
 
 

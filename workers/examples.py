@@ -60,5 +60,6 @@ def hang_at_step(ctx: RankContext, step: int = 3, step_s: float = 0.05) -> None:
     for current in range(1, step + 1):
         time.sleep(step_s)
         ctx.report(step=current)
+        print(f"rank {ctx.rank} reached step {current}", flush=True)
     while True:
         time.sleep(1.0)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import ray
-from ray.exceptions import RayActorError, RayError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import (
     PlacementGroup,
     get_placement_group,
@@ -257,18 +257,34 @@ class WorkerGroup:
 
     def _nodes_of_dead_ranks(self) -> tuple[str, ...]:
         """Ask every rank once more (briefly): the nodes of those whose actor is gone. A
-        node can die long before Ray's health check calls it dead."""
-        refs = [actor.status.remote() for actor in self._actors]
-        ray.wait(refs, num_returns=len(refs), timeout=5.0)
-        dead = []
-        for rank, ref in enumerate(refs):
-            try:
-                ray.get(ref, timeout=0)
-            except RayActorError:
-                dead.append(self.spec.node_ids[rank])
-            except RayError:
-                continue  # slow, not dead
+        node can die long before Ray's health check calls it dead. The live ranks' last
+        output comes back with the answer, so a failing gang's final lines are kept."""
+        answers = self._ask_every_rank(
+            lambda rank, actor: actor.status.remote(self._log_cursor[rank]), timeout_s=5.0
+        )
+        statuses = [a if isinstance(a, dict) else {} for a in answers]
+        self._last = replace(self._last, logs=self._last.logs + self._new_lines(statuses))
+        dead = [
+            self.spec.node_ids[rank]
+            for rank, answer in enumerate(answers)
+            if isinstance(answer, RayActorError)  # slow is not dead
+        ]
         return tuple(dict.fromkeys(dead))
+
+    def _ask_every_rank(
+        self, call: Callable[[int, Any], Any], *, timeout_s: float
+    ) -> list[Any | RayError]:
+        """Call every rank at once and wait up to `timeout_s`: each rank's answer, or the
+        error in its place (`GetTimeoutError` for a rank that did not answer in time)."""
+        refs = [call(rank, actor) for rank, actor in enumerate(self._actors)]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        answers: list[Any | RayError] = []
+        for ref in refs:
+            try:
+                answers.append(ray.get(ref, timeout=0))
+            except RayError as exc:
+                answers.append(exc)
+        return answers
 
     def _new_lines(self, statuses: list[dict[str, Any]]) -> tuple[tuple[int, int, str], ...]:
         lines = []
@@ -293,15 +309,17 @@ class WorkerGroup:
         """Every rank's Python stacks, rank by rank; a rank that does not answer within
         `timeout_s` says so instead (a hung rank's actor still answers: the entrypoint
         runs in its own thread)."""
-        refs = [actor.stacks.remote() for actor in self._actors]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        done = set(ready)
+        answers = self._ask_every_rank(
+            lambda _rank, actor: actor.stacks.remote(), timeout_s=timeout_s
+        )
         sections = []
-        for rank, ref in enumerate(refs):
-            try:
-                text = ray.get(ref) if ref in done else f"(no answer in {timeout_s:.0f} s)"
-            except RayError as exc:
-                text = f"(could not ask it: {exc})"
+        for rank, answer in enumerate(answers):
+            if isinstance(answer, GetTimeoutError):
+                text = f"(no answer in {timeout_s:.0f} s)"
+            elif isinstance(answer, RayError):
+                text = f"(could not ask it: {answer})"
+            else:
+                text = str(answer)
             sections.append(f"=== rank {rank} ===\n{text}")
         return "\n".join(sections)
 

@@ -165,6 +165,25 @@ def test_a_hung_group_shows_every_ranks_stack(gpu_node_ids: list[str]) -> None:
     wait_for_free_gpus(8.0)
 
 
+def test_a_dead_rank_fails_the_gang_names_its_node_and_keeps_the_last_lines(
+    gpu_node_ids: list[str],
+) -> None:
+    entrypoint = {"kind": "function", "target": "workers.examples:hang_at_step"}
+    group_spec = spec(107, gpu_node_ids, entrypoint)  # rank i on node i
+    group = WorkerGroup.launch(group_spec, placement_timeout_s=60)
+    try:
+        poll_until(group, {GroupPhase.RUNNING})
+        time.sleep(1.0)  # the ranks print their steps; no poll fetches them
+        ray.kill(ray.get_actor(f"{group_spec.name}-rank1", namespace="gangway"))
+        status = poll_until(group, {GroupPhase.FAILED}, timeout_s=30)
+    finally:
+        group.teardown()
+    assert "a rank's actor died" in (status.error or "")
+    assert status.lost_nodes == (gpu_node_ids[1],)
+    assert (0, "rank 0 reached step 3") in [(rank, line) for rank, _, line in status.logs]
+    wait_for_free_gpus(8.0)
+
+
 def test_a_new_driver_reattaches_to_a_running_group(gpu_node_ids: list[str]) -> None:
     entrypoint = {
         "kind": "function",

@@ -15,7 +15,15 @@ from scheduler.store import JobRepository
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
-def create_app(repo: JobRepository, *, lifespan: Lifespan | None = None) -> FastAPI:
+def create_app(
+    repo: JobRepository,
+    *,
+    lifespan: Lifespan | None = None,
+    on_change: Callable[[], None] = lambda: None,
+) -> FastAPI:
+    """`on_change` is called after a request changed what the scheduler should do (a job
+    submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
+    the next instant instead of the next interval."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -23,6 +31,7 @@ def create_app(repo: JobRepository, *, lifespan: Lifespan | None = None) -> Fast
         lifespan=lifespan,
     )
     app.state.repo = repo
+    app.state.on_change = on_change
     install_error_handlers(app)
     app.include_router(api_router)
     app.include_router(page_router)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -47,8 +48,17 @@ def _node_names(repo: JobRepository) -> dict[str, str]:
     return {n.id: n.name for n in repo.nodes()}
 
 
+def changed(request: Request) -> Callable[[], None]:
+    """Tell the scheduler loop that its work changed (see `create_app`)."""
+    on_change: Callable[[], None] = request.app.state.on_change
+    return on_change
+
+
+OnChange = Annotated[Callable[[], None], Depends(changed)]
+
+
 @router.post("/v1/jobs", status_code=201, response_model=JobInfo, responses=_ERRORS)
-def submit_job(submit: JobSubmit, repo: Repo) -> JobInfo:
+def submit_job(submit: JobSubmit, repo: Repo, on_change: OnChange) -> JobInfo:
     nodes = repo.nodes()
     spec = submit.model_dump(mode="json")
     shape = gang_shape(spec)
@@ -66,6 +76,7 @@ def submit_job(submit: JobSubmit, repo: Repo) -> JobInfo:
             total_steps=getattr(submit.entrypoint, "steps", None),
         )
     )
+    on_change()
     return job_info(record, {n.id: n.name for n in nodes})
 
 
@@ -92,12 +103,13 @@ def get_job(job_id: int, repo: Repo) -> JobInfo:
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, responses=_ERRORS)
-def cancel_job(job_id: int, repo: Repo) -> JobInfo:
+def cancel_job(job_id: int, repo: Repo, on_change: OnChange) -> JobInfo:
     """Cancel now in the store; the scheduler loop stops the ranks on its next pass.
 
     Cancelling a job that already ended is a 409 (its outcome is kept, not overwritten).
     """
     record = repo.transition(job_id, JobState.CANCELLED, reason="cancelled by user")
+    on_change()
     return job_info(record, _node_names(repo))
 
 

@@ -31,6 +31,7 @@ class Runtime:
         self._settings = settings
         self._repo = repo
         self._stop = threading.Event()
+        self.wake = threading.Event()  # set by the API when a job arrives or is cancelled
         self._thread: threading.Thread | None = None
         self._local_cluster: Any = None
 
@@ -57,6 +58,7 @@ class Runtime:
         self._thread = threading.Thread(
             target=loop.run,
             args=(self._stop, self._settings.schedule_interval_s),
+            kwargs={"busy_interval_s": self._settings.busy_interval_s, "wake": self.wake},
             name="gangway-scheduler",
             daemon=True,
         )
@@ -69,6 +71,7 @@ class Runtime:
         import ray
 
         self._stop.set()
+        self.wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
         ray.shutdown()
@@ -120,7 +123,7 @@ def build_app(settings: Settings) -> FastAPI:
         finally:
             runtime.stop()
 
-    return create_app(repo, lifespan=lifespan)
+    return create_app(repo, lifespan=lifespan, on_change=runtime.wake.set)
 
 
 def serve(settings: Settings) -> None:

@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     schedule_interval_s: float = Field(1.0, gt=0, le=60)
+    busy_interval_s: float = Field(
+        0.1, gt=0, le=60, description="between passes while a gang starts, stops or resizes"
+    )
     placement_timeout_s: float = Field(120.0, gt=0)
     hang_factor: float = Field(10.0, gt=1, description="x recent step time without progress")
     hang_min_s: float = Field(300.0, gt=0, description="never call a job hung sooner")

@@ -34,6 +34,11 @@ from workers.group import GroupPhase, GroupStatus
 
 log = logging.getLogger(__name__)
 
+# States a gang passes through on its way to running or to stopping.
+_TRANSITIONAL_STATES = frozenset(
+    {JobState.ADMITTED, JobState.STARTING, JobState.PREEMPTING, JobState.RESIZING}
+)
+
 # A job holding resources is the one the runtime has (or is about to have) a group for.
 _SCHEDULED_STATES = (JobState.PENDING, *sorted(RESOURCE_HOLDING_STATES))
 
@@ -95,22 +100,37 @@ class SchedulerLoop:
 
     # -- one pass ---------------------------------------------------------------------
 
-    def tick(self) -> None:
-        """One pass; each step is one call (principle 3)."""
+    def tick(self) -> bool:
+        """One pass; each step is one call (principle 3). True while some gang is on
+        its way somewhere (starting, stopping, resizing): the next pass should come soon."""
         nodes = self._refresh_nodes()
         self._release_inactive_groups()
         jobs = self._repo.in_states(_SCHEDULED_STATES)
         self._apply_decisions(nodes, jobs)
-        self._poll_groups()
+        return self._poll_groups()
 
-    def run(self, stop: threading.Event, interval_s: float) -> None:
-        """Tick until `stop` is set; one bad pass is logged, never fatal to the loop."""
+    def run(
+        self,
+        stop: threading.Event,
+        interval_s: float,
+        *,
+        busy_interval_s: float | None = None,
+        wake: threading.Event | None = None,
+    ) -> None:
+        """Tick until `stop` is set; one bad pass is logged, never fatal to the loop.
+
+        Passes come every `interval_s`, every `busy_interval_s` while a gang is in
+        transition (each step of a launch waits for a pass: admit, placement, rendezvous,
+        start), and at once when `wake` is set (the API sets it on submit and cancel)."""
+        wake = wake or threading.Event()
         while not stop.is_set():
+            busy = False
             try:
-                self.tick()
+                busy = self.tick()
             except Exception:
                 log.exception("scheduling pass failed; retrying next interval")
-            stop.wait(interval_s)
+            wake.wait(busy_interval_s if busy and busy_interval_s else interval_s)
+            wake.clear()
 
     def _refresh_nodes(self) -> list[Node]:
         now = self._clock()
@@ -242,10 +262,13 @@ class SchedulerLoop:
 
     # -- polling ----------------------------------------------------------------------
 
-    def _poll_groups(self) -> None:
+    def _poll_groups(self) -> bool:
+        """Observe every group; True if one is still on its way (see `tick`)."""
         self._stragglers.keep_only(self._executor.job_ids())
+        busy = False
         for job_id, status in self._executor.poll().items():
             job = self._repo.get(job_id)
+            busy = busy or job.state in _TRANSITIONAL_STATES
             if job.state is JobState.PREEMPTING:
                 self._observe_preempting(job, status)
             elif job.state is JobState.RESIZING:
@@ -254,6 +277,7 @@ class SchedulerLoop:
                 self._observe(job, status)
             else:
                 self._executor.release(job_id)
+        return busy
 
     def _record_progress(self, job: JobRecord, status: GroupStatus) -> None:
         self._repo.append_logs(job.id, job.attempt, status.logs)

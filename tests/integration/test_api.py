@@ -47,6 +47,20 @@ def test_submit_returns_201_with_the_pending_job(client: TestClient) -> None:
     assert client.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
 
 
+def test_submit_and_cancel_wake_the_scheduler_but_a_rejected_job_does_not(
+    repo: JobRepository,
+) -> None:
+    repo.replace_nodes(NODES)
+    woken: list[int] = []
+    app = create_app(repo, on_change=lambda: woken.append(1))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        job = client.post("/v1/jobs", json=body()).json()
+        assert client.post("/v1/jobs", json=body(parallelism={"dp": 0})).status_code == 422
+        assert len(woken) == 1
+        client.post(f"/v1/jobs/{job['id']}/cancel")
+        assert len(woken) == 2
+
+
 def test_submit_function_entrypoint(client: TestClient) -> None:
     entrypoint = {
         "kind": "function",

@@ -160,6 +160,17 @@ def test_a_job_goes_from_pending_to_succeeded(
     assert transitions(repo, job.id) == ["PENDING", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
 
 
+def test_a_pass_says_whether_a_gang_is_still_on_its_way(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    assert loop.tick() is False  # nothing to do
+    job = submit(repo)
+    assert loop.tick() is True  # admitted: starting
+    executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=1)
+    assert loop.tick() is True  # was STARTING when polled; RUNNING from now on
+    assert loop.tick() is False
+
+
 def test_a_fast_job_still_records_every_transition(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
 ) -> None:

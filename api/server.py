@@ -16,6 +16,7 @@ from api.app import create_app
 from api.settings import Settings
 from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.executor import RayExecutor
+from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
@@ -53,8 +54,8 @@ class Runtime:
             stragglers=StragglerWatch(
                 factor=self._settings.straggler_factor, window=self._settings.straggler_window
             ),
+            lease=LeaderLease(self._repo, ttl_s=self._settings.lease_ttl_s),
         )
-        loop.reconcile()
         self._thread = threading.Thread(
             target=loop.run,
             args=(self._stop, self._settings.schedule_interval_s),

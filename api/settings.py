@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     schedule_interval_s: float = Field(1.0, gt=0, le=60)
+    lease_ttl_s: float = Field(
+        15.0, gt=0, description="a standby takes over this long after the leader's last pass"
+    )
     busy_interval_s: float = Field(
         0.1, gt=0, le=60, description="between passes while a gang starts, stops or resizes"
     )

@@ -26,6 +26,7 @@ from scheduler.model import (
 )
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.runtime.executor import Executor
+from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.runtime.views import gang_shape, job_view, run_info
 from scheduler.store import JobRecord, JobRepository, StaleState
@@ -58,6 +59,7 @@ class SchedulerLoop:
         hang_min_s: float = 300.0,
         suspect_s: float = 300.0,
         stragglers: StragglerWatch | None = None,
+        lease: LeaderLease | None = None,
     ) -> None:
         self._repo = repo
         self._cluster = cluster
@@ -76,6 +78,8 @@ class SchedulerLoop:
         self._suspects: dict[str, datetime] = {}
         self._stragglers = stragglers or StragglerWatch()
         self._node_names: dict[str, str] = {}
+        self._lease = lease
+        self._leading = False
 
     # -- start-up ---------------------------------------------------------------------
 
@@ -126,11 +130,31 @@ class SchedulerLoop:
         while not stop.is_set():
             busy = False
             try:
-                busy = self.tick()
+                if self.lead():
+                    busy = self.tick()
             except Exception:
                 log.exception("scheduling pass failed; retrying next interval")
             wake.wait(busy_interval_s if busy and busy_interval_s else interval_s)
             wake.clear()
+        if self._lease is not None and self._leading:
+            self._lease.release()
+
+    def lead(self) -> bool:
+        """Hold the leader lease (always true without one). A loop that has just become
+        the leader reconciles first: the gangs the previous leader ran are reattached."""
+        if self._lease is None:
+            if not self._leading:
+                self.reconcile()
+                self._leading = True
+            return True
+        held = self._lease.hold()
+        if held and not self._leading:
+            log.info("scheduler lease taken by %s; reconciling", self._lease.holder)
+            self.reconcile()
+        elif self._leading and not held:
+            log.warning("scheduler lease lost; standing by")
+        self._leading = held
+        return held
 
     def _refresh_nodes(self) -> list[Node]:
         now = self._clock()

@@ -116,6 +116,16 @@ class JobLogRow(Base):
     line: Mapped[str] = mapped_column(Text)
 
 
+class LeaseRow(Base):
+    """Who may act as the scheduler (one writer per database), until when."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 class NodeRow(Base):
     """The last cluster snapshot the scheduler loop saw; the API reads this, never Ray."""
 

@@ -35,6 +35,9 @@ class Service:
             "GANGWAY_RAY_ADDRESS": ray_address,
             "GANGWAY_PORT": str(self.port),
             "GANGWAY_SCHEDULE_INTERVAL_S": "0.5",
+            # A service killed with -9 keeps the lease this long: short, so a restart
+            # within a test takes over soon.
+            "GANGWAY_LEASE_TTL_S": "3",
         }
         self.process: subprocess.Popen[bytes] | None = None
 

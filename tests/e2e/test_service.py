@@ -126,6 +126,44 @@ def test_restarts_with_kill_and_sigterm_reattach_the_running_job(service: Servic
     assert states(client, job.id) == ["PENDING", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
 
 
+def test_a_standby_service_takes_over_the_running_job_when_the_leader_stops(
+    tmp_path: Path, database_url: str, ray_cluster: Any
+) -> None:
+    """Two services on one database and one Ray: the second stands by (its API works,
+    its loop does not schedule); when the leader stops, it takes the lease at once,
+    reattaches the running gang, and the job finishes in its first attempt."""
+    services = []
+    for name in ("leader", "standby"):
+        (tmp_path / name).mkdir()
+        services.append(
+            Service(
+                data_dir=tmp_path / name, database_url=database_url, ray_address=ray_cluster.address
+            )
+        )
+    leader, standby = services
+    try:
+        leader.start()
+        client = standby.start()  # submit through the standby: the leader schedules it
+        job = client.submit(
+            name="ha",
+            parallelism=Parallelism(dp=2),
+            entrypoint=Function(
+                target="workers.examples:sleep_steps", kwargs={"steps": 60, "step_s": 0.25}
+            ),
+        )
+        wait_for(client, job.id, "stepping")
+        assert "lease taken" in leader.log_tail(20_000)
+        assert "lease taken" not in standby.log_tail(20_000)
+        leader.stop()
+        done = client.wait(job.id, timeout_s=120, poll_s=0.3)
+        assert "lease taken" in standby.log_tail(20_000)
+        assert done.progress.step == 60 and done.attempt == 1
+        assert states(client, job.id) == ["PENDING", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
+    finally:
+        standby.stop()
+        leader.stop()
+
+
 def test_embedded_default_starts_its_own_ray_and_requeues_after_restart(tmp_path: Path) -> None:
     """`gangway serve` with no settings: SQLite in the data dir + a local 2 x 4 GPU Ray.
     Its Ray ends with it, so a job running at shutdown is requeued, never lost."""

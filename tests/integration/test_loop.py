@@ -10,6 +10,7 @@ import pytest
 
 from scheduler.model import JobState, Node, QueueQuota
 from scheduler.runtime.executor import group_spec
+from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRecord, JobRepository, NewJob
@@ -287,6 +288,32 @@ def test_reconcile_reattaches_running_jobs_and_requeues_lost_ones(
         assert record.state is JobState.PENDING
         assert "service restarted" in record.status_reason
         assert record.restarts == 0
+
+
+def test_only_the_lease_holder_schedules_and_a_standby_takes_over(
+    repo: JobRepository, clock: Clock
+) -> None:
+    leader_executor, standby_executor = FakeExecutor(), FakeExecutor()
+    leader = make_loop(
+        repo, leader_executor, clock, lease=LeaderLease(repo, ttl_s=15, holder="leader")
+    )
+    standby = make_loop(
+        repo, standby_executor, clock, lease=LeaderLease(repo, ttl_s=15, holder="standby")
+    )
+    assert leader.lead() and not standby.lead()
+    job = submit(repo)
+    leader.tick()
+    leader_executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=1)
+    leader.tick()
+    assert repo.get(job.id).state is JobState.RUNNING
+    assert not standby.lead() and standby_executor.launched == []
+
+    clock.now += timedelta(seconds=16)  # the leader stopped renewing
+    standby_executor.attachable.add(job.id)
+    assert standby.lead()  # took over: reconciled, so the running gang is reattached
+    assert standby_executor.job_ids() == {job.id}
+    assert repo.get(job.id).state is JobState.RUNNING and repo.get(job.id).attempt == 1
+    assert not leader.lead()
 
 
 def preempt_a_running_job(

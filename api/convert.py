@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from gangway.models import (
     ClusterInfo,
     JobEvent,
+    JobExplanation,
     JobInfo,
     JobSubmit,
     NodeInfo,
@@ -16,9 +18,30 @@ from gangway.models import (
     WaitExplanation,
 )
 from scheduler.core import free_capacity
-from scheduler.model import Node
+from scheduler.model import JobState, Node
 from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
+
+
+def job_explanation(job: JobRecord, now: datetime) -> JobExplanation:
+    why = job.explanation or {}
+    pending = job.state is JobState.PENDING
+    queued_s = (now - job.queued_at).total_seconds() if pending and job.queued_at else None
+    return JobExplanation(
+        job_id=job.id,
+        state=job.state,
+        reason=job.status_reason,
+        queue=job.queue,
+        priority=job.priority,
+        queue_position=why.get("queue_position"),
+        estimated_start_at=job.estimated_start_at,
+        blocker=why.get("blocker"),
+        message=why.get("message"),
+        unblock=why.get("unblock"),
+        blocking_job_id=why.get("blocking_job_id"),
+        queued_s=queued_s,
+        attained_gpu_hours=job.attained_gpu_s / 3600.0,
+    )
 
 
 def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:

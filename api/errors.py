@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gangway.models import ErrorBody, ErrorDetail, field_path
-from scheduler.store import IllegalTransition, JobNotFound, StaleState
+from scheduler.store import IllegalTransition, JobEnded, JobNotFound, StaleState
 
 
 class FieldError(ValueError):
@@ -48,6 +48,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(404, [ErrorDetail(code="not_found", message=str(exc))])
 
     @app.exception_handler(IllegalTransition)
+    @app.exception_handler(JobEnded)
     @app.exception_handler(StaleState)
     async def _conflict(_: Request, exc: Exception) -> JSONResponse:
         return error_response(409, [ErrorDetail(code="conflict", message=str(exc))])

@@ -9,15 +9,17 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from api.convert import cluster_info, job_event, job_info
+from api.convert import cluster_info, job_event, job_explanation, job_info
 from api.validation import validate_submission
 from gangway.models import (
     ClusterInfo,
     ErrorBody,
     JobEvent,
+    JobExplanation,
     JobInfo,
     JobLogs,
     JobPage,
+    JobPatch,
     JobState,
     JobSubmit,
     LogLine,
@@ -83,13 +85,27 @@ def submit_job(submit: JobSubmit, repo: Repo, on_change: OnChange) -> JobInfo:
 @router.get("/v1/jobs", response_model=JobPage, responses=_ERRORS)
 def list_jobs(
     repo: Repo,
+    *,
     state: Annotated[list[JobState] | None, Query(description="filter; repeat for several")] = None,
+    queue: Annotated[str | None, Query(max_length=100, description="only this queue")] = None,
+    user: Annotated[str | None, Query(max_length=100, description="only this user's")] = None,
+    name_prefix: Annotated[
+        str | None, Query(max_length=200, description="names starting with this")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[
         int | None, Query(ge=1, description="next_cursor of the previous page")
     ] = None,
 ) -> JobPage:
-    records = repo.page(states=state or (), limit=limit + 1, before_id=cursor)
+    """Newest first."""
+    records = repo.page(
+        states=state or (),
+        queue=queue,
+        user=user,
+        name_prefix=name_prefix,
+        limit=limit + 1,
+        before_id=cursor,
+    )
     page, more = records[:limit], len(records) > limit
     names = _node_names(repo)
     return JobPage(
@@ -111,6 +127,24 @@ def cancel_job(job_id: int, repo: Repo, on_change: OnChange) -> JobInfo:
     record = repo.transition(job_id, JobState.CANCELLED, reason="cancelled by user")
     on_change()
     return job_info(record, _node_names(repo))
+
+
+@router.patch("/v1/jobs/{job_id}", response_model=JobInfo, responses=_ERRORS)
+def change_job(job_id: int, patch: JobPatch, repo: Repo, on_change: OnChange) -> JobInfo:
+    """Change a job's priority: a pending job moves in the queue on the next pass; a
+    running one is ranked by it for preemption. A job that ended is a 409."""
+    before = repo.get(job_id)
+    reason = f"priority changed from {before.priority} to {patch.priority}"
+    record = repo.annotate(job_id, reason, priority=patch.priority)
+    on_change()
+    return job_info(record, _node_names(repo))
+
+
+@router.get("/v1/jobs/{job_id}/explain", response_model=JobExplanation, responses=_ERRORS)
+def explain_job(job_id: int, repo: Repo) -> JobExplanation:
+    """Why the job is in its state; for a pending job the blocking constraint, what would
+    unblock it, its queue position and estimated start, as of the latest scheduling pass."""
+    return job_explanation(repo.get(job_id), repo.now())
 
 
 @router.get("/v1/jobs/{job_id}/events", response_model=list[JobEvent], responses=_ERRORS)

@@ -20,6 +20,7 @@ from gangway.models import (
     ClusterInfo,
     Function,
     JobEvent,
+    JobExplanation,
     JobInfo,
     JobLogs,
     JobPage,
@@ -29,6 +30,7 @@ from gangway.models import (
     Parallelism,
     Resources,
     Script,
+    Straggler,
 )
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "Function",
     "GangwayError",
     "JobEvent",
+    "JobExplanation",
     "JobFailed",
     "JobInfo",
     "JobLogs",
@@ -51,6 +54,7 @@ __all__ = [
     "Parallelism",
     "Resources",
     "Script",
+    "Straggler",
     "TransportError",
     "ValidationFailed",
     "WaitTimeout",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -83,14 +84,23 @@ def submit(
 
 @app.command()
 def jobs(
-    state: Annotated[list[JobState] | None, typer.Option(help="filter by state")] = None,
+    state: Annotated[
+        list[JobState] | None, typer.Option(help="filter by state (repeat for several)")
+    ] = None,
+    queue: Annotated[str | None, typer.Option(help="only this queue")] = None,
+    user: Annotated[str | None, typer.Option(help="only this user's")] = None,
+    name_prefix: Annotated[str | None, typer.Option(help="names starting with this")] = None,
     limit: int = 50,
     url: Url = DEFAULT_URL,
     as_json: AsJson = False,
 ) -> None:
     """List jobs, newest first."""
     with _client(url) as client:
-        page = _run(lambda: client.list(state=state[0] if state else None, limit=limit))
+        page = _run(
+            lambda: client.list(
+                state=state, queue=queue, user=user, name_prefix=name_prefix, limit=limit
+            )
+        )
     if as_json:
         typer.echo(page.model_dump_json(indent=2))
         return
@@ -118,6 +128,66 @@ def cancel(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None
     with _client(url) as client:
         job = _run(lambda: client.cancel(job_id))
     _print_job(job, as_json)
+
+
+@app.command()
+def priority(job_id: int, value: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """Change a job's priority (higher runs first)."""
+    with _client(url) as client:
+        job = _run(lambda: client.set_priority(job_id, value))
+    _print_job(job, as_json)
+
+
+@app.command()
+def explain(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """Why a job is where it is; for a pending job, what blocks it and when it should start."""
+    with _client(url) as client:
+        why = _run(lambda: client.explain(job_id))
+    if as_json:
+        typer.echo(why.model_dump_json(indent=2))
+        return
+    typer.echo(
+        f"job {why.job_id}: {why.state.value} in queue {why.queue!r}, priority {why.priority}"
+    )
+    typer.echo(f"  {why.reason}")
+    if why.state is JobState.PENDING:
+        position = why.queue_position if why.queue_position is not None else "?"
+        typer.echo(f"  queue position {position}; estimated start {_when(why.estimated_start_at)}")
+        if why.blocker:
+            typer.echo(f"  blocked by: {why.blocker}: {why.message}")
+            typer.echo(f"  unblocks when: {why.unblock}")
+        if why.queued_s is not None:
+            typer.echo(f"  queued for {why.queued_s / 60:.1f} min")
+    typer.echo(f"  GPU time so far: {why.attained_gpu_hours:.2f} GPU-hours")
+
+
+@app.command("queue")
+def queue_(
+    queue: Annotated[str | None, typer.Option("--queue", help="only this queue")] = None,
+    url: Url = DEFAULT_URL,
+    as_json: AsJson = False,
+) -> None:
+    """Pending jobs in the scheduler's order, with estimated starts and reasons."""
+    with _client(url) as client:
+        page = _run(lambda: client.list(state=JobState.PENDING, queue=queue, limit=500))
+    pending = sorted(
+        page.items,
+        key=lambda j: (j.explanation.queue_position if j.explanation else None) or 10**9,
+    )
+    if as_json:
+        typer.echo(json.dumps([j.model_dump(mode="json") for j in pending], indent=2))
+        return
+    typer.echo(f"{'POS':>4} {'ID':>5} {'PRI':>4} {'GPUS':>4}  {'ESTIMATED START':<20} REASON")
+    for job in pending:
+        position = job.explanation.queue_position if job.explanation else None
+        typer.echo(
+            f"{position or '-':>4} {job.id:>5} {job.priority:>4} {job.num_gpus:>4}  "
+            f"{_when(job.estimated_start_at):<20} {job.status_reason}"
+        )
+
+
+def _when(at: datetime | None) -> str:
+    return f"{at:%Y-%m-%d %H:%M} UTC" if at is not None else "unknown"
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -12,9 +13,11 @@ from gangway.errors import JobFailed, TransportError, WaitTimeout, error_for_sta
 from gangway.models import (
     ClusterInfo,
     JobEvent,
+    JobExplanation,
     JobInfo,
     JobLogs,
     JobPage,
+    JobPatch,
     JobState,
     JobSubmit,
     LogLine,
@@ -69,14 +72,33 @@ class Client:
         return self._call("GET", f"/v1/jobs/{job_id}", JobInfo)
 
     def list(
-        self, *, state: JobState | str | None = None, limit: int = 50, cursor: int | None = None
+        self,
+        *,
+        state: JobState | str | Sequence[JobState | str] | None = None,
+        queue: str | None = None,
+        user: str | None = None,
+        name_prefix: str | None = None,
+        limit: int = 50,
+        cursor: int | None = None,
     ) -> JobPage:
-        params: dict[str, Any] = {"limit": limit}
-        if state is not None:
-            params["state"] = str(state)
-        if cursor is not None:
-            params["cursor"] = cursor
+        """Newest first; pass `cursor=page.next_cursor` for the next page."""
+        states = [state] if isinstance(state, str) else list(state or ())
+        filters = {"queue": queue, "user": user, "name_prefix": name_prefix, "cursor": cursor}
+        params: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
+        params["limit"] = limit
+        if states:
+            params["state"] = [str(s) for s in states]
         return self._call("GET", "/v1/jobs", JobPage, params=params)
+
+    def set_priority(self, job_id: int, priority: int) -> JobInfo:
+        """Reorder a pending job, or re-rank a running one for preemption."""
+        return self._call(
+            "PATCH", f"/v1/jobs/{job_id}", JobInfo, json=JobPatch(priority=priority).model_dump()
+        )
+
+    def explain(self, job_id: int) -> JobExplanation:
+        """Why the job is where it is; for a pending one: blocker, queue position, ETA."""
+        return self._call("GET", f"/v1/jobs/{job_id}/explain", JobExplanation)
 
     def cancel(self, job_id: int) -> JobInfo:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel", JobInfo)

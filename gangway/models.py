@@ -182,10 +182,13 @@ class Progress(BaseModel):
 class WaitExplanation(BaseModel):
     """Why a pending job is not running: the constraint that failed and what unblocks it."""
 
-    blocker: str = Field(description="cluster_full | node_shape | reservation | preempting")
+    blocker: str = Field(description="cluster_full | node_shape | reservation | preempting | quota")
     message: str
     unblock: str
     blocking_job_id: int | None = None
+    queue_position: int | None = Field(
+        None, description="1 = next to be considered, in the scheduler's order"
+    )
 
 
 class JobInfo(BaseModel):
@@ -211,6 +214,30 @@ class JobInfo(BaseModel):
         None, description="pending jobs: when the scheduler expects it to start"
     )
     explanation: WaitExplanation | None = None
+
+
+class JobPatch(_Strict):
+    """What may change after submission."""
+
+    priority: int = Field(ge=-1_000_000, le=1_000_000, description="higher runs first")
+
+
+class JobExplanation(BaseModel):
+    """Why the job is where it is, and for a pending one when it should start."""
+
+    job_id: int
+    state: JobState
+    reason: str = Field(description="the scheduler's latest word on the job, in plain text")
+    queue: str
+    priority: int
+    queue_position: int | None = None
+    estimated_start_at: datetime | None = None
+    blocker: str | None = Field(None, description="pending jobs: the constraint that failed")
+    message: str | None = None
+    unblock: str | None = Field(None, description="pending jobs: what would let it start")
+    blocking_job_id: int | None = None
+    queued_s: float | None = Field(None, description="pending jobs: time in the queue so far")
+    attained_gpu_hours: float = Field(description="GPU time this job has had, all attempts")
 
 
 class JobPage(BaseModel):

@@ -14,13 +14,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 
-from scheduler.core import Admit, PolicyConfig, Preempt, Resize, Wait, schedule
+from scheduler.core import (
+    Admit,
+    Decision,
+    PolicyConfig,
+    Preempt,
+    Resize,
+    Wait,
+    queue_order,
+    schedule,
+)
 from scheduler.core.fairshare import decayed_usage
 from scheduler.model import (
     ACTIVE_STATES,
     RESOURCE_HOLDING_STATES,
     ClusterSnapshot,
     JobState,
+    JobView,
     Node,
     QueueQuota,
 )
@@ -183,6 +193,7 @@ class SchedulerLoop:
         now = self._clock()
         usage = self._recent_usage(now)
         decisions = schedule(snapshot, views, now, self._policy, queues=self._queues, usage=usage)
+        positions = self._queue_positions(views, decisions, now, usage)
         for decision in decisions:
             if isinstance(decision, Admit):
                 self._admit(records[decision.job_id], decision)
@@ -191,26 +202,41 @@ class SchedulerLoop:
             elif isinstance(decision, Resize):
                 self._resize(records[decision.job_id], decision)
             else:
-                self._explain(records[decision.job_id], decision)
+                self._explain(records[decision.job_id], decision, positions[decision.job_id])
+
+    def _queue_positions(
+        self,
+        views: list[JobView],
+        decisions: list[Decision],
+        now: datetime,
+        usage: dict[tuple[str, str], float],
+    ) -> dict[int, int]:
+        """1 for the first job still waiting after this pass, in the scheduler's order."""
+        waiting = {d.job_id for d in decisions if isinstance(d, Wait)}
+        pending = [view for view in views if view.id in waiting]
+        ordered = queue_order(pending, now, self._policy, usage)
+        return {view.id: position for position, view in enumerate(ordered, start=1)}
 
     def _recent_usage(self, now: datetime) -> dict[tuple[str, str], float]:
         """Decayed GPU-seconds per (queue, user); runs older than 10 half-lives count < 0.1%."""
         since = now - timedelta(seconds=10 * self._half_life_s)
         return decayed_usage(self._repo.usage_intervals(since), now, self._half_life_s)
 
-    def _explain(self, job: JobRecord, decision: Wait) -> None:
-        """Store why the job waits; unchanged explanations cost no statement (a big queue
-        is explained on every pass)."""
+    def _explain(self, job: JobRecord, decision: Wait, position: int) -> None:
+        """Store why the job waits and its place in the queue; unchanged explanations
+        cost no statement (a big queue is explained on every pass)."""
+        explanation = {**asdict(decision.explanation), "queue_position": position}
         unchanged = (
             job.status_reason == decision.reason
             and job.estimated_start_at == decision.estimated_start_at
+            and job.explanation == explanation
         )
         if unchanged:
             return
         self._repo.explain_wait(
             decision.job_id,
             decision.reason,
-            explanation=asdict(decision.explanation),
+            explanation=explanation,
             estimated_start_at=decision.estimated_start_at,
         )
 
@@ -344,7 +370,7 @@ class SchedulerLoop:
             if flagged
             else f"no straggler: every rank within {self._stragglers.factor:g}x of the median"
         )
-        self._repo.flag_stragglers(job.id, flagged, reason)
+        self._repo.annotate(job.id, reason, stragglers=flagged)
 
     def _observe(self, job: JobRecord, status: GroupStatus) -> None:
         self._record_progress(job, status)

@@ -5,6 +5,7 @@ from scheduler.store.migrate import upgrade_to_head
 from scheduler.store.repository import (
     EventRecord,
     IllegalTransition,
+    JobEnded,
     JobNotFound,
     JobRecord,
     JobRepository,
@@ -16,6 +17,7 @@ from scheduler.store.repository import (
 __all__ = [
     "EventRecord",
     "IllegalTransition",
+    "JobEnded",
     "JobNotFound",
     "JobRecord",
     "JobRepository",

@@ -35,6 +35,14 @@ class IllegalTransition(ValueError):
         self.job_id, self.old, self.new = job_id, old, new
 
 
+class JobEnded(ValueError):
+    """The job reached a terminal state; it can no longer be changed."""
+
+    def __init__(self, job_id: int, state: JobState) -> None:
+        super().__init__(f"job {job_id} already ended ({state}); it can no longer be changed")
+        self.job_id, self.state = job_id, state
+
+
 class StaleState(RuntimeError):
     """The job's state changed under us (another writer won); re-read and decide again."""
 
@@ -143,6 +151,10 @@ class JobRepository:
         self._engine = engine
         self._clock = clock
 
+    def now(self) -> datetime:
+        """The time this repository stamps rows with (tests pass their own clock)."""
+        return self._clock()
+
     def with_clock(self, clock: Callable[[], datetime]) -> JobRepository:
         return JobRepository(self._engine, clock=clock)
 
@@ -191,13 +203,23 @@ class JobRepository:
         self,
         *,
         states: Sequence[JobState] = (),
+        queue: str | None = None,
+        user: str | None = None,
+        name_prefix: str | None = None,
         limit: int = 50,
         before_id: int | None = None,
     ) -> list[JobRecord]:
-        """Newest first; `before_id` is the cursor returned with the previous page."""
+        """Newest first, filtered; `before_id` is the cursor returned with the previous
+        page (ids only grow, so a page never repeats or skips a job)."""
         query = select(JobRow).order_by(JobRow.id.desc()).limit(limit)
         if states:
             query = query.where(JobRow.state.in_([s.value for s in states]))
+        if queue is not None:
+            query = query.where(JobRow.queue == queue)
+        if user is not None:
+            query = query.where(JobRow.user == user)
+        if name_prefix:
+            query = query.where(JobRow.name.startswith(name_prefix, autoescape=True))
         if before_id is not None:
             query = query.where(JobRow.id < before_id)
         with Session(self._engine) as session:
@@ -275,15 +297,12 @@ class JobRepository:
         estimated_start_at: datetime | None = None,
     ) -> None:
         """Record why a pending job waits and when it should start (no event: it is not a
-        state change). Rows whose explanation is unchanged are not rewritten."""
+        state change). A job no longer pending keeps what it has. The caller skips calls
+        that would change nothing."""
         with Session(self._engine) as session, session.begin():
             session.execute(
                 update(JobRow)
                 .where(JobRow.id == job_id, JobRow.state == JobState.PENDING.value)
-                .where(
-                    (JobRow.status_reason != reason)
-                    | _differs(JobRow.estimated_start_at, estimated_start_at)
-                )
                 .values(
                     status_reason=reason,
                     explanation=explanation,
@@ -313,23 +332,26 @@ class JobRepository:
             row.step, row.loss, row.tokens_per_s = step, loss, tokens_per_s
             row.progress_at = self._clock()
 
-    def flag_stragglers(
-        self, job_id: int, stragglers: Sequence[dict[str, Any]], reason: str
-    ) -> None:
-        """Replace the job's flagged ranks and say so in an event that keeps the state
-        (from = to): not a state change, but something its owner should see in the
-        timeline."""
+    def annotate(self, job_id: int, reason: str, **fields: Any) -> JobRecord:
+        """Set `fields` and say so in an event that keeps the state (from = to): not a
+        state change (a priority change, a straggler flagged), but something the job's
+        owner should find in its timeline. A job that already ended is not changed: 409."""
         now = self._clock()
         with Session(self._engine) as session, session.begin():
             row = session.get(JobRow, job_id)
             if row is None:
                 raise JobNotFound(job_id)
-            row.stragglers = list(stragglers)
+            state = JobState(row.state)
+            if state.is_terminal:
+                raise JobEnded(job_id, state)
+            for name, value in fields.items():
+                setattr(row, name, value)
+            row.updated_at = now
             session.add(
-                JobEventRow(
-                    job_id=job_id, at=now, from_state=row.state, to_state=row.state, reason=reason
-                )
+                JobEventRow(job_id=job_id, at=now, from_state=state, to_state=state, reason=reason)
             )
+            session.flush()
+            return _job_record(row)
 
     def append_logs(self, job_id: int, attempt: int, lines: Sequence[tuple[int, int, str]]) -> int:
         """Store (rank, seq, line) output of one attempt; lines at or below a rank's
@@ -451,10 +473,6 @@ class JobRepository:
     def _current_state(session: Session, job_id: int) -> str:
         state = session.scalar(select(JobRow.state).where(JobRow.id == job_id))
         return state or "?"
-
-
-def _differs(column: Any, value: datetime | None) -> Any:
-    return column.is_not(None) if value is None else (column.is_(None) | (column != value))
 
 
 def _job_record(row: JobRow) -> JobRecord:

@@ -256,3 +256,72 @@ def test_elastic_job_asks_for_its_maximum_and_must_fit_only_its_minimum(
     job = response.json()
     assert job["spec"]["parallelism"]["dp"] == {"min": 2, "max": 16}
     assert job["num_gpus"] == 16
+
+
+def test_jobs_are_filtered_by_queue_user_and_name_prefix(client: TestClient) -> None:
+    for name, queue, user in [
+        ("bert-a", "research", "ana"),
+        ("bert-b", "prod", "ana"),
+        ("gpt-c", "research", "bo"),
+        ("bert_x", "research", "bo"),  # `_` is a literal, not a LIKE wildcard
+    ]:
+        client.post("/v1/jobs", json=body(name=name, queue=queue, user=user))
+
+    def names(**params: str) -> list[str]:
+        return [j["name"] for j in client.get("/v1/jobs", params=params).json()["items"]]
+
+    assert names(queue="research") == ["bert_x", "gpt-c", "bert-a"]
+    assert names(user="ana") == ["bert-b", "bert-a"]
+    assert names(name_prefix="bert-") == ["bert-b", "bert-a"]
+    assert names(queue="research", user="bo", name_prefix="gpt") == ["gpt-c"]
+    assert names(queue="nobody") == []
+
+
+def test_priority_changes_with_an_event_and_not_after_the_end(client: TestClient) -> None:
+    job_id = client.post("/v1/jobs", json=body()).json()["id"]
+    changed = client.patch(f"/v1/jobs/{job_id}", json={"priority": 7})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["priority"] == 7
+    last = client.get(f"/v1/jobs/{job_id}/events").json()[-1]
+    assert (last["from_state"], last["to_state"]) == ("PENDING", "PENDING")
+    assert last["reason"] == "priority changed from 0 to 7"
+
+    bad = client.patch(f"/v1/jobs/{job_id}", json={"priority": "high"})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "priority"
+    unknown = client.patch(f"/v1/jobs/{job_id}", json={"priority": 1, "queue": "prod"})
+    assert unknown.status_code == 422 and unknown.json()["error"]["field"] == "queue"
+    assert client.patch("/v1/jobs/999", json={"priority": 1}).status_code == 404
+    client.post(f"/v1/jobs/{job_id}/cancel")
+    ended = client.patch(f"/v1/jobs/{job_id}", json={"priority": 9})
+    assert ended.status_code == 409 and "already ended" in ended.json()["error"]["message"]
+
+
+def test_explain_says_why_a_job_waits_and_when_it_should_start(
+    client: TestClient, repo: JobRepository
+) -> None:
+    job_id = client.post("/v1/jobs", json=body()).json()["id"]
+    eta = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    explanation = {
+        "blocker": "cluster_full",
+        "message": "needs 2 GPUs; 0 free now",
+        "unblock": "expected to start when job 4 ends",
+        "blocking_job_id": 4,
+        "queue_position": 3,
+    }
+    repo.explain_wait(job_id, "needs 2 GPUs; ...", explanation=explanation, estimated_start_at=eta)
+    explained = client.get(f"/v1/jobs/{job_id}/explain").json()
+    assert explained["state"] == "PENDING"
+    assert explained["blocker"] == "cluster_full" and explained["blocking_job_id"] == 4
+    assert explained["queue_position"] == 3
+    assert explained["unblock"] == "expected to start when job 4 ends"
+    assert explained["estimated_start_at"].startswith("2030-01-02T03:04:05")
+    assert explained["queued_s"] >= 0 and explained["attained_gpu_hours"] == 0
+    assert client.get("/v1/jobs/999/explain").status_code == 404
+
+    client.post(f"/v1/jobs/{job_id}/cancel")
+    ended = client.get(f"/v1/jobs/{job_id}/explain").json()
+    assert (ended["state"], ended["reason"], ended["queued_s"]) == (
+        "CANCELLED",
+        "cancelled by user",
+        None,
+    )

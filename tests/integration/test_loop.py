@@ -193,6 +193,7 @@ def test_waiting_jobs_get_a_reason_and_start_when_room_frees(
     assert waiting.state is JobState.PENDING
     assert waiting.status_reason.startswith("needs 4 GPUs; 2 free now; expected to start at")
     assert waiting.explanation is not None and waiting.explanation["blocker"] == "cluster_full"
+    assert waiting.explanation["queue_position"] == 1
     assert waiting.estimated_start_at is not None
 
     executor.statuses[big.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)

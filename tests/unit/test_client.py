@@ -145,3 +145,39 @@ def test_list_passes_filters_and_cursor() -> None:
 
     page = client_for(handler).list(state="RUNNING", limit=10, cursor=5)
     assert [j.state for j in page.items] == ["RUNNING"]
+
+
+def test_list_sends_every_filter_and_repeats_states() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.params.get_list("state") == ["PENDING", "RUNNING"]
+        assert (request.url.params["queue"], request.url.params["user"]) == ("prod", "ana")
+        assert request.url.params["name_prefix"] == "bert"
+        return httpx.Response(200, json={"items": [], "next_cursor": None})
+
+    page = client_for(handler).list(
+        state=["PENDING", "RUNNING"], queue="prod", user="ana", name_prefix="bert"
+    )
+    assert page.items == []
+
+
+def test_priority_and_explain() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "PATCH":
+            assert request.url.path == "/v1/jobs/7"
+            assert json.loads(request.content) == {"priority": 4}
+            return httpx.Response(200, json={**job_json(), "priority": 4})
+        assert request.url.path == "/v1/jobs/7/explain"
+        explained = {
+            "job_id": 7,
+            "state": "PENDING",
+            "reason": "needs 2 GPUs",
+            "queue": "default",
+            "priority": 4,
+            "queue_position": 1,
+            "attained_gpu_hours": 0.0,
+        }
+        return httpx.Response(200, json=explained)
+
+    client = client_for(handler)
+    assert client.set_priority(7, 4).priority == 4
+    assert client.explain(7).queue_position == 1

@@ -1,0 +1,77 @@
+"""The CLI against the real app and database, in process (Typer's runner; no server)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+import gangway.cli
+from api.app import create_app
+from gangway import Client
+from scheduler.model import Node
+from scheduler.store import JobRepository
+
+NODES = [Node("id-1", "local-1", 4, 8.0)]
+
+
+@pytest.fixture
+def cli(repo: JobRepository, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
+    repo.replace_nodes(NODES)
+    app = create_app(repo)
+
+    def in_process(url: str) -> Client:
+        client = Client(url)
+        client._http = TestClient(app, raise_server_exceptions=False)  # the app, no server
+        return client
+
+    monkeypatch.setattr(gangway.cli, "_client", in_process)
+    yield CliRunner()
+
+
+def run(cli: CliRunner, *args: str) -> str:
+    result = cli.invoke(gangway.cli.app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def submit(cli: CliRunner, name: str, *extra: str) -> int:
+    job = json.loads(run(cli, "submit", "--name", name, "--dp", "2", "--json", *extra))
+    return int(job["id"])
+
+
+def test_priority_queue_and_explain(cli: CliRunner, repo: JobRepository) -> None:
+    first, second = submit(cli, "first"), submit(cli, "second")
+    for job_id, position in ((first, 2), (second, 1)):
+        why = {
+            "blocker": "cluster_full",
+            "message": "needs 2 GPUs; 0 free now",
+            "unblock": "expected to start when job 9 ends",
+            "queue_position": position,
+        }
+        repo.explain_wait(job_id, f"{why['message']}; {why['unblock']}", explanation=why)
+
+    assert "priority 0 -> 5" not in run(cli, "priority", str(first), "5")
+    assert json.loads(run(cli, "status", str(first), "--json"))["priority"] == 5
+
+    lines = run(cli, "queue").splitlines()
+    assert lines[0].split()[:4] == ["POS", "ID", "PRI", "GPUS"]
+    assert [line.split()[1] for line in lines[1:]] == [str(second), str(first)]  # by position
+
+    explained = run(cli, "explain", str(first))
+    assert f"job {first}: PENDING in queue 'default', priority 5" in explained
+    assert "queue position 2; estimated start unknown" in explained
+    assert "unblocks when: expected to start when job 9 ends" in explained
+
+
+def test_jobs_filters_and_errors(cli: CliRunner) -> None:
+    submit(cli, "bert-1", "--queue", "research")
+    submit(cli, "gpt-1")
+    listed = run(cli, "jobs", "--queue", "research")
+    assert "bert-1" in listed and "gpt-1" not in listed
+    assert "gpt-1" in run(cli, "jobs", "--name-prefix", "gpt", "--state", "PENDING")
+    missing = cli.invoke(gangway.cli.app, ["explain", "999"])
+    assert missing.exit_code == 1 and "error:" in missing.output

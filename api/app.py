@@ -8,6 +8,8 @@ from contextlib import AbstractAsyncContextManager
 from fastapi import FastAPI
 
 from api.errors import install_error_handlers
+from api.metrics import router as metrics_router
+from api.metrics import store_registry
 from api.routes import router as api_router
 from api.status_page import router as page_router
 from scheduler.store import JobRepository
@@ -32,7 +34,9 @@ def create_app(
     )
     app.state.repo = repo
     app.state.on_change = on_change
+    app.state.metrics_registry = store_registry(repo)
     install_error_handlers(app)
     app.include_router(api_router)
     app.include_router(page_router)
+    app.include_router(metrics_router)
     return app

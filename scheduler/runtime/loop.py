@@ -34,6 +34,7 @@ from scheduler.model import (
     Node,
     QueueQuota,
 )
+from scheduler.runtime import metrics
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.runtime.executor import Executor
 from scheduler.runtime.lease import LeaderLease
@@ -117,11 +118,12 @@ class SchedulerLoop:
     def tick(self) -> bool:
         """One pass; each step is one call (principle 3). True while some gang is on
         its way somewhere (starting, stopping, resizing): the next pass should come soon."""
-        nodes = self._refresh_nodes()
-        self._release_inactive_groups()
-        jobs = self._repo.in_states(_SCHEDULED_STATES)
-        self._apply_decisions(nodes, jobs)
-        return self._poll_groups()
+        with metrics.PASS_SECONDS.time():
+            nodes = self._refresh_nodes()
+            self._release_inactive_groups()
+            jobs = self._repo.in_states(_SCHEDULED_STATES)
+            self._apply_decisions(nodes, jobs)
+            return self._poll_groups()
 
     def run(
         self,
@@ -246,6 +248,7 @@ class SchedulerLoop:
             job, JobState.PREEMPTING, decision.reason, preempt_deadline=decision.deadline
         )
         if preempting.state is JobState.PREEMPTING:
+            metrics.PREEMPTIONS.labels(job.queue).inc()
             self._executor.stop(job.id)
 
     def _resize(self, job: JobRecord, decision: Resize) -> None:
@@ -261,6 +264,7 @@ class SchedulerLoop:
             preempt_deadline=deadline,
         )
         if resizing.state is JobState.RESIZING:
+            metrics.RESIZES.labels(job.queue).inc()
             self._executor.stop(job.id)
 
     def _admit(self, job: JobRecord, decision: Admit) -> None:
@@ -380,6 +384,9 @@ class SchedulerLoop:
             )
             if job.state is not JobState.RUNNING:
                 return
+            if job.attempt == 1 and job.started_at is not None:
+                waited = (job.started_at - job.submitted_at).total_seconds()
+                metrics.SUBMIT_TO_START_SECONDS.labels(job.queue).observe(waited)
         if status.phase is GroupPhase.SUCCEEDED:
             self._executor.release(job.id)
             self._transition(job, JobState.SUCCEEDED, f"all ranks finished at step {status.step}")
@@ -387,14 +394,14 @@ class SchedulerLoop:
             self._executor.release(job.id)
             for node in status.lost_nodes:
                 self._suspects[node] = self._clock()
-            self._fail_or_restart(job, status.error or "the gang failed")
+            self._fail_or_restart(job, status.error or "the gang failed", status)
         elif status.phase is GroupPhase.PLACEMENT_TIMEOUT:
             self._executor.release(job.id)
             self._requeue(job, status.error or "placement timed out")
         elif (hang := self._hang(job, status)) is not None:
             stacks = self._executor.stacks(job.id)
             self._executor.release(job.id)
-            self._fail_or_restart(job, f"{stacks}\n{hang}")
+            self._fail_or_restart(job, f"{stacks}\n{hang}", status)
         elif self._over_time_limit(job):
             self._executor.release(job.id)
             limit = job.spec.get("time_limit_s")
@@ -448,7 +455,7 @@ class SchedulerLoop:
         if status.phase is GroupPhase.FAILED:
             self._record_progress(job, status)
             self._executor.release(job.id)
-            self._fail_or_restart(job, status.error or "the gang failed while resizing")
+            self._fail_or_restart(job, status.error or "the gang failed while resizing", status)
             return
         stopped = self._stopped(job, status)
         if stopped is not None:
@@ -470,6 +477,7 @@ class SchedulerLoop:
                 job, JobState.SUCCEEDED, f"finished at step {status.step} while stopping"
             )
             return None
+        metrics.LOST_STEPS.labels(job.queue).inc(_lost_steps(status))
         how = (
             f"stopped at step {status.step}"
             if exited
@@ -485,12 +493,14 @@ class SchedulerLoop:
         )
         return how, resume
 
-    def _fail_or_restart(self, job: JobRecord, error: str) -> None:
+    def _fail_or_restart(self, job: JobRecord, error: str, status: GroupStatus) -> None:
         max_restarts = int(job.spec.get("max_restarts", 0))
         if job.restarts >= max_restarts:
             reason = f"failed after {job.restarts} restart(s): {error.splitlines()[-1]}"
             self._transition(job, JobState.FAILED, reason, error=error)
             return
+        metrics.RESTARTS.labels(job.queue).inc()
+        metrics.LOST_STEPS.labels(job.queue).inc(_lost_steps(status))
         restarting = self._transition(
             job,
             JobState.RESTARTING,
@@ -524,3 +534,8 @@ class SchedulerLoop:
             log.info("job %s: %s; leaving it to the newer state", job.id, exc)
             self._executor.release(job.id)
             return self._repo.get(job.id)
+
+
+def _lost_steps(status: GroupStatus) -> int:
+    """Steps done since the newest checkpoint: the next attempt does them again."""
+    return max(0, status.step - (status.checkpoint_step or 0))

@@ -225,6 +225,17 @@ class JobRepository:
         with Session(self._engine) as session:
             return [_job_record(r) for r in session.scalars(query)]
 
+    def count_jobs(self) -> dict[tuple[JobState, str], int]:
+        """How many jobs there are per (state, queue)."""
+        query = select(JobRow.state, JobRow.queue, func.count()).group_by(
+            JobRow.state, JobRow.queue
+        )
+        with Session(self._engine) as session:
+            return {
+                (JobState(state), queue): int(count)
+                for state, queue, count in session.execute(query)
+            }
+
     def in_states(self, states: Iterable[JobState]) -> list[JobRecord]:
         query = (
             select(JobRow).where(JobRow.state.in_([s.value for s in states])).order_by(JobRow.id)

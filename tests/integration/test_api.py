@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import create_app
 from scheduler.model import JobState, Node
@@ -325,3 +326,25 @@ def test_explain_says_why_a_job_waits_and_when_it_should_start(
         "cancelled by user",
         None,
     )
+
+
+def test_metrics_are_prometheus_text_from_the_store_and_the_loop(client: TestClient) -> None:
+    client.post("/v1/jobs", json=body(queue="research"))
+    client.post("/v1/jobs", json=body(queue="research"))
+    cancelled = client.post("/v1/jobs", json=body(queue="prod")).json()["id"]
+    client.post(f"/v1/jobs/{cancelled}/cancel")
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+    assert samples[("gangway_jobs", (("queue", "research"), ("state", "PENDING")))] == 2
+    assert samples[("gangway_jobs", (("queue", "prod"), ("state", "CANCELLED")))] == 1
+    assert samples[("gangway_queue_depth", (("queue", "research"),))] == 2
+    assert samples[("gangway_gpus_total", ())] == 8
+    assert samples[("gangway_gpus_allocated", ())] == 0
+    assert ("gangway_scheduling_pass_seconds_count", ()) in samples  # the loop's, same text
+    assert "/metrics" not in client.get("/openapi.json").json()["paths"]

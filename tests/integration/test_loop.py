@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from scheduler.model import JobState, Node, QueueQuota
+from scheduler.runtime import metrics
 from scheduler.runtime.executor import group_spec
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
@@ -369,9 +370,14 @@ def test_a_victim_that_ignores_the_notice_is_killed_at_the_deadline(
     assert "killed at the deadline" in repo.get(low.id).status_reason
 
 
+def counted(name: str, queue: str = "default") -> float:
+    return metrics.REGISTRY.get_sample_value(name, {"queue": queue}) or 0.0
+
+
 def test_the_requeue_reason_counts_steps_lost_since_the_checkpoint(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
 ) -> None:
+    preemptions, lost = counted("gangway_preemptions_total"), counted("gangway_lost_steps_total")
     low, _ = preempt_a_running_job(repo, loop, executor, clock)
     executor.statuses[low.id] = GroupStatus(
         GroupPhase.SUCCEEDED, True, step=9, checkpoint_step=7, stop_ack_s=1.3
@@ -382,6 +388,8 @@ def test_the_requeue_reason_counts_steps_lost_since_the_checkpoint(
         "stopped at step 9 (1.3 s after the notice) and requeued; resumes from its checkpoint "
         "at step 7" in reason
     )
+    assert counted("gangway_preemptions_total") == preemptions + 1
+    assert counted("gangway_lost_steps_total") == lost + 2
     assert "(2 steps lost)" in reason
 
 

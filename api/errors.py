@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gangway.models import ErrorBody, ErrorDetail, field_path
-from scheduler.store import IllegalTransition, JobEnded, JobNotFound, StaleState
+from scheduler.store import IllegalTransition, JobEnded, JobNotFound, KeyReused, StaleState
 
 
 class FieldError(ValueError):
@@ -52,6 +52,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StaleState)
     async def _conflict(_: Request, exc: Exception) -> JSONResponse:
         return error_response(409, [ErrorDetail(code="conflict", message=str(exc))])
+
+    @app.exception_handler(KeyReused)
+    async def _key_reused(_: Request, exc: KeyReused) -> JSONResponse:
+        detail = ErrorDetail(
+            code="idempotency_key_reused", message=str(exc), field="Idempotency-Key"
+        )
+        return error_response(409, [detail])
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from api.convert import cluster_info, job_event, job_explanation, job_info
 from api.validation import validate_submission
@@ -33,7 +35,10 @@ router = APIRouter()
 
 _ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorBody, "description": "no such job"},
-    409: {"model": ErrorBody, "description": "the job's state does not allow this"},
+    409: {
+        "model": ErrorBody,
+        "description": "the job's state does not allow this, or an Idempotency-Key reused",
+    },
     422: {"model": ErrorBody, "description": "invalid input; `error.field` names the field"},
 }
 
@@ -60,14 +65,29 @@ OnChange = Annotated[Callable[[], None], Depends(changed)]
 
 
 @router.post("/v1/jobs", status_code=201, response_model=JobInfo, responses=_ERRORS)
-def submit_job(submit: JobSubmit, repo: Repo, on_change: OnChange) -> JobInfo:
+def submit_job(
+    submit: JobSubmit,
+    repo: Repo,
+    on_change: OnChange,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=200,
+            description="retry-safe submission: the same key returns the job it first made",
+        ),
+    ] = None,
+) -> JobInfo:
     nodes = repo.nodes()
     spec = submit.model_dump(mode="json")
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
     shape = gang_shape(spec)
     validate_submission(submit, shape, nodes)
     if isinstance(submit.entrypoint, Script):  # ranks may start in another directory
         spec["entrypoint"]["path"] = str(Path(submit.entrypoint.path).resolve())
-    record = repo.create(
+    record, created = repo.create_once(
         NewJob(
             name=submit.name,
             queue=submit.queue,
@@ -76,9 +96,14 @@ def submit_job(submit: JobSubmit, repo: Repo, on_change: OnChange) -> JobInfo:
             spec=spec,
             num_gpus=shape.num_gpus,
             total_steps=getattr(submit.entrypoint, "steps", None),
+            idempotency_key=idempotency_key,
+            request_digest=digest,
         )
     )
-    on_change()
+    if created:
+        on_change()
+    else:
+        response.headers["Idempotent-Replayed"] = "true"
     return job_info(record, {n.id: n.name for n in nodes})
 
 

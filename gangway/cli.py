@@ -57,6 +57,9 @@ def submit(
     queue: str = "default",
     max_restarts: int = 0,
     wait: Annotated[bool, typer.Option(help="wait until the job ends")] = False,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="retry-safe: the same key returns the same job")
+    ] = None,
     url: Url = DEFAULT_URL,
     as_json: AsJson = False,
 ) -> None:
@@ -76,7 +79,7 @@ def submit(
         max_restarts=max_restarts,
     )
     with _client(url) as client:
-        job = _run(lambda: client.submit(spec))
+        job = _run(lambda: client.submit(spec, idempotency_key=idempotency_key))
         if wait:
             job = _run(lambda: client.wait(job.id, timeout_s=24 * 3600))
     _print_job(job, as_json)

@@ -58,15 +58,25 @@ class Client:
 
     # -- jobs -------------------------------------------------------------------------
 
-    def submit(self, spec: JobSubmit | None = None, **fields: Any) -> JobInfo:
-        """Submit a job: `submit(JobSubmit(...))` or `submit(name=..., entrypoint=Builtin())`."""
+    def submit(
+        self,
+        spec: JobSubmit | None = None,
+        *,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> JobInfo:
+        """Submit a job: `submit(JobSubmit(...))` or `submit(name=..., entrypoint=Builtin())`.
+
+        With an `idempotency_key` a submission is safe to retry (after a `TransportError`,
+        say): the same key returns the job the first attempt made, never a second one."""
         if spec is None:
             try:
                 spec = JobSubmit(**fields)
             except ValidationError as exc:
                 raise _local_validation_error(exc) from exc
         body = spec.model_dump(mode="json", exclude_unset=False)
-        return self._call("POST", "/v1/jobs", JobInfo, json=body)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._call("POST", "/v1/jobs", JobInfo, json=body, headers=headers)
 
     def get(self, job_id: int) -> JobInfo:
         return self._call("GET", f"/v1/jobs/{job_id}", JobInfo)

@@ -49,7 +49,7 @@ _UNION_TAGS = frozenset({"builtin", "function", "degree", "range"})
 def field_path(loc: Sequence[int | str]) -> str:
     """Pydantic's error location -> the dotted path of the field in the request body."""
     parts = [str(p) for p in loc]
-    if parts and parts[0] in ("body", "query", "path"):
+    if parts and parts[0] in ("body", "query", "path", "header"):
         parts = parts[1:]
     return ".".join(p for p in parts if p not in _UNION_TAGS)
 

@@ -43,6 +43,17 @@ class JobEnded(ValueError):
         self.job_id, self.state = job_id, state
 
 
+class KeyReused(ValueError):
+    """An Idempotency-Key came back with a different job body."""
+
+    def __init__(self, key: str, job_id: int) -> None:
+        super().__init__(
+            f"Idempotency-Key {key!r} was used for job {job_id} with a different body; "
+            "use a new key for a new job"
+        )
+        self.key, self.job_id = key, job_id
+
+
 class StaleState(RuntimeError):
     """The job's state changed under us (another writer won); re-read and decide again."""
 
@@ -60,6 +71,8 @@ class NewJob:
     num_gpus: int
     total_steps: int | None
     user: str = "default"
+    idempotency_key: str | None = None
+    request_digest: str | None = None  # of the submitted body, to tell a retry from a reuse
 
 
 @dataclass(frozen=True)
@@ -181,6 +194,8 @@ class JobRepository:
                 attempt=0,
                 restarts=0,
                 step=0,
+                idempotency_key=new.idempotency_key,
+                request_digest=new.request_digest,
             )
             session.add(row)
             session.flush()
@@ -191,6 +206,32 @@ class JobRepository:
             )
             session.flush()
             return _job_record(row)
+
+    def create_once(self, new: NewJob) -> tuple[JobRecord, bool]:
+        """`create`, unless a job was already submitted with `new.idempotency_key`: then
+        that job, and False. A key sent again with another body raises `KeyReused`.
+        Two requests racing with one key make one job: the unique index lets one insert
+        win, and the other finds it."""
+        key = new.idempotency_key
+        if key is None:
+            return self.create(new), True
+        found = self._by_idempotency_key(key)
+        if found is None:
+            try:
+                return self.create(new), True
+            except IntegrityError:
+                found = self._by_idempotency_key(key)
+                if found is None:
+                    raise
+        record, digest = found
+        if digest != new.request_digest:
+            raise KeyReused(key, record.id)
+        return record, False
+
+    def _by_idempotency_key(self, key: str) -> tuple[JobRecord, str | None] | None:
+        with Session(self._engine) as session:
+            row = session.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
+            return (_job_record(row), row.request_digest) if row is not None else None
 
     def get(self, job_id: int) -> JobRecord:
         with Session(self._engine) as session:

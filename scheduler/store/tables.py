@@ -90,6 +90,11 @@ class JobRow(Base):
     # Ranks of the current attempt flagged as slower than their peers ({rank, node_id,
     # local_s, ratio} each); cleared when the job is admitted again.
     stragglers: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    # A client's Idempotency-Key and a digest of the body it came with.
+    idempotency_key: Mapped[str | None] = mapped_column(
+        String(200), nullable=True, unique=True, index=True
+    )
+    request_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class JobEventRow(Base):

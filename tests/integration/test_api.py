@@ -348,3 +348,26 @@ def test_metrics_are_prometheus_text_from_the_store_and_the_loop(client: TestCli
     assert samples[("gangway_gpus_allocated", ())] == 0
     assert ("gangway_scheduling_pass_seconds_count", ()) in samples  # the loop's, same text
     assert "/metrics" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_an_idempotency_key_makes_a_retried_submit_return_the_same_job(
+    client: TestClient,
+) -> None:
+    headers = {"Idempotency-Key": "run-42"}
+    first = client.post("/v1/jobs", json=body(), headers=headers)
+    assert first.status_code == 201 and "Idempotent-Replayed" not in first.headers
+    # the same job spelled with its defaults: still a retry
+    again = client.post("/v1/jobs", json=body(priority=0, queue="default"), headers=headers)
+    assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    assert len(client.get("/v1/jobs").json()["items"]) == 1
+
+    reused = client.post("/v1/jobs", json=body(name="other"), headers=headers)
+    assert reused.status_code == 409
+    error = reused.json()["error"]
+    assert (error["code"], error["field"]) == ("idempotency_key_reused", "Idempotency-Key")
+    assert f"job {first.json()['id']}" in error["message"]
+
+    assert client.post("/v1/jobs", json=body()).json()["id"] != first.json()["id"]  # no key
+    empty = client.post("/v1/jobs", json=body(), headers={"Idempotency-Key": ""})
+    assert empty.status_code == 422 and empty.json()["error"]["field"] == "Idempotency-Key"

@@ -11,7 +11,14 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from scheduler.model import JobState, Node
-from scheduler.store import IllegalTransition, JobNotFound, JobRepository, NewJob, StaleState
+from scheduler.store import (
+    IllegalTransition,
+    JobNotFound,
+    JobRepository,
+    KeyReused,
+    NewJob,
+    StaleState,
+)
 from scheduler.store.tables import Base
 
 
@@ -195,3 +202,14 @@ def test_one_holder_at_a_time_holds_a_lease_until_it_expires(repo: JobRepository
     assert not clocked.hold_lease("scheduler", "a", ttl_s=15)
     clocked.release_lease("scheduler", "b")
     assert clocked.hold_lease("scheduler", "a", ttl_s=15)  # at once, no expiry wait
+
+
+def test_create_once_returns_the_first_job_for_a_key(repo: JobRepository) -> None:
+    keyed = replace(new_job(), idempotency_key="k1", request_digest="d1")
+    first, created = repo.create_once(keyed)
+    again, created_again = repo.create_once(keyed)
+    assert (created, created_again, again.id) == (True, False, first.id)
+    with pytest.raises(KeyReused):
+        repo.create_once(replace(keyed, request_digest="d2"))
+    other, _ = repo.create_once(replace(new_job(), idempotency_key="k2", request_digest="d1"))
+    assert other.id != first.id

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gangway.models import ErrorBody, ErrorDetail, field_path
 from scheduler.store import IllegalTransition, JobEnded, JobNotFound, KeyReused, StaleState
+
+
+def _allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """Every method some route serves at `path`. Starlette's own 405 names only the first
+    route that matched the path, and routes here are one per method."""
+    methods: set[str] = set()
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.path_regex.match(path):
+            methods |= route.methods or set()
+    return sorted(methods)
 
 
 class FieldError(ValueError):
@@ -21,9 +32,13 @@ class FieldError(ValueError):
         self.field, self.message = field, message
 
 
-def error_response(status_code: int, details: Sequence[ErrorDetail]) -> JSONResponse:
+def error_response(
+    status_code: int, details: Sequence[ErrorDetail], headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     body = ErrorBody(error=details[0], errors=list(details))
-    return JSONResponse(status_code=status_code, content=body.model_dump(mode="json"))
+    return JSONResponse(
+        status_code=status_code, content=body.model_dump(mode="json"), headers=headers
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -61,9 +76,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(409, [detail])
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if exc.status_code == 404 else "http_error"
-        return error_response(exc.status_code, [ErrorDetail(code=code, message=str(exc.detail))])
+        detail = ErrorDetail(code=code, message=str(exc.detail))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(app, request.url.path))
+        return error_response(exc.status_code, [detail], headers=headers)
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

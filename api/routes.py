@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import Path as PathParam
 
 from api.convert import cluster_info, job_event, job_explanation, job_info
 from api.validation import validate_submission
@@ -34,6 +35,7 @@ from scheduler.store import JobRepository, NewJob
 router = APIRouter()
 
 _ERRORS: dict[int | str, dict[str, object]] = {
+    400: {"model": ErrorBody, "description": "the body is not JSON"},
     404: {"model": ErrorBody, "description": "no such job"},
     409: {
         "model": ErrorBody,
@@ -49,6 +51,11 @@ def repository(request: Request) -> JobRepository:
 
 
 Repo = Annotated[JobRepository, Depends(repository)]
+
+# Ids and ranks are SQL INTEGER columns (32-bit on PostgreSQL): larger numbers are a 422
+# here, not a database error.
+MAX_ID = 2**31 - 1
+JobId = Annotated[int, PathParam(ge=1, le=MAX_ID, description="the job's id")]
 
 
 def _node_names(repo: JobRepository) -> dict[str, str]:
@@ -119,7 +126,7 @@ def list_jobs(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[
-        int | None, Query(ge=1, description="next_cursor of the previous page")
+        int | None, Query(ge=1, le=MAX_ID, description="next_cursor of the previous page")
     ] = None,
 ) -> JobPage:
     """Newest first."""
@@ -139,12 +146,12 @@ def list_jobs(
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobInfo, responses=_ERRORS)
-def get_job(job_id: int, repo: Repo) -> JobInfo:
+def get_job(job_id: JobId, repo: Repo) -> JobInfo:
     return job_info(repo.get(job_id), _node_names(repo))
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, responses=_ERRORS)
-def cancel_job(job_id: int, repo: Repo, on_change: OnChange) -> JobInfo:
+def cancel_job(job_id: JobId, repo: Repo, on_change: OnChange) -> JobInfo:
     """Cancel now in the store; the scheduler loop stops the ranks on its next pass.
 
     Cancelling a job that already ended is a 409 (its outcome is kept, not overwritten).
@@ -155,7 +162,7 @@ def cancel_job(job_id: int, repo: Repo, on_change: OnChange) -> JobInfo:
 
 
 @router.patch("/v1/jobs/{job_id}", response_model=JobInfo, responses=_ERRORS)
-def change_job(job_id: int, patch: JobPatch, repo: Repo, on_change: OnChange) -> JobInfo:
+def change_job(job_id: JobId, patch: JobPatch, repo: Repo, on_change: OnChange) -> JobInfo:
     """Change a job's priority: a pending job moves in the queue on the next pass; a
     running one is ranked by it for preemption. A job that ended is a 409."""
     before = repo.get(job_id)
@@ -166,22 +173,22 @@ def change_job(job_id: int, patch: JobPatch, repo: Repo, on_change: OnChange) ->
 
 
 @router.get("/v1/jobs/{job_id}/explain", response_model=JobExplanation, responses=_ERRORS)
-def explain_job(job_id: int, repo: Repo) -> JobExplanation:
+def explain_job(job_id: JobId, repo: Repo) -> JobExplanation:
     """Why the job is in its state; for a pending job the blocking constraint, what would
     unblock it, its queue position and estimated start, as of the latest scheduling pass."""
     return job_explanation(repo.get(job_id), repo.now())
 
 
 @router.get("/v1/jobs/{job_id}/events", response_model=list[JobEvent], responses=_ERRORS)
-def job_events(job_id: int, repo: Repo) -> list[JobEvent]:
+def job_events(job_id: JobId, repo: Repo) -> list[JobEvent]:
     return [job_event(e) for e in repo.events(job_id)]
 
 
 @router.get("/v1/jobs/{job_id}/logs", response_model=JobLogs, responses=_ERRORS)
 def job_logs(
-    job_id: int,
+    job_id: JobId,
     repo: Repo,
-    rank: Annotated[int | None, Query(ge=0, description="one rank only")] = None,
+    rank: Annotated[int | None, Query(ge=0, le=MAX_ID, description="one rank only")] = None,
     tail: Annotated[int, Query(ge=1, le=10_000, description="the last N lines")] = 200,
 ) -> JobLogs:
     """What the ranks printed, every attempt, oldest first; kept after the job ends."""

@@ -47,10 +47,18 @@ def _check_entrypoint(submit: JobSubmit, shape: GangShape) -> None:
             )
         _check_plan(submit, entrypoint, shape)
     elif isinstance(entrypoint, Script):
-        if not Path(entrypoint.path).is_file():
-            raise FieldError("entrypoint.path", f"no such script: {entrypoint.path!r}")
+        _check_script(entrypoint.path)
     elif isinstance(entrypoint, Function):
         try:
             resolve_function(entrypoint.target)
         except EntrypointError as exc:
             raise FieldError("entrypoint.target", str(exc)) from exc
+
+
+def _check_script(path: str) -> None:
+    try:
+        found = Path(path).resolve().is_file()
+    except OSError as exc:  # a name too long, a loop of links
+        raise FieldError("entrypoint.path", f"cannot use {path!r}: {exc.strerror}") from exc
+    if not found:
+        raise FieldError("entrypoint.path", f"no such script: {path!r}")

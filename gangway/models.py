@@ -10,21 +10,40 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
 
 from gangway.states import JobState as JobState  # re-exported: part of this contract
 
 
+def _integral(value: Any) -> Any:
+    """JSON has one kind of number: 4.0 is the integer 4, as JSON Schema says. Strict
+    models still refuse what is not a number (true, "4")."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ElasticDP(_Strict):
     """An elastic data-parallel degree: the job starts with the largest degree in
     [min, max] that fits, and the scheduler may grow or shrink it within the range."""
 
-    min: int = Field(ge=1, le=4096)
-    max: int = Field(ge=1, le=4096)
+    min: Int = Field(ge=1, le=4096)
+    max: Int = Field(ge=1, le=4096)
 
     @model_validator(mode="after")
     def _ordered(self) -> ElasticDP:
@@ -38,12 +57,12 @@ def _dp_kind(value: Any) -> str:
 
 
 DataParallel = Annotated[
-    Annotated[int, Field(ge=1, le=4096), Tag("degree")] | Annotated[ElasticDP, Tag("range")],
+    Annotated[Int, Field(ge=1, le=4096), Tag("degree")] | Annotated[ElasticDP, Tag("range")],
     Discriminator(_dp_kind),
 ]
 
 # Union members name themselves in pydantic's error locations; a user's field path omits them.
-_UNION_TAGS = frozenset({"builtin", "function", "degree", "range"})
+_UNION_TAGS = frozenset({"builtin", "function", "script", "degree", "range"})
 
 
 def field_path(loc: Sequence[int | str]) -> str:
@@ -58,8 +77,8 @@ class Parallelism(_Strict):
     """Degrees of data, tensor and pipeline parallelism; ranks = dp * tp * pp."""
 
     dp: DataParallel = Field(1, description="a degree, or {min, max} for an elastic job")
-    tp: int = Field(1, ge=1, le=64)
-    pp: int = Field(1, ge=1, le=256)
+    tp: Int = Field(1, ge=1, le=64)
+    pp: Int = Field(1, ge=1, le=256)
     fsdp: bool = Field(
         False,
         description="shard parameters, gradients and optimizer state over dp (FSDP2, "
@@ -68,7 +87,7 @@ class Parallelism(_Strict):
 
 
 class Resources(_Strict):
-    gpus_per_rank: int = Field(1, ge=1, le=16)
+    gpus_per_rank: Int = Field(1, ge=1, le=16)
     cpus_per_rank: float = Field(1.0, gt=0, le=1024)
 
 
@@ -77,14 +96,14 @@ class Builtin(_Strict):
 
     kind: Literal["builtin"] = "builtin"
     model: str = Field("gpt-tiny", min_length=1, max_length=100)
-    steps: int = Field(100, ge=1, le=10_000_000)
-    batch_size: int = Field(8, ge=1, le=4096)
+    steps: Int = Field(100, ge=1, le=10_000_000)
+    batch_size: Int = Field(8, ge=1, le=4096)
     learning_rate: float = Field(3e-3, gt=0, le=1)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    warmup_steps: int = Field(0, ge=0, description="linear LR warmup, then cosine decay")
-    grad_accumulation: int = Field(1, ge=1, le=1024)
+    seed: Int = Field(0, ge=0, le=2**31 - 1)
+    warmup_steps: Int = Field(0, ge=0, description="linear LR warmup, then cosine decay")
+    grad_accumulation: Int = Field(1, ge=1, le=1024)
     max_grad_norm: float | None = Field(1.0, gt=0, description="clip; null: no clipping")
-    microbatches: int = Field(1, ge=1, le=1024, description="per step, for the pipeline")
+    microbatches: Int = Field(1, ge=1, le=1024, description="per step, for the pipeline")
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
     precision: Literal["fp32", "bf16"] = "fp32"
     grad_compression: Literal["none", "fp16", "bf16", "powersgd"] = Field(
@@ -118,20 +137,33 @@ class Script(_Strict):
     args: list[str] = Field(default_factory=list, max_length=1000)
 
 
-Entrypoint = Annotated[Builtin | Function | Script, Field(discriminator="kind")]
+def _entrypoint_kind(value: Any) -> str:
+    """`kind` picks the entrypoint; without one it is the built-in trainer (whose fields
+    all have defaults), as the schema says."""
+    if isinstance(value, dict):
+        return str(value.get("kind", "builtin"))
+    return str(getattr(value, "kind", "builtin"))
+
+
+Entrypoint = Annotated[
+    Annotated[Builtin, Tag("builtin")]
+    | Annotated[Function, Tag("function")]
+    | Annotated[Script, Tag("script")],
+    Discriminator(_entrypoint_kind),
+]
 
 
 class CheckpointPolicy(_Strict):
     """When the built-in trainer writes a checkpoint (also on a stop notice and at the end);
     a restarted or preempted job resumes from the newest one."""
 
-    interval_steps: int | None = Field(None, ge=1, description="null: only on stop and at end")
-    keep_last: int = Field(2, ge=1, le=100)
+    interval_steps: Int | None = Field(None, ge=1, description="null: only on stop and at end")
+    keep_last: Int = Field(2, ge=1, le=100)
 
 
 class JobSubmit(_Strict):
     name: str = Field(min_length=1, max_length=200)
-    priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
+    priority: Int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
     queue: str = Field("default", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
     user: str = Field(
         "default",
@@ -144,8 +176,8 @@ class JobSubmit(_Strict):
     parallelism: Parallelism = Field(default_factory=Parallelism)
     resources: Resources = Field(default_factory=Resources)
     entrypoint: Entrypoint
-    max_restarts: int = Field(0, ge=0, le=100)
-    time_limit_s: int | None = Field(
+    max_restarts: Int = Field(0, ge=0, le=100)
+    time_limit_s: Int | None = Field(
         None, ge=1, le=365 * 24 * 3600, description="also lets the job backfill idle GPUs"
     )
     preemptible: bool = Field(True, description="may be stopped for a higher-priority job")
@@ -219,7 +251,7 @@ class JobInfo(BaseModel):
 class JobPatch(_Strict):
     """What may change after submission."""
 
-    priority: int = Field(ge=-1_000_000, le=1_000_000, description="higher runs first")
+    priority: Int = Field(ge=-1_000_000, le=1_000_000, description="higher runs first")
 
 
 class JobExplanation(BaseModel):

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import create_app
+from api.openapi import COMMITTED, document, render
 from scheduler.model import JobState, Node
 from scheduler.store import JobRepository
 
@@ -371,3 +372,8 @@ def test_an_idempotency_key_makes_a_retried_submit_return_the_same_job(
     assert client.post("/v1/jobs", json=body()).json()["id"] != first.json()["id"]  # no key
     empty = client.post("/v1/jobs", json=body(), headers={"Idempotency-Key": ""})
     assert empty.status_code == 422 and empty.json()["error"]["field"] == "Idempotency-Key"
+
+
+def test_the_committed_openapi_document_is_the_apps() -> None:
+    committed = COMMITTED.read_text()
+    assert render(document()) == committed, "the API changed: run `python -m api.openapi`"

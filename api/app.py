@@ -8,6 +8,7 @@ from contextlib import AbstractAsyncContextManager
 from fastapi import FastAPI
 
 from api.errors import install_error_handlers
+from api.logstream import router as logstream_router
 from api.metrics import router as metrics_router
 from api.metrics import store_registry
 from api.routes import router as api_router
@@ -37,6 +38,7 @@ def create_app(
     app.state.metrics_registry = store_registry(repo)
     install_error_handlers(app)
     app.include_router(api_router)
+    app.include_router(logstream_router)
     app.include_router(page_router)
     app.include_router(metrics_router)
     return app

@@ -34,7 +34,7 @@ from scheduler.store import JobRepository, NewJob
 
 router = APIRouter()
 
-_ERRORS: dict[int | str, dict[str, object]] = {
+ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
     400: {"model": ErrorBody, "description": "the body is not JSON"},
     404: {"model": ErrorBody, "description": "no such job"},
     409: {
@@ -71,7 +71,7 @@ def changed(request: Request) -> Callable[[], None]:
 OnChange = Annotated[Callable[[], None], Depends(changed)]
 
 
-@router.post("/v1/jobs", status_code=201, response_model=JobInfo, responses=_ERRORS)
+@router.post("/v1/jobs", status_code=201, response_model=JobInfo, responses=ERROR_RESPONSES)
 def submit_job(
     submit: JobSubmit,
     repo: Repo,
@@ -114,7 +114,7 @@ def submit_job(
     return job_info(record, {n.id: n.name for n in nodes})
 
 
-@router.get("/v1/jobs", response_model=JobPage, responses=_ERRORS)
+@router.get("/v1/jobs", response_model=JobPage, responses=ERROR_RESPONSES)
 def list_jobs(
     repo: Repo,
     *,
@@ -145,12 +145,12 @@ def list_jobs(
     )
 
 
-@router.get("/v1/jobs/{job_id}", response_model=JobInfo, responses=_ERRORS)
+@router.get("/v1/jobs/{job_id}", response_model=JobInfo, responses=ERROR_RESPONSES)
 def get_job(job_id: JobId, repo: Repo) -> JobInfo:
     return job_info(repo.get(job_id), _node_names(repo))
 
 
-@router.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, responses=_ERRORS)
+@router.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, responses=ERROR_RESPONSES)
 def cancel_job(job_id: JobId, repo: Repo, on_change: OnChange) -> JobInfo:
     """Cancel now in the store; the scheduler loop stops the ranks on its next pass.
 
@@ -161,7 +161,7 @@ def cancel_job(job_id: JobId, repo: Repo, on_change: OnChange) -> JobInfo:
     return job_info(record, _node_names(repo))
 
 
-@router.patch("/v1/jobs/{job_id}", response_model=JobInfo, responses=_ERRORS)
+@router.patch("/v1/jobs/{job_id}", response_model=JobInfo, responses=ERROR_RESPONSES)
 def change_job(job_id: JobId, patch: JobPatch, repo: Repo, on_change: OnChange) -> JobInfo:
     """Change a job's priority: a pending job moves in the queue on the next pass; a
     running one is ranked by it for preemption. A job that ended is a 409."""
@@ -172,27 +172,33 @@ def change_job(job_id: JobId, patch: JobPatch, repo: Repo, on_change: OnChange) 
     return job_info(record, _node_names(repo))
 
 
-@router.get("/v1/jobs/{job_id}/explain", response_model=JobExplanation, responses=_ERRORS)
+@router.get("/v1/jobs/{job_id}/explain", response_model=JobExplanation, responses=ERROR_RESPONSES)
 def explain_job(job_id: JobId, repo: Repo) -> JobExplanation:
     """Why the job is in its state; for a pending job the blocking constraint, what would
     unblock it, its queue position and estimated start, as of the latest scheduling pass."""
     return job_explanation(repo.get(job_id), repo.now())
 
 
-@router.get("/v1/jobs/{job_id}/events", response_model=list[JobEvent], responses=_ERRORS)
+@router.get("/v1/jobs/{job_id}/events", response_model=list[JobEvent], responses=ERROR_RESPONSES)
 def job_events(job_id: JobId, repo: Repo) -> list[JobEvent]:
     return [job_event(e) for e in repo.events(job_id)]
 
 
-@router.get("/v1/jobs/{job_id}/logs", response_model=JobLogs, responses=_ERRORS)
+@router.get("/v1/jobs/{job_id}/logs", response_model=JobLogs, responses=ERROR_RESPONSES)
 def job_logs(
     job_id: JobId,
     repo: Repo,
     rank: Annotated[int | None, Query(ge=0, le=MAX_ID, description="one rank only")] = None,
-    tail: Annotated[int, Query(ge=1, le=10_000, description="the last N lines")] = 200,
+    tail: Annotated[
+        int, Query(ge=1, le=10_000, description="the last N lines, or N lines after `after`")
+    ] = 200,
+    after: Annotated[
+        int | None, Query(ge=0, le=2**63 - 1, description="a line's id: read on after it")
+    ] = None,
 ) -> JobLogs:
-    """What the ranks printed, every attempt, oldest first; kept after the job ends."""
-    lines = repo.logs(job_id, rank=rank, tail=tail)
+    """What the ranks printed, every attempt, oldest first; kept after the job ends.
+    For a live view, `/logs/stream` pushes new lines as they arrive."""
+    lines = repo.logs(job_id, rank=rank, tail=tail, after=after)
     return JobLogs(lines=[LogLine(**asdict(line)) for line in lines])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,7 +12,16 @@ import typer
 
 from gangway.client import Client
 from gangway.errors import GangwayError
-from gangway.models import Builtin, Function, JobInfo, JobState, JobSubmit, Parallelism, Resources
+from gangway.models import (
+    Builtin,
+    Function,
+    JobInfo,
+    JobState,
+    JobSubmit,
+    LogLine,
+    Parallelism,
+    Resources,
+)
 
 app = typer.Typer(
     help="Gangway: schedule and run distributed PyTorch training.", no_args_is_help=True
@@ -198,17 +208,31 @@ def logs(
     job_id: int,
     rank: Annotated[int | None, typer.Option(min=0, help="one rank only")] = None,
     tail: Annotated[int, typer.Option(min=1, max=10_000, help="the last N lines")] = 200,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing new lines until the job ends")
+    ] = False,
     url: Url = DEFAULT_URL,
     as_json: AsJson = False,
 ) -> None:
     """What a job's ranks printed (all attempts), oldest first."""
     with _client(url) as client:
+        if follow:
+            _run(lambda: _print_lines(client.follow_logs(job_id, rank=rank, tail=tail), as_json))
+            return
         lines = _run(lambda: client.logs(job_id, rank=rank, tail=tail))
     if as_json:
         typer.echo(json.dumps([line.model_dump() for line in lines]))
         return
+    _print_lines(lines, as_json=False)
+
+
+def _print_lines(lines: Iterable[LogLine], as_json: bool) -> None:
+    """One line each (JSON lines with --json), printed as they come."""
     for line in lines:
-        typer.echo(f"[attempt {line.attempt} rank {line.rank}] {line.line}")
+        if as_json:
+            typer.echo(line.model_dump_json())
+        else:
+            typer.echo(f"[attempt {line.attempt} rank {line.rank}] {line.line}")
 
 
 @app.command()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -123,6 +123,28 @@ class Client:
             params["rank"] = rank
         return self._call("GET", f"/v1/jobs/{job_id}/logs", JobLogs, params=params).lines
 
+    def follow_logs(
+        self, job_id: int, *, rank: int | None = None, tail: int = 200
+    ) -> Iterator[LogLine]:
+        """The last `tail` lines, then each new one as the ranks print it, until the job
+        ends (Server-Sent Events from `/logs/stream`)."""
+        params: dict[str, Any] = {"tail": tail}
+        if rank is not None:
+            params["rank"] = rank
+        url = f"/v1/jobs/{job_id}/logs/stream"
+        try:
+            with self._http.stream("GET", url, params=params, timeout=None) as response:
+                if response.is_error:
+                    response.read()
+                    raise _api_error(response)
+                for event, data in _server_sent_events(response.iter_lines()):
+                    if event == "end":
+                        return
+                    if event == "line":
+                        yield LogLine.model_validate_json(data)
+        except httpx.TransportError as exc:
+            raise TransportError(f"lost the log stream from {self._http.base_url}: {exc}") from exc
+
     def wait(self, job_id: int, timeout_s: float = 600.0, *, poll_s: float = 1.0) -> JobInfo:
         """Block until the job ends. Raises `JobFailed` unless it SUCCEEDED."""
         deadline = time.monotonic() + timeout_s
@@ -154,6 +176,20 @@ class Client:
         if response.is_error:
             raise _api_error(response)
         return response
+
+
+def _server_sent_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
+    """(event, data) per event of a text/event-stream; comments and ids are skipped."""
+    event, data = "message", list[str]()
+    for line in lines:
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
 
 
 def _api_error(response: httpx.Response) -> Exception:

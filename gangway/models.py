@@ -290,6 +290,7 @@ class LogLine(BaseModel):
     rank: int
     seq: int = Field(description="the line's number within its rank and attempt")
     line: str
+    id: int = Field(0, description="cursor: `after=` or Last-Event-ID reads on from here")
 
 
 class JobLogs(BaseModel):

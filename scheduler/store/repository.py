@@ -116,6 +116,7 @@ class LogLine:
     rank: int
     seq: int
     line: str
+    id: int = 0  # the store's order of arrival: a follower's cursor
 
 
 @dataclass(frozen=True)
@@ -427,17 +428,30 @@ class JobRepository:
             session.add_all(fresh)
             return len(fresh)
 
-    def logs(self, job_id: int, *, rank: int | None = None, tail: int = 200) -> list[LogLine]:
-        """The last `tail` lines of the job (all attempts), oldest first."""
+    def logs(
+        self,
+        job_id: int,
+        *,
+        rank: int | None = None,
+        tail: int = 200,
+        after: int | None = None,
+    ) -> list[LogLine]:
+        """Lines of the job (all attempts), oldest first: the last `tail`, or with `after`
+        (a line's `id`) the first `tail` after it, for a reader that follows."""
         query = select(JobLogRow).where(JobLogRow.job_id == job_id)
         if rank is not None:
             query = query.where(JobLogRow.rank == rank)
-        query = query.order_by(JobLogRow.id.desc()).limit(tail)
+        if after is None:
+            query = query.order_by(JobLogRow.id.desc()).limit(tail)
+        else:
+            query = query.where(JobLogRow.id > after).order_by(JobLogRow.id).limit(tail)
         with Session(self._engine) as session:
             if session.get(JobRow, job_id) is None:
                 raise JobNotFound(job_id)
             rows = list(session.scalars(query))
-        return [LogLine(r.attempt, r.rank, r.seq, r.line) for r in reversed(rows)]
+        if after is None:
+            rows.reverse()
+        return [LogLine(r.attempt, r.rank, r.seq, r.line, r.id) for r in rows]
 
     def usage_intervals(self, since: datetime) -> list[UsageInterval]:
         """GPU use of every run that started, and was still going at or after `since`

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -377,3 +380,48 @@ def test_an_idempotency_key_makes_a_retried_submit_return_the_same_job(
 def test_the_committed_openapi_document_is_the_apps() -> None:
     committed = COMMITTED.read_text()
     assert render(document()) == committed, "the API changed: run `python -m api.openapi`"
+
+
+def sse_events(text: str) -> list[tuple[str, str, str]]:
+    """(event, id, data) per Server-Sent Event."""
+    events = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in fields:
+            events.append((fields["event"], fields.get("id", ""), fields.get("data", "")))
+    return events
+
+
+def test_the_log_stream_follows_new_lines_until_the_job_ends(
+    client: TestClient, repo: JobRepository
+) -> None:
+    job_id = client.post("/v1/jobs", json=body()).json()["id"]
+    repo.append_logs(job_id, 1, [(0, 1, "before the stream"), (1, 1, "rank 1 says hi")])
+
+    def later() -> None:
+        time.sleep(0.3)  # the stream is open by now, waiting for more
+        repo.append_logs(job_id, 1, [(0, 2, "while streaming")])
+        time.sleep(0.3)
+        client.post(f"/v1/jobs/{job_id}/cancel")
+
+    writer = threading.Thread(target=later)
+    writer.start()
+    response = client.get(f"/v1/jobs/{job_id}/logs/stream")
+    writer.join()
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response.text)
+    lines = [json.loads(data)["line"] for event, _, data in events if event == "line"]
+    assert lines == ["before the stream", "rank 1 says hi", "while streaming"]
+    assert events[-1] == ("end", "", '{"state": "CANCELLED"}')
+
+    first_id = events[0][1]
+    resumed = client.get(
+        f"/v1/jobs/{job_id}/logs/stream", headers={"Last-Event-ID": first_id}, params={"rank": 0}
+    )
+    assert [json.loads(d)["line"] for e, _, d in sse_events(resumed.text) if e == "line"] == [
+        "while streaming"
+    ]
+    paged = client.get(f"/v1/jobs/{job_id}/logs", params={"after": first_id}).json()["lines"]
+    assert [x["line"] for x in paged] == ["rank 1 says hi", "while streaming"]
+    assert client.get("/v1/jobs/999/logs/stream").status_code == 404

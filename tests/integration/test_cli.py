@@ -75,3 +75,13 @@ def test_jobs_filters_and_errors(cli: CliRunner) -> None:
     assert "gpt-1" in run(cli, "jobs", "--name-prefix", "gpt", "--state", "PENDING")
     missing = cli.invoke(gangway.cli.app, ["explain", "999"])
     assert missing.exit_code == 1 and "error:" in missing.output
+
+
+def test_logs_follow_prints_until_the_job_ends(cli: CliRunner, repo: JobRepository) -> None:
+    job_id = submit(cli, "talker")
+    repo.append_logs(job_id, 1, [(0, 1, "step 1/2"), (0, 2, "step 2/2")])
+    run(cli, "cancel", str(job_id))
+    followed = run(cli, "logs", str(job_id), "-f")
+    assert followed.splitlines() == ["[attempt 1 rank 0] step 1/2", "[attempt 1 rank 0] step 2/2"]
+    as_json = [json.loads(x) for x in run(cli, "logs", str(job_id), "-f", "--json").splitlines()]
+    assert [x["line"] for x in as_json] == ["step 1/2", "step 2/2"]

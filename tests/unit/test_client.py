@@ -181,3 +181,30 @@ def test_priority_and_explain() -> None:
     client = client_for(handler)
     assert client.set_priority(7, 4).priority == 4
     assert client.explain(7).queue_position == 1
+
+
+def test_follow_logs_reads_server_sent_events_until_the_end_event() -> None:
+    line = {"attempt": 1, "rank": 0, "seq": 1, "line": "step 1", "id": 5}
+    stream = (
+        f"id: 5\nevent: line\ndata: {json.dumps(line)}\n\n"
+        ": keep-alive\n\n"
+        'event: end\ndata: {"state": "SUCCEEDED"}\n\n'
+        f"id: 6\nevent: line\ndata: {json.dumps(line)}\n\n"  # after the end: never read
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/jobs/7/logs/stream"
+        assert dict(request.url.params) == {"tail": "10", "rank": "0"}
+        return httpx.Response(200, text=stream, headers={"content-type": "text/event-stream"})
+
+    lines = list(client_for(handler).follow_logs(7, rank=0, tail=10))
+    assert [(x.line, x.id) for x in lines] == [("step 1", 5)]
+
+
+def test_follow_logs_raises_the_typed_error() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        error = {"code": "not_found", "message": "job 7 not found", "field": None}
+        return httpx.Response(404, json={"error": error, "errors": [error]})
+
+    with pytest.raises(NotFound):
+        list(client_for(handler).follow_logs(7))

@@ -25,6 +25,20 @@ from scheduler.store import JobRepository, LogLine
 
 router = APIRouter()
 
+# One event of the stream, as OpenAPI 3.2 and schemathesis read a text/event-stream.
+_EVENT_SCHEMA = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "enum": ["line", "end"]},
+        "data": {
+            "type": "string",
+            "description": 'line: a LogLine as JSON; end: {"state": <the final state>}',
+        },
+        "id": {"type": "string", "description": "line events: the line's cursor"},
+    },
+}
+
 POLL_S = 0.5
 KEEPALIVE_S = 15.0
 BATCH = 1000
@@ -36,7 +50,7 @@ BATCH = 1000
     responses={
         **ERROR_RESPONSES,
         200: {
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": _EVENT_SCHEMA}},
             "description": "`line` events (data: a LogLine as JSON; id: its cursor), then "
             "one `end` event with the job's final state",
         },

@@ -192,7 +192,9 @@ def test_logs_tail_and_filter_by_rank(client: TestClient, repo: JobRepository) -
         (0, "step 2"),
     ]
     one = client.get(f"/v1/jobs/{job_id}/logs", params={"rank": 1, "tail": 5}).json()
-    assert one["lines"] == [{"attempt": 1, "rank": 1, "seq": 1, "line": "hello from 1"}]
+    assert one["lines"] == [
+        {"attempt": 1, "rank": 1, "seq": 1, "line": "hello from 1", "id": lines[1]["id"]}
+    ]
     bad = client.get(f"/v1/jobs/{job_id}/logs", params={"tail": 0})
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "tail"
 
@@ -203,8 +205,12 @@ def test_unknown_job_is_404_everywhere(client: TestClient) -> None:
         ("POST", "/v1/jobs/424242/cancel"),
         ("GET", "/v1/jobs/424242/events"),
         ("GET", "/v1/jobs/424242/logs"),
+        ("GET", "/v1/jobs/424242/logs/stream"),
+        ("GET", "/v1/jobs/424242/explain"),
+        ("PATCH", "/v1/jobs/424242"),
     ]:
-        response = client.request(method, path)
+        payload = {"priority": 1} if method == "PATCH" else None
+        response = client.request(method, path, json=payload)
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "not_found"
     assert client.get("/v1/nowhere").json()["error"]["code"] == "not_found"

@@ -21,11 +21,13 @@ from gangway.models import (
     JobExplanation,
     JobInfo,
     JobLogs,
+    JobMetrics,
     JobPage,
     JobPatch,
     JobState,
     JobSubmit,
     LogLine,
+    MetricPoint,
     Script,
 )
 from scheduler.model import RESOURCE_HOLDING_STATES
@@ -200,6 +202,19 @@ def job_logs(
     For a live view, `/logs/stream` pushes new lines as they arrive."""
     lines = repo.logs(job_id, rank=rank, tail=tail, after=after)
     return JobLogs(lines=[LogLine(**asdict(line)) for line in lines])
+
+
+@router.get("/v1/jobs/{job_id}/metrics", response_model=JobMetrics, responses=ERROR_RESPONSES)
+def job_metrics(
+    job_id: JobId,
+    repo: Repo,
+    max_points: Annotated[
+        int, Query(ge=2, le=10_000, description="thin the series to at most this many")
+    ] = 500,
+) -> JobMetrics:
+    """Loss, tokens/s, step time and memory over steps, every attempt (a chart's data)."""
+    points = repo.metrics(job_id, max_points=max_points)
+    return JobMetrics(points=[MetricPoint(**asdict(point)) for point in points])
 
 
 @router.get("/v1/cluster", response_model=ClusterInfo)

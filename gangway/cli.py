@@ -204,6 +204,33 @@ def _when(at: datetime | None) -> str:
 
 
 @app.command()
+def metrics(
+    job_id: int,
+    max_points: Annotated[int, typer.Option(min=2, max=10_000, help="thin to this many")] = 20,
+    url: Url = DEFAULT_URL,
+    as_json: AsJson = False,
+) -> None:
+    """A job's loss, tokens/s, step time and memory over its steps."""
+    with _client(url) as client:
+        points = _run(lambda: client.metrics(job_id, max_points=max_points))
+    if as_json:
+        typer.echo(json.dumps([p.model_dump(mode="json") for p in points], indent=2))
+        return
+    typer.echo(f"{'STEP':>8} {'ATT':>3} {'LOSS':>9} {'TOKENS/S':>10} {'STEP MS':>8} {'MEM MB':>8}")
+    for p in points:
+        step_ms = p.step_time_s * 1000 if p.step_time_s is not None else None
+        typer.echo(
+            f"{p.step:>8} {p.attempt:>3} {_num(p.loss, '.4f'):>9} "
+            f"{_num(p.tokens_per_s, ',.0f'):>10} {_num(step_ms, '.0f'):>8} "
+            f"{_num(p.memory_mb, '.0f'):>8}"
+        )
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+@app.command()
 def logs(
     job_id: int,
     rank: Annotated[int | None, typer.Option(min=0, help="one rank only")] = None,

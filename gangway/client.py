@@ -16,11 +16,13 @@ from gangway.models import (
     JobExplanation,
     JobInfo,
     JobLogs,
+    JobMetrics,
     JobPage,
     JobPatch,
     JobState,
     JobSubmit,
     LogLine,
+    MetricPoint,
     field_path,
 )
 
@@ -28,6 +30,7 @@ M = TypeVar("M", bound=BaseModel)
 
 JobEvents = list[JobEvent]
 LogLines = list[LogLine]
+MetricPoints = list[MetricPoint]
 _EVENTS = TypeAdapter(JobEvents)
 
 
@@ -122,6 +125,11 @@ class Client:
         if rank is not None:
             params["rank"] = rank
         return self._call("GET", f"/v1/jobs/{job_id}/logs", JobLogs, params=params).lines
+
+    def metrics(self, job_id: int, *, max_points: int = 500) -> MetricPoints:
+        """Loss, tokens/s, step time and memory over steps, thinned to `max_points`."""
+        params = {"max_points": max_points}
+        return self._call("GET", f"/v1/jobs/{job_id}/metrics", JobMetrics, params=params).points
 
     def follow_logs(
         self, job_id: int, *, rank: int | None = None, tail: int = 200

@@ -293,6 +293,22 @@ class LogLine(BaseModel):
     id: int = Field(0, description="cursor: `after=` or Last-Event-ID reads on from here")
 
 
+class MetricPoint(BaseModel):
+    """Rank 0's report as one scheduler poll saw it."""
+
+    attempt: int
+    step: int
+    at: datetime
+    loss: float | None
+    tokens_per_s: float | None
+    step_time_s: float | None
+    memory_mb: float | None = Field(description="peak memory of rank 0's device (or process)")
+
+
+class JobMetrics(BaseModel):
+    points: list[MetricPoint] = Field(description="oldest first, evenly thinned")
+
+
 class JobLogs(BaseModel):
     lines: list[LogLine]
 

@@ -91,6 +91,8 @@ class GroupStatus:
     loss: float | None = None
     first_loss: float | None = None
     tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    memory_mb: float | None = None  # rank 0's peak
     error: str | None = None
     checkpoint_step: int | None = None  # the newest step the ranks have saved
     # Output lines new since the previous poll: (rank, number, line). Handed out once.
@@ -383,6 +385,8 @@ def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     """One status for the gang: a failed rank fails it, all succeeded succeeds it."""
     lead = statuses[0]
     progress = {key: lead[key] for key in ("step", "loss", "first_loss", "tokens_per_s")}
+    progress["step_time_s"] = lead.get("step_time_s")
+    progress["memory_mb"] = lead.get("memory_mb")
     saved = lead.get("checkpoint_step")  # absent from actors started by an older release
     progress["checkpoint_step"] = int(saved) if saved is not None else None
     progress["rank_local_s"] = tuple(s.get("local_s") for s in statuses)

@@ -110,6 +110,8 @@ class RankActor:
             "tokens_per_s": progress.tokens_per_s if progress else None,
             "checkpoint_step": progress.metrics.get("checkpoint_step") if progress else None,
             "local_s": progress.metrics.get("local_s") if progress else None,
+            "step_time_s": progress.metrics.get("step_time_s") if progress else None,
+            "memory_mb": progress.metrics.get("peak_memory_mb") if progress else None,
             "reported_at": progress.reported_at if progress else 0.0,
             "stop_ack_s": self._stop_ack_s(),
             "pid": os.getpid(),

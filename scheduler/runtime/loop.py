@@ -40,7 +40,7 @@ from scheduler.runtime.executor import Executor
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.runtime.views import gang_shape, job_view, run_info
-from scheduler.store import JobRecord, JobRepository, StaleState
+from scheduler.store import JobRecord, JobRepository, ProgressPoint, StaleState
 from scheduler.store.repository import utcnow
 from workers.group import GroupPhase, GroupStatus
 
@@ -336,13 +336,15 @@ class SchedulerLoop:
     def _record_progress(self, job: JobRecord, status: GroupStatus) -> None:
         self._repo.append_logs(job.id, job.attempt, status.logs)
         if status.step != job.step:
-            self._repo.record_progress(
-                job.id,
+            point = ProgressPoint(
                 step=status.step,
                 loss=status.loss,
                 first_loss=status.first_loss,
                 tokens_per_s=status.tokens_per_s,
+                step_time_s=status.step_time_s,
+                memory_mb=status.memory_mb,
             )
+            self._repo.record_progress(job.id, job.attempt, point)
             self._watch_stragglers(job, status)
 
     def _watch_stragglers(self, job: JobRecord, status: GroupStatus) -> None:

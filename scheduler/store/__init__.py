@@ -11,7 +11,9 @@ from scheduler.store.repository import (
     JobRepository,
     KeyReused,
     LogLine,
+    MetricPoint,
     NewJob,
+    ProgressPoint,
     StaleState,
 )
 
@@ -24,7 +26,9 @@ __all__ = [
     "JobRepository",
     "KeyReused",
     "LogLine",
+    "MetricPoint",
     "NewJob",
+    "ProgressPoint",
     "StaleState",
     "make_engine",
     "upgrade_to_head",

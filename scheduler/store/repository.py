@@ -7,6 +7,7 @@ the same transaction, so the event log can never disagree with the job's state.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -18,7 +19,14 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.fairshare import UsageInterval
 from scheduler.model import JobState, Node, is_legal_transition
-from scheduler.store.tables import JobEventRow, JobLogRow, JobRow, LeaseRow, NodeRow
+from scheduler.store.tables import (
+    JobEventRow,
+    JobLogRow,
+    JobMetricRow,
+    JobRow,
+    LeaseRow,
+    NodeRow,
+)
 
 
 class JobNotFound(LookupError):
@@ -108,6 +116,29 @@ class JobRecord:
     waited_s: float = 0.0
     attained_gpu_s: float = 0.0
     stragglers: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class ProgressPoint:
+    """What one poll saw of a running job (rank 0's latest report)."""
+
+    step: int
+    loss: float | None = None
+    first_loss: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    memory_mb: float | None = None
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    attempt: int
+    step: int
+    at: datetime
+    loss: float | None
+    tokens_per_s: float | None
+    step_time_s: float | None
+    memory_mb: float | None
 
 
 @dataclass(frozen=True)
@@ -364,26 +395,48 @@ class JobRepository:
                 )
             )
 
-    def record_progress(
-        self,
-        job_id: int,
-        *,
-        step: int,
-        loss: float | None,
-        first_loss: float | None,
-        tokens_per_s: float | None,
-    ) -> None:
-        """Store the latest training progress. `first_loss` is the loss of the attempt's
-        first step (ranks keep it, since the loop may first look several steps in); the
-        job keeps the first one it ever saw, to show the trend across restarts."""
+    def record_progress(self, job_id: int, attempt: int, point: ProgressPoint) -> None:
+        """Store the latest training progress on the job and as a point of its metric
+        series, in one transaction. `first_loss` is the loss of the attempt's first step
+        (ranks keep it, since the loop may first look several steps in); the job keeps
+        the first one it ever saw, to show the trend across restarts."""
+        now = self._clock()
         with Session(self._engine) as session, session.begin():
             row = session.get(JobRow, job_id)
             if row is None:
                 raise JobNotFound(job_id)
             if row.first_loss is None:
-                row.first_loss = first_loss
-            row.step, row.loss, row.tokens_per_s = step, loss, tokens_per_s
-            row.progress_at = self._clock()
+                row.first_loss = point.first_loss
+            row.step, row.loss, row.tokens_per_s = point.step, point.loss, point.tokens_per_s
+            row.progress_at = now
+            session.add(
+                JobMetricRow(
+                    job_id=job_id,
+                    attempt=attempt,
+                    step=point.step,
+                    at=now,
+                    loss=point.loss,
+                    tokens_per_s=point.tokens_per_s,
+                    step_time_s=point.step_time_s,
+                    memory_mb=point.memory_mb,
+                )
+            )
+
+    def metrics(self, job_id: int, *, max_points: int = 500) -> list[MetricPoint]:
+        """The job's metric series, oldest first, thinned to at most `max_points` evenly
+        spaced points (the newest always kept)."""
+        query = select(JobMetricRow).where(JobMetricRow.job_id == job_id).order_by(JobMetricRow.id)
+        with Session(self._engine) as session:
+            if session.get(JobRow, job_id) is None:
+                raise JobNotFound(job_id)
+            rows = list(session.scalars(query))
+        kept = rows[:: max(1, math.ceil(len(rows) / max_points))]
+        if kept and kept[-1] is not rows[-1]:
+            kept[-1] = rows[-1]  # the newest point always shows
+        return [
+            MetricPoint(r.attempt, r.step, r.at, r.loss, r.tokens_per_s, r.step_time_s, r.memory_mb)
+            for r in kept
+        ]
 
     def annotate(self, job_id: int, reason: str, **fields: Any) -> JobRecord:
         """Set `fields` and say so in an event that keeps the state (from = to): not a

@@ -121,6 +121,22 @@ class JobLogRow(Base):
     line: Mapped[str] = mapped_column(Text)
 
 
+class JobMetricRow(Base):
+    """Training metrics as the loop saw them: one point per poll that found a new step."""
+
+    __tablename__ = "job_metrics"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
 class LeaseRow(Base):
     """Who may act as the scheduler (one writer per database), until when."""
 

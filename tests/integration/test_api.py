@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.app import create_app
 from api.openapi import COMMITTED, document, render
 from scheduler.model import JobState, Node
-from scheduler.store import JobRepository
+from scheduler.store import JobRepository, ProgressPoint
 
 NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
 
@@ -431,3 +431,19 @@ def test_the_log_stream_follows_new_lines_until_the_job_ends(
     paged = client.get(f"/v1/jobs/{job_id}/logs", params={"after": first_id}).json()["lines"]
     assert [x["line"] for x in paged] == ["rank 1 says hi", "while streaming"]
     assert client.get("/v1/jobs/999/logs/stream").status_code == 404
+
+
+def test_metric_series_are_kept_per_step_and_thinned(
+    client: TestClient, repo: JobRepository
+) -> None:
+    job_id = client.post("/v1/jobs", json=body()).json()["id"]
+    for step in range(1, 11):
+        point = ProgressPoint(step, loss=10.0 / step, tokens_per_s=100.0, step_time_s=0.5)
+        repo.record_progress(job_id, 1, point)
+    series = client.get(f"/v1/jobs/{job_id}/metrics").json()["points"]
+    assert [p["step"] for p in series] == list(range(1, 11))
+    assert series[-1]["loss"] == 1.0 and series[0]["step_time_s"] == 0.5
+    thinned = client.get(f"/v1/jobs/{job_id}/metrics", params={"max_points": 4}).json()
+    assert [p["step"] for p in thinned["points"]] == [1, 4, 7, 10]  # the newest kept
+    assert client.get(f"/v1/jobs/{job_id}").json()["progress"]["step"] == 10
+    assert client.get("/v1/jobs/999/metrics").status_code == 404

@@ -13,7 +13,7 @@ import gangway.cli
 from api.app import create_app
 from gangway import Client
 from scheduler.model import Node
-from scheduler.store import JobRepository
+from scheduler.store import JobRepository, ProgressPoint
 
 NODES = [Node("id-1", "local-1", 4, 8.0)]
 
@@ -85,3 +85,11 @@ def test_logs_follow_prints_until_the_job_ends(cli: CliRunner, repo: JobReposito
     assert followed.splitlines() == ["[attempt 1 rank 0] step 1/2", "[attempt 1 rank 0] step 2/2"]
     as_json = [json.loads(x) for x in run(cli, "logs", str(job_id), "-f", "--json").splitlines()]
     assert [x["line"] for x in as_json] == ["step 1/2", "step 2/2"]
+
+
+def test_metrics_prints_the_series(cli: CliRunner, repo: JobRepository) -> None:
+    job_id = submit(cli, "learner")
+    repo.record_progress(job_id, 1, ProgressPoint(5, loss=2.5, tokens_per_s=1234.0))
+    lines = run(cli, "metrics", str(job_id)).splitlines()
+    assert lines[0].split() == ["STEP", "ATT", "LOSS", "TOKENS/S", "STEP", "MS", "MEM", "MB"]
+    assert lines[1].split() == ["5", "1", "2.5000", "1,234", "-", "-"]

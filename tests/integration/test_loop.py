@@ -143,9 +143,18 @@ def test_a_job_goes_from_pending_to_succeeded(
     assert [n.name for n in repo.nodes()] == ["local-1", "local-2"]
 
     executor.statuses[job.id] = GroupStatus(
-        GroupPhase.RUNNING, True, step=4, loss=3.0, first_loss=5.5, tokens_per_s=9.0
+        GroupPhase.RUNNING,
+        True,
+        step=4,
+        loss=3.0,
+        first_loss=5.5,
+        tokens_per_s=9.0,
+        step_time_s=0.25,
+        memory_mb=512.0,
     )
     loop.tick()
+    [point] = repo.metrics(job.id)
+    assert (point.attempt, point.step, point.step_time_s, point.memory_mb) == (1, 4, 0.25, 512.0)
     running = repo.get(job.id)
     assert (running.state, running.step, running.loss, running.first_loss) == (
         JobState.RUNNING,

@@ -17,6 +17,7 @@ from scheduler.store import (
     JobRepository,
     KeyReused,
     NewJob,
+    ProgressPoint,
     StaleState,
 )
 from scheduler.store.tables import Base
@@ -83,8 +84,8 @@ def test_page_is_newest_first_filtered_and_cursor_paginated(repo: JobRepository)
 
 def test_progress_keeps_the_first_loss(repo: JobRepository) -> None:
     job = repo.create(new_job())
-    repo.record_progress(job.id, step=3, loss=5.0, first_loss=5.5, tokens_per_s=100.0)
-    repo.record_progress(job.id, step=4, loss=4.0, first_loss=4.8, tokens_per_s=120.0)
+    repo.record_progress(job.id, 1, ProgressPoint(3, loss=5.0, first_loss=5.5, tokens_per_s=100.0))
+    repo.record_progress(job.id, 1, ProgressPoint(4, loss=4.0, first_loss=4.8, tokens_per_s=120.0))
     got = repo.get(job.id)
     assert (got.step, got.loss, got.first_loss, got.tokens_per_s) == (4, 4.0, 5.5, 120.0)
 

@@ -267,9 +267,7 @@ class JobRepository:
 
     def get(self, job_id: int) -> JobRecord:
         with Session(self._engine) as session:
-            row = session.get(JobRow, job_id)
-            if row is None:
-                raise JobNotFound(job_id)
+            row = _job_row(session, job_id)
             return _job_record(row)
 
     def page(
@@ -332,9 +330,7 @@ class JobRepository:
         """
         now = self._clock()
         with Session(self._engine) as session, session.begin():
-            row = session.get(JobRow, job_id)
-            if row is None:
-                raise JobNotFound(job_id)
+            row = _job_row(session, job_id)
             old = JobState(row.state)
             if expected is not None and old is not expected:
                 raise StaleState(job_id, expected, old)
@@ -402,9 +398,7 @@ class JobRepository:
         the first one it ever saw, to show the trend across restarts."""
         now = self._clock()
         with Session(self._engine) as session, session.begin():
-            row = session.get(JobRow, job_id)
-            if row is None:
-                raise JobNotFound(job_id)
+            row = _job_row(session, job_id)
             if row.first_loss is None:
                 row.first_loss = point.first_loss
             row.step, row.loss, row.tokens_per_s = point.step, point.loss, point.tokens_per_s
@@ -427,8 +421,7 @@ class JobRepository:
         spaced points (the newest always kept)."""
         query = select(JobMetricRow).where(JobMetricRow.job_id == job_id).order_by(JobMetricRow.id)
         with Session(self._engine) as session:
-            if session.get(JobRow, job_id) is None:
-                raise JobNotFound(job_id)
+            _job_row(session, job_id)  # 404 for an unknown job
             rows = list(session.scalars(query))
         kept = rows[:: max(1, math.ceil(len(rows) / max_points))]
         if kept and kept[-1] is not rows[-1]:
@@ -444,9 +437,7 @@ class JobRepository:
         owner should find in its timeline. A job that already ended is not changed: 409."""
         now = self._clock()
         with Session(self._engine) as session, session.begin():
-            row = session.get(JobRow, job_id)
-            if row is None:
-                raise JobNotFound(job_id)
+            row = _job_row(session, job_id)
             state = JobState(row.state)
             if state.is_terminal:
                 raise JobEnded(job_id, state)
@@ -499,8 +490,7 @@ class JobRepository:
         else:
             query = query.where(JobLogRow.id > after).order_by(JobLogRow.id).limit(tail)
         with Session(self._engine) as session:
-            if session.get(JobRow, job_id) is None:
-                raise JobNotFound(job_id)
+            _job_row(session, job_id)  # 404 for an unknown job
             rows = list(session.scalars(query))
         if after is None:
             rows.reverse()
@@ -522,8 +512,7 @@ class JobRepository:
 
     def events(self, job_id: int) -> list[EventRecord]:
         with Session(self._engine) as session:
-            if session.get(JobRow, job_id) is None:
-                raise JobNotFound(job_id)
+            _job_row(session, job_id)  # 404 for an unknown job
             rows = session.scalars(
                 select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)
             )
@@ -592,6 +581,13 @@ class JobRepository:
     def _current_state(session: Session, job_id: int) -> str:
         state = session.scalar(select(JobRow.state).where(JobRow.id == job_id))
         return state or "?"
+
+
+def _job_row(session: Session, job_id: int) -> JobRow:
+    row = session.get(JobRow, job_id)
+    if row is None:
+        raise JobNotFound(job_id)
+    return row
 
 
 def _job_record(row: JobRow) -> JobRecord:

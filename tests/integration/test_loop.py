@@ -451,14 +451,22 @@ def running_elastic_job(
     return blocker, repo.get(elastic.id)
 
 
-def test_an_elastic_job_grows_onto_freed_gpus_through_a_checkpoint(
+def growing_elastic_job(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
-) -> None:
+) -> JobRecord:
+    """An elastic job at dp=3 whose blocker (dp=5) finished: it is RESIZING to dp=8."""
     blocker, elastic = running_elastic_job(repo, loop, executor, blocker_dp=5)
     assert group_spec(elastic).dp == 3 and elastic.state is JobState.RUNNING
     executor.statuses[blocker.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
     loop.tick()  # sees the blocker finish
     loop.tick()  # grows onto its GPUs
+    return elastic
+
+
+def test_an_elastic_job_grows_onto_freed_gpus_through_a_checkpoint(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+) -> None:
+    elastic = growing_elastic_job(repo, loop, executor)
     resizing = repo.get(elastic.id)
     assert resizing.state is JobState.RESIZING
     assert resizing.placement is not None and len(resizing.placement) == 8  # held at once
@@ -509,10 +517,7 @@ def test_an_elastic_job_shrinks_for_a_higher_priority_job_before_any_preemption(
 def test_a_resize_past_its_deadline_relaunches_from_the_previous_checkpoint(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
 ) -> None:
-    blocker, elastic = running_elastic_job(repo, loop, executor, blocker_dp=5)
-    executor.statuses[blocker.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
-    loop.tick()  # sees the blocker finish
-    loop.tick()  # grows onto its GPUs
+    elastic = growing_elastic_job(repo, loop, executor)
     executor.statuses[elastic.id] = GroupStatus(GroupPhase.RUNNING, True, step=7, checkpoint_step=5)
     clock.now += timedelta(minutes=10)
     loop.tick()
@@ -526,10 +531,7 @@ def test_a_resize_past_its_deadline_relaunches_from_the_previous_checkpoint(
 def test_a_rank_that_crashes_while_resizing_fails_the_job(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
 ) -> None:
-    blocker, elastic = running_elastic_job(repo, loop, executor, blocker_dp=5)
-    executor.statuses[blocker.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
-    loop.tick()  # sees the blocker finish
-    loop.tick()  # grows onto its GPUs
+    elastic = growing_elastic_job(repo, loop, executor)
     executor.statuses[elastic.id] = GroupStatus(GroupPhase.FAILED, True, step=5, error="disk full")
     loop.tick()
     failed = repo.get(elastic.id)
@@ -539,10 +541,7 @@ def test_a_rank_that_crashes_while_resizing_fails_the_job(
 def test_a_service_restart_mid_resize_reaps_the_old_gang_and_relaunches(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
 ) -> None:
-    blocker, elastic = running_elastic_job(repo, loop, executor, blocker_dp=5)
-    executor.statuses[blocker.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
-    loop.tick()  # sees the blocker finish
-    loop.tick()  # grows onto its GPUs
+    elastic = growing_elastic_job(repo, loop, executor)
     fresh = FakeExecutor()
     make_loop(repo, fresh, clock).reconcile()
     assert fresh.reaped == [(elastic.id, 1)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import (
     PlacementGroup,
     get_placement_group,
@@ -33,6 +34,7 @@ from workers.context import RankInfo
 from workers.rank import FAILED, IDLE, SUCCEEDED, RankActor
 
 NAMESPACE = "gangway"
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -112,8 +114,11 @@ class WorkerGroup:
         *,
         placement_timeout_s: float,
         actors: list[Any] | None = None,
+        trouble_grace_s: float = 60.0,
     ) -> None:
         self.spec = spec
+        self._trouble_grace_s = trouble_grace_s
+        self._trouble_since: float | None = None
         self._pg = pg
         self._placement_timeout_s = placement_timeout_s
         self._created = time.monotonic()
@@ -169,6 +174,8 @@ class WorkerGroup:
                 self._poll_rendezvous()
             if self._phase is GroupPhase.RUNNING:
                 self._poll_running()
+        except ActorUnavailableError as exc:  # before RayActorError, its base class
+            self._trouble(f"a rank's actor is unreachable: {exc}")
         except RayActorError as exc:
             self._lost_nodes = self._nodes_of_dead_ranks()
             where = ", ".join(sorted(set(self._lost_nodes))) or "unknown"
@@ -176,7 +183,9 @@ class WorkerGroup:
         except PlacementMismatch as exc:
             self._fail(str(exc))
         except RayError as exc:
-            self._fail(f"Ray error: {exc}")
+            self._trouble(f"Ray error: {exc}")
+        else:
+            self._trouble_since = None
         if self._phase in (GroupPhase.FAILED, GroupPhase.PLACEMENT_TIMEOUT):
             self._last = replace(
                 self._last, phase=self._phase, error=self._error, lost_nodes=self._lost_nodes
@@ -299,6 +308,20 @@ class WorkerGroup:
     def _fail(self, error: str) -> None:
         self._phase = GroupPhase.FAILED
         self._error = error
+
+    def _trouble(self, error: str) -> None:
+        """Ray could not answer this time (an unreachable actor, a control-plane error).
+        The ranks may well be training: keep the last status and ask again next poll;
+        only trouble that lasts `trouble_grace_s` fails the gang."""
+        self._status_refs = None
+        now = time.monotonic()
+        if self._trouble_since is None:
+            self._trouble_since = now
+        lasted = now - self._trouble_since
+        if lasted > self._trouble_grace_s:
+            self._fail(f"{error} (for {lasted:.0f} s)")
+        else:
+            log.warning("job %s: %s; asking again", self.spec.job_id, error)
 
     # -- teardown ---------------------------------------------------------------------
 

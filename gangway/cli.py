@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
+from pydantic import ValidationError
 
 from gangway.client import Client
 from gangway.errors import GangwayError
@@ -21,6 +23,7 @@ from gangway.models import (
     LogLine,
     Parallelism,
     Resources,
+    field_path,
 )
 
 app = typer.Typer(
@@ -50,7 +53,13 @@ def serve(
 
 @app.command()
 def submit(
-    name: Annotated[str, typer.Option(help="job name")],
+    name: Annotated[str | None, typer.Option(help="job name (required without --file)")] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file", "-f", exists=True, dir_okay=False, help="a job spec in YAML or JSON"
+        ),
+    ] = None,
     model: Annotated[str, typer.Option(help="built-in model")] = "gpt-tiny",
     steps: Annotated[int, typer.Option(help="training steps (built-in trainer)")] = 100,
     function: Annotated[
@@ -73,26 +82,69 @@ def submit(
     url: Url = DEFAULT_URL,
     as_json: AsJson = False,
 ) -> None:
-    """Submit a job."""
-    entrypoint: Builtin | Function = (
-        Function(target=function, kwargs=json.loads(kwargs))
-        if function
-        else Builtin(model=model, steps=steps)
-    )
-    spec = JobSubmit(
-        name=name,
-        priority=priority,
-        queue=queue,
-        parallelism=Parallelism(dp=dp, tp=tp, pp=pp),
-        resources=Resources(gpus_per_rank=gpus_per_rank),
-        entrypoint=entrypoint,
-        max_restarts=max_restarts,
-    )
+    """Submit a job: from flags, or from a job file (the REST body, as YAML or JSON;
+    --name then overrides its name)."""
+    if file is not None:
+        spec = _spec_from_file(file, name)
+    elif name is None:
+        typer.echo("error: give --name, or a job file with --file", err=True)
+        raise typer.Exit(2)
+    else:
+        entrypoint: Builtin | Function = (
+            Function(target=function, kwargs=json.loads(kwargs))
+            if function
+            else Builtin(model=model, steps=steps)
+        )
+        spec = JobSubmit(
+            name=name,
+            priority=priority,
+            queue=queue,
+            parallelism=Parallelism(dp=dp, tp=tp, pp=pp),
+            resources=Resources(gpus_per_rank=gpus_per_rank),
+            entrypoint=entrypoint,
+            max_restarts=max_restarts,
+        )
     with _client(url) as client:
         job = _run(lambda: client.submit(spec, idempotency_key=idempotency_key))
         if wait:
             job = _run(lambda: client.wait(job.id, timeout_s=24 * 3600))
     _print_job(job, as_json)
+
+
+def _spec_from_file(path: Path, name: str | None) -> JobSubmit:
+    """YAML is a superset of JSON: one loader reads both."""
+    try:
+        body = yaml.safe_load(path.read_text())
+        if name is not None and isinstance(body, dict):
+            body["name"] = name
+        return JobSubmit.model_validate(body)
+    except yaml.YAMLError as exc:
+        typer.echo(f"error: {path} is not YAML or JSON: {exc}", err=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        typer.echo(f"error: {path}: {field_path(first['loc'])}: {first['msg']}", err=True)
+    raise typer.Exit(1)
+
+
+@app.command()
+def cluster(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """Nodes, their GPUs (total, allocated, free), health and the jobs on each."""
+    with _client(url) as client:
+        info = _run(client.cluster)
+    if as_json:
+        typer.echo(info.model_dump_json(indent=2))
+        return
+    typer.echo(f"{'NODE':<16} {'HEALTH':<7} {'GPUS':>4} {'USED':>4} {'FREE':>4}  JOBS")
+    for node in info.nodes:
+        health = "alive" if node.alive else "down"
+        jobs = ", ".join(str(j) for j in node.jobs) or "-"
+        typer.echo(
+            f"{node.name:<16} {health:<7} {node.gpus_total:>4} {node.gpus_allocated:>4} "
+            f"{node.gpus_free:>4}  {jobs}"
+        )
+    typer.echo(
+        f"total: {info.gpus_total} GPUs, {info.gpus_allocated} allocated, {info.gpus_free} free"
+    )
 
 
 @app.command()

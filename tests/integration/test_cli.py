@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -93,3 +94,28 @@ def test_metrics_prints_the_series(cli: CliRunner, repo: JobRepository) -> None:
     lines = run(cli, "metrics", str(job_id)).splitlines()
     assert lines[0].split() == ["STEP", "ATT", "LOSS", "TOKENS/S", "STEP", "MS", "MEM", "MB"]
     assert lines[1].split() == ["5", "1", "2.5000", "1,234", "-", "-"]
+
+
+def test_submit_from_a_yaml_job_file_and_show_the_cluster(cli: CliRunner, tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: from-file\n"
+        "priority: 3\n"
+        "parallelism: {dp: 2}\n"
+        "entrypoint: {kind: builtin, model: gpt-tiny, steps: 20}\n"
+    )
+    job = json.loads(run(cli, "submit", "--file", str(spec), "--json"))
+    assert (job["name"], job["priority"], job["num_gpus"]) == ("from-file", 3, 2)
+    renamed = json.loads(run(cli, "submit", "-f", str(spec), "--name", "other", "--json"))
+    assert renamed["name"] == "other"
+
+    spec.write_text("name: bad\nparallelism: {dp: 2, tp: many}\n")
+    bad = cli.invoke(gangway.cli.app, ["submit", "--file", str(spec)])
+    assert bad.exit_code == 1 and "parallelism.tp" in bad.output
+    missing = cli.invoke(gangway.cli.app, ["submit"])
+    assert missing.exit_code == 2 and "--name" in missing.output
+
+    table = run(cli, "cluster").splitlines()
+    assert table[0].split() == ["NODE", "HEALTH", "GPUS", "USED", "FREE", "JOBS"]
+    assert table[1].split() == ["local-1", "alive", "4", "0", "4", "-"]
+    assert table[-1] == "total: 4 GPUs, 0 allocated, 4 free"

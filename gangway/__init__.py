@@ -4,7 +4,7 @@ from gangway import Client, Builtin, Parallelism
 job = Client().submit(name="demo", parallelism=Parallelism(dp=2), entrypoint=Builtin(steps=50))
 """
 
-from gangway.client import Client
+from gangway.client import Client, Job
 from gangway.errors import (
     APIError,
     Conflict,
@@ -41,6 +41,7 @@ __all__ = [
     "Conflict",
     "Function",
     "GangwayError",
+    "Job",
     "JobEvent",
     "JobExplanation",
     "JobFailed",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import httpx
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, PrivateAttr, TypeAdapter, ValidationError
 
 from gangway.errors import JobFailed, TransportError, WaitTimeout, error_for_status
 from gangway.models import (
@@ -67,7 +67,7 @@ class Client:
         *,
         idempotency_key: str | None = None,
         **fields: Any,
-    ) -> JobInfo:
+    ) -> Job:
         """Submit a job: `submit(JobSubmit(...))` or `submit(name=..., entrypoint=Builtin())`.
 
         With an `idempotency_key` a submission is safe to retry (after a `TransportError`,
@@ -79,10 +79,10 @@ class Client:
                 raise _local_validation_error(exc) from exc
         body = spec.model_dump(mode="json", exclude_unset=False)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._call("POST", "/v1/jobs", JobInfo, json=body, headers=headers)
+        return self._job("POST", "/v1/jobs", json=body, headers=headers)
 
-    def get(self, job_id: int) -> JobInfo:
-        return self._call("GET", f"/v1/jobs/{job_id}", JobInfo)
+    def get(self, job_id: int) -> Job:
+        return self._job("GET", f"/v1/jobs/{job_id}")
 
     def list(
         self,
@@ -103,18 +103,17 @@ class Client:
             params["state"] = [str(s) for s in states]
         return self._call("GET", "/v1/jobs", JobPage, params=params)
 
-    def set_priority(self, job_id: int, priority: int) -> JobInfo:
+    def set_priority(self, job_id: int, priority: int) -> Job:
         """Reorder a pending job, or re-rank a running one for preemption."""
-        return self._call(
-            "PATCH", f"/v1/jobs/{job_id}", JobInfo, json=JobPatch(priority=priority).model_dump()
-        )
+        body = JobPatch(priority=priority).model_dump()
+        return self._job("PATCH", f"/v1/jobs/{job_id}", json=body)
 
     def explain(self, job_id: int) -> JobExplanation:
         """Why the job is where it is; for a pending one: blocker, queue position, ETA."""
         return self._call("GET", f"/v1/jobs/{job_id}/explain", JobExplanation)
 
-    def cancel(self, job_id: int) -> JobInfo:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel", JobInfo)
+    def cancel(self, job_id: int) -> Job:
+        return self._job("POST", f"/v1/jobs/{job_id}/cancel")
 
     def events(self, job_id: int) -> JobEvents:
         return _EVENTS.validate_python(self._request("GET", f"/v1/jobs/{job_id}/events").json())
@@ -153,7 +152,7 @@ class Client:
         except httpx.TransportError as exc:
             raise TransportError(f"lost the log stream from {self._http.base_url}: {exc}") from exc
 
-    def wait(self, job_id: int, timeout_s: float = 600.0, *, poll_s: float = 1.0) -> JobInfo:
+    def wait(self, job_id: int, timeout_s: float = 600.0, *, poll_s: float = 1.0) -> Job:
         """Block until the job ends. Raises `JobFailed` unless it SUCCEEDED."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -173,6 +172,11 @@ class Client:
 
     # -- plumbing ---------------------------------------------------------------------
 
+    def _job(self, method: str, path: str, **kwargs: Any) -> Job:
+        job = self._call(method, path, Job, **kwargs)
+        job._client = self
+        return job
+
     def _call(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
         return model.model_validate(self._request(method, path, **kwargs).json())
 
@@ -184,6 +188,56 @@ class Client:
         if response.is_error:
             raise _api_error(response)
         return response
+
+
+class Job(JobInfo):
+    """A job as the service last described it (every `JobInfo` field), with the calls
+    that act on it: `job.wait()`, `job.logs(follow=True)`, `job.explain()`, ... Calls that
+    return the job return a fresh `Job`; this one does not change."""
+
+    _client: Client = PrivateAttr()
+
+    def reload(self) -> Job:
+        return self._client.get(self.id)
+
+    def wait(self, timeout_s: float = 600.0, *, poll_s: float = 1.0) -> Job:
+        """Until the job ends; raises `JobFailed` (with the job's error) unless it
+        SUCCEEDED, `WaitTimeout` after `timeout_s`."""
+        return self._client.wait(self.id, timeout_s, poll_s=poll_s)
+
+    def cancel(self) -> Job:
+        return self._client.cancel(self.id)
+
+    def set_priority(self, priority: int) -> Job:
+        return self._client.set_priority(self.id, priority)
+
+    def explain(self) -> JobExplanation:
+        return self._client.explain(self.id)
+
+    def events(self) -> JobEvents:
+        return self._client.events(self.id)
+
+    def metrics(self, *, max_points: int = 500) -> MetricPoints:
+        return self._client.metrics(self.id, max_points=max_points)
+
+    @overload
+    def logs(
+        self, *, rank: int | None = None, tail: int = 200, follow: Literal[False] = False
+    ) -> LogLines: ...
+
+    @overload
+    def logs(
+        self, *, rank: int | None = None, tail: int = 200, follow: Literal[True]
+    ) -> Iterator[LogLine]: ...
+
+    def logs(
+        self, *, rank: int | None = None, tail: int = 200, follow: bool = False
+    ) -> LogLines | Iterator[LogLine]:
+        """The last `tail` lines; with `follow=True` an iterator that goes on yielding new
+        lines until the job ends."""
+        if follow:
+            return self._client.follow_logs(self.id, rank=rank, tail=tail)
+        return self._client.logs(self.id, rank=rank, tail=tail)
 
 
 def _server_sent_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:

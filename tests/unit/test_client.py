@@ -13,6 +13,7 @@ from gangway import (
     Builtin,
     Client,
     Conflict,
+    Job,
     JobFailed,
     NotFound,
     Parallelism,
@@ -208,3 +209,32 @@ def test_follow_logs_raises_the_typed_error() -> None:
 
     with pytest.raises(NotFound):
         list(client_for(handler).follow_logs(7))
+
+
+def test_a_job_handle_acts_on_its_job() -> None:
+    states = iter(["RUNNING", "SUCCEEDED"])
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url.path}")
+        if request.url.path == "/v1/jobs/7/logs":
+            line = {"attempt": 1, "rank": 0, "seq": 1, "line": "hi", "id": 1}
+            return httpx.Response(200, json={"lines": [line]})
+        if request.method == "POST" and request.url.path == "/v1/jobs":
+            return httpx.Response(201, json=job_json())
+        return httpx.Response(200, json=job_json(state=next(states, "SUCCEEDED")))
+
+    client = client_for(handler)
+    job = client.submit(name="demo", entrypoint=Builtin())
+    assert isinstance(job, Job) and job.state == "PENDING"  # still every JobInfo field
+    assert job.reload().state == "RUNNING"
+    assert job.wait(timeout_s=5, poll_s=0).state == "SUCCEEDED"
+    assert [x.line for x in job.logs(tail=1)] == ["hi"]
+    assert job.cancel().id == 7
+    assert seen == [
+        "POST /v1/jobs",
+        "GET /v1/jobs/7",
+        "GET /v1/jobs/7",
+        "GET /v1/jobs/7/logs",
+        "POST /v1/jobs/7/cancel",
+    ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 
 from fastapi import FastAPI
@@ -13,6 +13,7 @@ from api.metrics import router as metrics_router
 from api.metrics import store_registry
 from api.routes import router as api_router
 from api.status_page import router as page_router
+from scheduler.model import QueueQuota
 from scheduler.store import JobRepository
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -23,10 +24,12 @@ def create_app(
     *,
     lifespan: Lifespan | None = None,
     on_change: Callable[[], None] = lambda: None,
+    queues: Mapping[str, QueueQuota] | None = None,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
-    the next instant instead of the next interval."""
+    the next instant instead of the next interval. `queues` are the configured quotas
+    (the scheduler's), shown by `GET /v1/queues`."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -35,6 +38,7 @@ def create_app(
     )
     app.state.repo = repo
     app.state.on_change = on_change
+    app.state.queues = dict(queues or {})
     app.state.metrics_registry = store_registry(repo)
     install_error_handlers(app)
     app.include_router(api_router)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from gangway.models import (
@@ -13,14 +13,47 @@ from gangway.models import (
     JobSubmit,
     NodeInfo,
     Progress,
+    QueueInfo,
     RankPlacement,
     Straggler,
     WaitExplanation,
 )
 from scheduler.core import free_capacity
-from scheduler.model import JobState, Node
+from scheduler.core.quotas import NO_QUOTA, borrowing_jobs, gpus_by_queue
+from scheduler.model import JobState, Node, QueueQuota
 from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
+
+
+def queue_infos(
+    quotas: Mapping[str, QueueQuota],
+    holders: Sequence[JobRecord],
+    counts: Mapping[tuple[JobState, str], int],
+) -> list[QueueInfo]:
+    """Every configured queue and every queue a job names, by name."""
+    views = [job_view(job) for job in holders]
+    used = gpus_by_queue(views)
+    borrowers = borrowing_jobs(views, quotas)
+    borrowed: dict[str, int] = {}
+    for view in views:
+        if view.id in borrowers:
+            borrowed[view.queue] = borrowed.get(view.queue, 0) + view.shape.num_gpus
+    names = set(quotas) | {queue for _, queue in counts}
+    infos = []
+    for name in sorted(names):
+        quota = quotas.get(name, NO_QUOTA)
+        infos.append(
+            QueueInfo(
+                name=name,
+                guaranteed_gpus=quota.guaranteed_gpus,
+                borrow_limit_gpus=quota.borrow_limit_gpus,
+                gpus_in_use=used.get(name, 0),
+                gpus_borrowed=borrowed.get(name, 0),
+                jobs_pending=counts.get((JobState.PENDING, name), 0),
+                jobs_holding_gpus=sum(1 for view in views if view.queue == name),
+            )
+        )
+    return infos
 
 
 def job_explanation(job: JobRecord, now: datetime) -> JobExplanation:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi import Path as PathParam
 
-from api.convert import cluster_info, job_event, job_explanation, job_info
+from api.convert import cluster_info, job_event, job_explanation, job_info, queue_infos
 from api.validation import validate_submission
 from gangway.models import (
     ClusterInfo,
@@ -28,9 +28,10 @@ from gangway.models import (
     JobSubmit,
     LogLine,
     MetricPoint,
+    QueueInfo,
     Script,
 )
-from scheduler.model import RESOURCE_HOLDING_STATES
+from scheduler.model import RESOURCE_HOLDING_STATES, QueueQuota
 from scheduler.runtime.views import gang_shape
 from scheduler.store import JobRepository, NewJob
 
@@ -215,6 +216,14 @@ def job_metrics(
     """Loss, tokens/s, step time and memory over steps, every attempt (a chart's data)."""
     points = repo.metrics(job_id, max_points=max_points)
     return JobMetrics(points=[MetricPoint(**asdict(point)) for point in points])
+
+
+@router.get("/v1/queues", response_model=list[QueueInfo])
+def list_queues(repo: Repo, request: Request) -> list[QueueInfo]:
+    """Configured queues (GANGWAY_QUEUES) and any queue a job names: guarantee, borrowing
+    limit, GPUs in use and borrowed now, jobs pending and holding GPUs."""
+    quotas: Mapping[str, QueueQuota] = request.app.state.queues
+    return queue_infos(quotas, repo.in_states(RESOURCE_HOLDING_STATES), repo.count_jobs())
 
 
 @router.get("/v1/cluster", response_model=ClusterInfo)

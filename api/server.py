@@ -124,7 +124,7 @@ def build_app(settings: Settings) -> FastAPI:
         finally:
             runtime.stop()
 
-    return create_app(repo, lifespan=lifespan, on_change=runtime.wake.set)
+    return create_app(repo, lifespan=lifespan, on_change=runtime.wake.set, queues=settings.quotas())
 
 
 def serve(settings: Settings) -> None:

@@ -148,6 +148,26 @@ def cluster(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
 
 
 @app.command()
+def queues(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """Queues: guaranteed GPUs, borrowing limit, GPUs in use and borrowed, jobs."""
+    with _client(url) as client:
+        infos = _run(client.queues)
+    if as_json:
+        typer.echo(json.dumps([q.model_dump() for q in infos], indent=2))
+        return
+    typer.echo(
+        f"{'QUEUE':<16} {'GUAR':>5} {'BORROW':>6} {'USED':>5} {'BORROWED':>8} "
+        f"{'PEND':>5} {'RUN':>4}"
+    )
+    for q in infos:
+        limit = "any" if q.borrow_limit_gpus is None else str(q.borrow_limit_gpus)
+        typer.echo(
+            f"{q.name:<16} {q.guaranteed_gpus:>5} {limit:>6} {q.gpus_in_use:>5} "
+            f"{q.gpus_borrowed:>8} {q.jobs_pending:>5} {q.jobs_holding_gpus:>4}"
+        )
+
+
+@app.command()
 def jobs(
     state: Annotated[
         list[JobState] | None, typer.Option(help="filter by state (repeat for several)")

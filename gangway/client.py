@@ -23,6 +23,7 @@ from gangway.models import (
     JobSubmit,
     LogLine,
     MetricPoint,
+    QueueInfo,
     field_path,
 )
 
@@ -31,6 +32,8 @@ M = TypeVar("M", bound=BaseModel)
 JobEvents = list[JobEvent]
 LogLines = list[LogLine]
 MetricPoints = list[MetricPoint]
+QueueInfos = list[QueueInfo]
+_QUEUES = TypeAdapter(QueueInfos)
 _EVENTS = TypeAdapter(JobEvents)
 
 
@@ -169,6 +172,10 @@ class Client:
 
     def cluster(self) -> ClusterInfo:
         return self._call("GET", "/v1/cluster", ClusterInfo)
+
+    def queues(self) -> QueueInfos:
+        """Each queue's guarantee and borrowing limit, GPUs in use and borrowed now."""
+        return _QUEUES.validate_python(self._request("GET", "/v1/queues").json())
 
     # -- plumbing ---------------------------------------------------------------------
 

@@ -331,6 +331,18 @@ class ClusterInfo(BaseModel):
     gpus_free: int
 
 
+class QueueInfo(BaseModel):
+    """A queue's share of the cluster and what it holds now."""
+
+    name: str
+    guaranteed_gpus: int = Field(description="its own: reclaimed from borrowers when needed")
+    borrow_limit_gpus: int | None = Field(description="more it may borrow; null: any idle")
+    gpus_in_use: int = Field(description="held by its admitted and running jobs")
+    gpus_borrowed: int = Field(description="of those, beyond its guarantee (reclaimed first)")
+    jobs_pending: int
+    jobs_holding_gpus: int
+
+
 class ErrorDetail(BaseModel):
     code: str
     message: str

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import create_app
 from api.openapi import COMMITTED, document, render
-from scheduler.model import JobState, Node
+from scheduler.model import JobState, Node, QueueQuota
 from scheduler.store import JobRepository, ProgressPoint
 
 NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
@@ -447,3 +447,26 @@ def test_metric_series_are_kept_per_step_and_thinned(
     assert [p["step"] for p in thinned["points"]] == [1, 4, 7, 10]  # the newest kept
     assert client.get(f"/v1/jobs/{job_id}").json()["progress"]["step"] == 10
     assert client.get("/v1/jobs/999/metrics").status_code == 404
+
+
+def test_queues_show_guarantees_usage_and_borrowed_gpus(repo: JobRepository) -> None:
+    repo.replace_nodes(NODES)
+    quotas = {"research": QueueQuota(guaranteed_gpus=2, borrow_limit_gpus=2)}
+    with TestClient(create_app(repo, queues=quotas), raise_server_exceptions=False) as client:
+        first = client.post("/v1/jobs", json=body(queue="research")).json()["id"]
+        second = client.post("/v1/jobs", json=body(queue="research")).json()["id"]
+        client.post("/v1/jobs", json=body(queue="prod"))
+        for job_id, node in ((first, "id-1"), (second, "id-2")):
+            repo.transition(job_id, JobState.ADMITTED, reason="t", placement=[node, node])
+        listed = {q["name"]: q for q in client.get("/v1/queues").json()}
+    assert listed["research"] == {
+        "name": "research",
+        "guaranteed_gpus": 2,
+        "borrow_limit_gpus": 2,
+        "gpus_in_use": 4,
+        "gpus_borrowed": 2,  # the second job is beyond the guarantee
+        "jobs_pending": 0,
+        "jobs_holding_gpus": 2,
+    }
+    assert listed["prod"]["guaranteed_gpus"] == 0 and listed["prod"]["borrow_limit_gpus"] is None
+    assert listed["prod"]["jobs_pending"] == 1 and listed["prod"]["gpus_in_use"] == 0

@@ -119,3 +119,10 @@ def test_submit_from_a_yaml_job_file_and_show_the_cluster(cli: CliRunner, tmp_pa
     assert table[0].split() == ["NODE", "HEALTH", "GPUS", "USED", "FREE", "JOBS"]
     assert table[1].split() == ["local-1", "alive", "4", "0", "4", "-"]
     assert table[-1] == "total: 4 GPUs, 0 allocated, 4 free"
+
+
+def test_queues_table(cli: CliRunner) -> None:
+    submit(cli, "queued", "--queue", "research")
+    lines = run(cli, "queues").splitlines()
+    assert lines[0].split() == ["QUEUE", "GUAR", "BORROW", "USED", "BORROWED", "PEND", "RUN"]
+    assert lines[1].split() == ["research", "0", "any", "0", "0", "1", "0"]

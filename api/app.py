@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -25,11 +26,13 @@ def create_app(
     lifespan: Lifespan | None = None,
     on_change: Callable[[], None] = lambda: None,
     queues: Mapping[str, QueueQuota] | None = None,
+    checkpoint_root: Path | None = None,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
     the next instant instead of the next interval. `queues` are the configured quotas
-    (the scheduler's), shown by `GET /v1/queues`."""
+    (the scheduler's), shown by `GET /v1/queues`; `checkpoint_root` is where the ranks
+    write checkpoints (shared storage in production), listed per job."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -39,6 +42,7 @@ def create_app(
     app.state.repo = repo
     app.state.on_change = on_change
     app.state.queues = dict(queues or {})
+    app.state.checkpoint_root = checkpoint_root
     app.state.metrics_registry = store_registry(repo)
     install_error_handlers(app)
     app.include_router(api_router)

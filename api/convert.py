@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
+from pathlib import Path
 
 from gangway.models import (
+    CheckpointInfo,
     ClusterInfo,
+    JobCheckpoints,
     JobEvent,
     JobExplanation,
     JobInfo,
@@ -23,6 +26,25 @@ from scheduler.core.quotas import NO_QUOTA, borrowing_jobs, gpus_by_queue
 from scheduler.model import JobState, Node, QueueQuota
 from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
+from workers.checkpoint_layout import completed, job_directory, step_of
+
+
+def job_checkpoints(root: Path | None, job_id: int) -> JobCheckpoints:
+    if root is None:
+        return JobCheckpoints(directory=None, checkpoints=[])
+    directory = job_directory(root, job_id)
+    return JobCheckpoints(
+        directory=str(directory),
+        checkpoints=[
+            CheckpointInfo(
+                step=step_of(path),
+                path=str(path),
+                bytes=sum(f.stat().st_size for f in path.rglob("*") if f.is_file()),
+                saved_at=datetime.fromtimestamp((path / ".metadata").stat().st_mtime, UTC),
+            )
+            for path in completed(directory)
+        ],
+    )
 
 
 def queue_infos(

@@ -12,11 +12,19 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi import Path as PathParam
 
-from api.convert import cluster_info, job_event, job_explanation, job_info, queue_infos
+from api.convert import (
+    cluster_info,
+    job_checkpoints,
+    job_event,
+    job_explanation,
+    job_info,
+    queue_infos,
+)
 from api.validation import validate_submission
 from gangway.models import (
     ClusterInfo,
     ErrorBody,
+    JobCheckpoints,
     JobEvent,
     JobExplanation,
     JobInfo,
@@ -216,6 +224,16 @@ def job_metrics(
     """Loss, tokens/s, step time and memory over steps, every attempt (a chart's data)."""
     points = repo.metrics(job_id, max_points=max_points)
     return JobMetrics(points=[MetricPoint(**asdict(point)) for point in points])
+
+
+@router.get(
+    "/v1/jobs/{job_id}/checkpoints", response_model=JobCheckpoints, responses=ERROR_RESPONSES
+)
+def list_checkpoints(job_id: JobId, repo: Repo, request: Request) -> JobCheckpoints:
+    """The job's complete checkpoints (the one it resumes from is the last)."""
+    repo.get(job_id)  # 404 for an unknown job
+    root: Path | None = request.app.state.checkpoint_root
+    return job_checkpoints(root, job_id)
 
 
 @router.get("/v1/queues", response_model=list[QueueInfo])

@@ -44,7 +44,7 @@ class Runtime:
             cluster=RayClusterSource(),
             executor=RayExecutor(
                 placement_timeout_s=self._settings.placement_timeout_s,
-                checkpoint_root=self._settings.data_dir.expanduser() / "checkpoints",
+                checkpoint_root=self._settings.checkpoint_root(),
             ),
             policy=self._settings.policy(),
             queues=self._settings.quotas(),

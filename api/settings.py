@@ -67,6 +67,10 @@ class Settings(BaseSettings):
         self.policy()  # PolicyConfig's own checks (e.g. levels ascending) name the field
         return self
 
+    def checkpoint_root(self) -> Path:
+        """Where ranks write checkpoints: shared storage when ranks run on other hosts."""
+        return self.data_dir.expanduser() / "checkpoints"
+
     def quotas(self) -> dict[str, QueueQuota]:
         return {
             name: QueueQuota(q.guaranteed_gpus, q.borrow_limit_gpus)

@@ -331,6 +331,18 @@ class ClusterInfo(BaseModel):
     gpus_free: int
 
 
+class CheckpointInfo(BaseModel):
+    step: int
+    path: str
+    bytes: int
+    saved_at: datetime
+
+
+class JobCheckpoints(BaseModel):
+    directory: str | None = Field(description="the job's checkpoint directory (null: none)")
+    checkpoints: list[CheckpointInfo] = Field(description="complete ones, oldest first")
+
+
 class QueueInfo(BaseModel):
     """A queue's share of the cluster and what it holds now."""
 

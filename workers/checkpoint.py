@@ -8,9 +8,7 @@ position, the next sample index, there: with an elastic job the global batch cha
 dp, so the position no longer follows from the step). Nothing is random after init, so
 there is no RNG to restore.
 
-Layout: `<dir>/step-00000120/` per checkpoint; a checkpoint counts once DCP has written
-its `.metadata` (the last file it writes), so a crash mid-save leaves the previous one in
-charge. The newest `keep_last` are kept.
+Layout and completeness: `workers.checkpoint_layout`. The newest `keep_last` are kept.
 """
 
 from __future__ import annotations
@@ -35,8 +33,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from workers.checkpoint_layout import PREFIX, completed
+
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
-PREFIX = "step-"
 
 
 class Checkpointer:
@@ -101,15 +100,6 @@ class Checkpointer:
             for part, opt in zip(self.parts, self.optimizers, strict=True)
         ]
         return models, optims
-
-
-def completed(directory: Path) -> list[Path]:
-    """Complete checkpoints in `directory`, oldest first."""
-    if not directory.is_dir():
-        return []
-    return sorted(
-        p for p in directory.glob(f"{PREFIX}*") if p.is_dir() and (p / ".metadata").exists()
-    )
 
 
 def _merged(

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from scheduler.runtime.views import gang_shape
 from scheduler.store import JobRecord
+from workers.checkpoint_layout import job_directory
 from workers.group import GroupSpec, GroupStatus, WorkerGroup, reap
 
 
@@ -36,7 +37,7 @@ def rank_entrypoint(job: JobRecord, checkpoint_root: Path | None) -> dict[str, A
         entrypoint["fsdp"] = bool(job.spec["parallelism"].get("fsdp", False))
         entrypoint["checkpoint_interval_steps"] = policy.get("interval_steps")
     if checkpoint_root is not None and entrypoint.get("kind") in ("builtin", "function"):
-        entrypoint["checkpoint_dir"] = str(checkpoint_root / f"job-{job.id}")
+        entrypoint["checkpoint_dir"] = str(job_directory(checkpoint_root, job.id))
         entrypoint["keep_last"] = policy.get("keep_last", 2)
     return entrypoint
 

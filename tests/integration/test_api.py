@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -470,3 +471,24 @@ def test_queues_show_guarantees_usage_and_borrowed_gpus(repo: JobRepository) -> 
     }
     assert listed["prod"]["guaranteed_gpus"] == 0 and listed["prod"]["borrow_limit_gpus"] is None
     assert listed["prod"]["jobs_pending"] == 1 and listed["prod"]["gpus_in_use"] == 0
+
+
+def test_checkpoints_lists_the_complete_ones_oldest_first(
+    repo: JobRepository, tmp_path: Path
+) -> None:
+    repo.replace_nodes(NODES)
+    app = create_app(repo, checkpoint_root=tmp_path)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        job_id = client.post("/v1/jobs", json=body()).json()["id"]
+        assert client.get(f"/v1/jobs/{job_id}/checkpoints").json()["checkpoints"] == []
+        directory = tmp_path / f"job-{job_id}"
+        for step, complete in ((10, True), (20, True), (30, False)):  # 30: save in progress
+            saved = directory / f"step-{step:08d}"
+            saved.mkdir(parents=True)
+            (saved / "__0_0.distcp").write_bytes(b"x" * step)
+            if complete:
+                (saved / ".metadata").write_bytes(b"m")
+        listed = client.get(f"/v1/jobs/{job_id}/checkpoints").json()
+        assert listed["directory"] == str(directory)
+        assert [(c["step"], c["bytes"]) for c in listed["checkpoints"]] == [(10, 11), (20, 21)]
+        assert client.get("/v1/jobs/999/checkpoints").status_code == 404

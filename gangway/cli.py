@@ -11,6 +11,8 @@ from typing import Annotated, Any
 import typer
 import yaml
 from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gangway.client import Client
 from gangway.errors import GangwayError
@@ -107,8 +109,26 @@ def submit(
     with _client(url) as client:
         job = _run(lambda: client.submit(spec, idempotency_key=idempotency_key))
         if wait:
-            job = _run(lambda: client.wait(job.id, timeout_s=24 * 3600))
+            job = _wait(client, job, show_progress=not as_json)
     _print_job(job, as_json)
+
+
+def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:
+    """Until the job ends, with a bar on stderr fed by its step count."""
+    if not show_progress:
+        ended: JobInfo = _run(lambda: client.wait(job.id, timeout_s=24 * 3600))
+        return ended
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True)) as bar:
+        task = bar.add_task(f"job {job.id}", total=job.progress.total_steps)
+
+        def show(seen: JobInfo) -> None:
+            bar.update(
+                task, completed=seen.progress.step, description=f"job {seen.id} {seen.state}"
+            )
+
+        done: JobInfo = _run(lambda: client.wait(job.id, timeout_s=24 * 3600, on_poll=show))
+    return done
 
 
 def _spec_from_file(path: Path, name: str | None) -> JobSubmit:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import httpx
@@ -12,6 +12,7 @@ from pydantic import BaseModel, PrivateAttr, TypeAdapter, ValidationError
 from gangway.errors import JobFailed, TransportError, WaitTimeout, error_for_status
 from gangway.models import (
     ClusterInfo,
+    JobCheckpoints,
     JobEvent,
     JobExplanation,
     JobInfo,
@@ -133,6 +134,10 @@ class Client:
         params = {"max_points": max_points}
         return self._call("GET", f"/v1/jobs/{job_id}/metrics", JobMetrics, params=params).points
 
+    def checkpoints(self, job_id: int) -> JobCheckpoints:
+        """The job's complete checkpoints, oldest first (it resumes from the last)."""
+        return self._call("GET", f"/v1/jobs/{job_id}/checkpoints", JobCheckpoints)
+
     def follow_logs(
         self, job_id: int, *, rank: int | None = None, tail: int = 200
     ) -> Iterator[LogLine]:
@@ -155,11 +160,21 @@ class Client:
         except httpx.TransportError as exc:
             raise TransportError(f"lost the log stream from {self._http.base_url}: {exc}") from exc
 
-    def wait(self, job_id: int, timeout_s: float = 600.0, *, poll_s: float = 1.0) -> Job:
-        """Block until the job ends. Raises `JobFailed` unless it SUCCEEDED."""
+    def wait(
+        self,
+        job_id: int,
+        timeout_s: float = 600.0,
+        *,
+        poll_s: float = 1.0,
+        on_poll: Callable[[Job], object] | None = None,
+    ) -> Job:
+        """Block until the job ends. Raises `JobFailed` unless it SUCCEEDED. `on_poll`
+        sees the job at every poll (a progress bar, say)."""
         deadline = time.monotonic() + timeout_s
         while True:
             job = self.get(job_id)
+            if on_poll is not None:
+                on_poll(job)
             if job.state is JobState.SUCCEEDED:
                 return job
             if job.state.is_terminal:
@@ -226,6 +241,9 @@ class Job(JobInfo):
 
     def metrics(self, *, max_points: int = 500) -> MetricPoints:
         return self._client.metrics(self.id, max_points=max_points)
+
+    def checkpoints(self) -> JobCheckpoints:
+        return self._client.checkpoints(self.id)
 
     @overload
     def logs(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from typer.testing import CliRunner
 import gangway.cli
 from api.app import create_app
 from gangway import Client
-from scheduler.model import Node
+from scheduler.model import JobState, Node
 from scheduler.store import JobRepository, ProgressPoint
 
 NODES = [Node("id-1", "local-1", 4, 8.0)]
@@ -126,3 +128,23 @@ def test_queues_table(cli: CliRunner) -> None:
     lines = run(cli, "queues").splitlines()
     assert lines[0].split() == ["QUEUE", "GUAR", "BORROW", "USED", "BORROWED", "PEND", "RUN"]
     assert lines[1].split() == ["research", "0", "any", "0", "0", "1", "0"]
+
+
+def test_submit_wait_follows_the_job_to_its_end(cli: CliRunner, repo: JobRepository) -> None:
+    def run_it() -> None:  # what the scheduler loop would do, once the job exists
+        while not repo.in_states([JobState.PENDING]):
+            time.sleep(0.05)
+        [job] = repo.in_states([JobState.PENDING])
+        placement = {"placement": ["id-1", "id-1"]}
+        for state in (JobState.ADMITTED, JobState.STARTING, JobState.RUNNING):
+            job = repo.transition(job.id, state, reason="t", **placement)
+            placement = {}
+        repo.record_progress(job.id, 1, ProgressPoint(100, loss=1.0))
+        repo.transition(job.id, JobState.SUCCEEDED, reason="all ranks finished at step 100")
+
+    runner = threading.Thread(target=run_it)
+    runner.start()
+    output = run(cli, "submit", "--name", "waited", "--dp", "2", "--wait")
+    runner.join()
+    assert "SUCCEEDED  (all ranks finished at step 100)" in output
+    assert "step 100/100" in output

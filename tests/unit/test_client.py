@@ -238,3 +238,14 @@ def test_a_job_handle_acts_on_its_job() -> None:
         "GET /v1/jobs/7/logs",
         "POST /v1/jobs/7/cancel",
     ]
+
+
+def test_wait_shows_every_poll() -> None:
+    states = iter(["PENDING", "RUNNING", "SUCCEEDED"])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=job_json(state=next(states)))
+
+    seen: list[str] = []
+    done = client_for(handler).wait(7, poll_s=0, on_poll=lambda job: seen.append(job.state))
+    assert done.state == "SUCCEEDED" and seen == ["PENDING", "RUNNING", "SUCCEEDED"]

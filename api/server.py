@@ -124,7 +124,13 @@ def build_app(settings: Settings) -> FastAPI:
         finally:
             runtime.stop()
 
-    return create_app(repo, lifespan=lifespan, on_change=runtime.wake.set, queues=settings.quotas())
+    return create_app(
+        repo,
+        lifespan=lifespan,
+        on_change=runtime.wake.set,
+        queues=settings.quotas(),
+        checkpoint_root=settings.checkpoint_root(),
+    )
 
 
 def serve(settings: Settings) -> None:

@@ -16,6 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import create_app
 from api.openapi import COMMITTED, document, render
+from api.server import build_app
+from api.settings import Settings
 from scheduler.model import JobState, Node, QueueQuota
 from scheduler.store import JobRepository, ProgressPoint
 
@@ -492,3 +494,12 @@ def test_checkpoints_lists_the_complete_ones_oldest_first(
         assert listed["directory"] == str(directory)
         assert [(c["step"], c["bytes"]) for c in listed["checkpoints"]] == [(10, 11), (20, 21)]
         assert client.get("/v1/jobs/999/checkpoints").status_code == 404
+
+
+def test_serve_hands_its_settings_to_the_app(tmp_path: Path) -> None:
+    """`gangway serve` builds the app the tests build by hand: same checkpoint root as the
+    ranks, same queues as the scheduler (the lifespan, which starts Ray, does not run)."""
+    settings = Settings(data_dir=tmp_path)
+    app = build_app(settings)
+    assert app.state.checkpoint_root == tmp_path / "checkpoints" == settings.checkpoint_root()
+    assert app.state.queues == settings.quotas()

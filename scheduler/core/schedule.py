@@ -109,8 +109,10 @@ def schedule(
     queues: Mapping[str, QueueQuota] | None = None,
     usage: Mapping[tuple[str, str], float] | None = None,
 ) -> list[Decision]:
-    """One pass. `queues`: quotas by queue name (missing: no guarantee, no limit). `usage`:
-    recent decayed GPU-seconds by (queue, user), for fair share (`fairshare.decayed_usage`)."""
+    """One pass: one Admit or Wait per pending job, in queue order, plus the Preempt and
+    Resize decisions that make room. `queues`: quotas by queue name (missing: no
+    guarantee, no limit). `usage`: recent decayed GPU-seconds by (queue, user), for fair
+    share (`fairshare.decayed_usage`)."""
     config = config or PolicyConfig()
     quotas = queues or {}
     holders = [j for j in jobs if j.state in RESOURCE_HOLDING_STATES]

@@ -14,23 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 
-from scheduler.core import (
-    Admit,
-    Decision,
-    PolicyConfig,
-    Preempt,
-    Resize,
-    Wait,
-    queue_order,
-    schedule,
-)
+from scheduler.core import Admit, PolicyConfig, Preempt, Resize, Wait, schedule
 from scheduler.core.fairshare import decayed_usage
 from scheduler.model import (
     ACTIVE_STATES,
     RESOURCE_HOLDING_STATES,
     ClusterSnapshot,
     JobState,
-    JobView,
     Node,
     QueueQuota,
 )
@@ -195,7 +185,9 @@ class SchedulerLoop:
         now = self._clock()
         usage = self._recent_usage(now)
         decisions = schedule(snapshot, views, now, self._policy, queues=self._queues, usage=usage)
-        positions = self._queue_positions(views, decisions, now, usage)
+        # Waits come in queue order (schedule's contract): number them.
+        waiting = (d.job_id for d in decisions if isinstance(d, Wait))
+        positions = {job_id: position for position, job_id in enumerate(waiting, start=1)}
         for decision in decisions:
             if isinstance(decision, Admit):
                 self._admit(records[decision.job_id], decision)
@@ -205,19 +197,6 @@ class SchedulerLoop:
                 self._resize(records[decision.job_id], decision)
             else:
                 self._explain(records[decision.job_id], decision, positions[decision.job_id])
-
-    def _queue_positions(
-        self,
-        views: list[JobView],
-        decisions: list[Decision],
-        now: datetime,
-        usage: dict[tuple[str, str], float],
-    ) -> dict[int, int]:
-        """1 for the first job still waiting after this pass, in the scheduler's order."""
-        waiting = {d.job_id for d in decisions if isinstance(d, Wait)}
-        pending = [view for view in views if view.id in waiting]
-        ordered = queue_order(pending, now, self._policy, usage)
-        return {view.id: position for position, view in enumerate(ordered, start=1)}
 
     def _recent_usage(self, now: datetime) -> dict[tuple[str, str], float]:
         """Decayed GPU-seconds per (queue, user); runs older than 10 half-lives count < 0.1%."""

@@ -9,7 +9,16 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.core import Admit, Blocker, Decision, PolicyConfig, Preempt, Wait, schedule
+from scheduler.core import (
+    Admit,
+    Blocker,
+    Decision,
+    PolicyConfig,
+    Preempt,
+    Wait,
+    queue_order,
+    schedule,
+)
 from scheduler.core.decisions import Resize
 from scheduler.core.ordering import rank, work_lost_s
 from scheduler.model import ClusterSnapshot, JobState, JobView
@@ -274,6 +283,9 @@ def test_properties_of_every_pass(scenario: tuple[ClusterSnapshot, list[JobView]
     pending_ids = {j.id for j in jobs if j.state is JobState.PENDING}
     waits_and_admits = [d.job_id for d in decisions if isinstance(d, Admit | Wait)]
     assert sorted(waits_and_admits) == sorted(pending_ids)
+    # ... in queue order (the loop numbers the waiting jobs by it)
+    queued = [j.id for j in queue_order([views[i] for i in pending_ids], NOW, PolicyConfig())]
+    assert waits_and_admits == queued
 
     resized = _check_resizes(decisions, views)
     _check_no_overcommit(snapshot, jobs, decisions, views, resized)

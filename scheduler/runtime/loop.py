@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 
@@ -239,7 +239,7 @@ class SchedulerLoop:
             JobState.RESIZING,
             f"{decision.reason}; checkpointing to restart at dp={decision.dp}",
             placement=list(decision.placement.node_ids),
-            num_gpus=len(decision.placement.node_ids) * job_view(job).shape.gpus_per_rank,
+            num_gpus=_gpus(job, decision.placement.node_ids),
             preempt_deadline=deadline,
         )
         if resizing.state is JobState.RESIZING:
@@ -254,7 +254,7 @@ class SchedulerLoop:
                 expected=JobState.PENDING,
                 reason=decision.reason,
                 placement=list(decision.placement.node_ids),
-                num_gpus=len(decision.placement.node_ids) * job_view(job).shape.gpus_per_rank,
+                num_gpus=_gpus(job, decision.placement.node_ids),
                 attempt=job.attempt + 1,
                 error=None,
                 stragglers=None,
@@ -334,25 +334,24 @@ class SchedulerLoop:
             return
         if [s.rank for s in found] == [s["rank"] for s in job.stragglers]:
             return
-        window = self._stragglers.window
+        nodes = [job.placement[s.rank] for s in found]
         flagged = [
             {
                 "rank": s.rank,
-                "node_id": job.placement[s.rank],
+                "node_id": node,
                 "local_s": round(s.local_s, 4),
                 "ratio": round(s.ratio, 2),
             }
-            for s in found
+            for s, node in zip(found, nodes, strict=True)
         ]
-        placement = job.placement
         described = "; ".join(
-            f"rank {s.rank} on {self._node_names.get(placement[s.rank], placement[s.rank])} "
-            f"needs {s.local_s:.3f} s of local work per step, {s.ratio:.1f}x the gang's median"
-            for s in found
+            f"rank {s.rank} on {self._node_names.get(node, node)} needs {s.local_s:.3f} s "
+            f"of local work per step, {s.ratio:.1f}x the gang's median"
+            for s, node in zip(found, nodes, strict=True)
         )
         reason = (
-            f"straggler: {described} (median over the last {window} polls)"
-            if flagged
+            f"straggler: {described} (median over the last {self._stragglers.window} polls)"
+            if found
             else f"no straggler: every rank within {self._stragglers.factor:g}x of the median"
         )
         self._repo.annotate(job.id, reason, stragglers=flagged)
@@ -458,7 +457,8 @@ class SchedulerLoop:
                 job, JobState.SUCCEEDED, f"finished at step {status.step} while stopping"
             )
             return None
-        metrics.LOST_STEPS.labels(job.queue).inc(_lost_steps(status))
+        lost = _lost_steps(status)
+        metrics.LOST_STEPS.labels(job.queue).inc(lost)
         how = (
             f"stopped at step {status.step}"
             if exited
@@ -468,9 +468,9 @@ class SchedulerLoop:
             how += f" ({status.stop_ack_s:.1f} s after the notice)"
         saved = status.checkpoint_step
         resume = (
-            f"resumes from its checkpoint at step {saved} ({status.step - saved} steps lost)"
+            f"resumes from its checkpoint at step {saved} ({lost} steps lost)"
             if saved is not None
-            else f"no checkpoint, so it restarts from step 0 ({status.step} steps lost)"
+            else f"no checkpoint, so it restarts from step 0 ({lost} steps lost)"
         )
         return how, resume
 
@@ -515,6 +515,11 @@ class SchedulerLoop:
             log.info("job %s: %s; leaving it to the newer state", job.id, exc)
             self._executor.release(job.id)
             return self._repo.get(job.id)
+
+
+def _gpus(job: JobRecord, placement: Sequence[str]) -> int:
+    """GPUs a placement of this job holds (an elastic job's count follows its dp)."""
+    return len(placement) * gang_shape(job.spec).gpus_per_rank
 
 
 def _lost_steps(status: GroupStatus) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from scheduler.core.fairshare import UsageInterval
 from scheduler.model import JobState, Node, is_legal_transition
@@ -418,14 +418,28 @@ class JobRepository:
 
     def metrics(self, job_id: int, *, max_points: int = 500) -> list[MetricPoint]:
         """The job's metric series, oldest first, thinned to at most `max_points` evenly
-        spaced points (the newest always kept)."""
-        query = select(JobMetricRow).where(JobMetricRow.job_id == job_id).order_by(JobMetricRow.id)
+        spaced points (the newest always kept). The database does the thinning: a long
+        job has a point per poll, and a chart needs only a few hundred."""
+        of_job = JobMetricRow.job_id == job_id
         with Session(self._engine) as session:
             _job_row(session, job_id)  # 404 for an unknown job
-            rows = list(session.scalars(query))
-        kept = rows[:: max(1, math.ceil(len(rows) / max_points))]
-        if kept and kept[-1] is not rows[-1]:
-            kept[-1] = rows[-1]  # the newest point always shows
+            total = session.scalar(select(func.count()).where(of_job)) or 0
+            stride = max(1, math.ceil(total / max_points))
+            numbered = (
+                select(JobMetricRow, func.row_number().over(order_by=JobMetricRow.id).label("n"))
+                .where(of_job)
+                .subquery()
+            )
+            point = aliased(JobMetricRow, numbered)
+            kept = list(
+                session.scalars(
+                    select(point)
+                    .where(((numbered.c.n - 1) % stride == 0) | (numbered.c.n == total))
+                    .order_by(numbered.c.id)
+                )
+            )
+        if (total - 1) % stride:  # the newest came in beside the last evenly spaced one
+            del kept[-2]
         return [
             MetricPoint(r.attempt, r.step, r.at, r.loss, r.tokens_per_s, r.step_time_s, r.memory_mb)
             for r in kept

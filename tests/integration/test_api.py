@@ -449,6 +449,9 @@ def test_metric_series_are_kept_per_step_and_thinned(
     thinned = client.get(f"/v1/jobs/{job_id}/metrics", params={"max_points": 4}).json()
     assert [p["step"] for p in thinned["points"]] == [1, 4, 7, 10]  # the newest kept
     assert client.get(f"/v1/jobs/{job_id}").json()["progress"]["step"] == 10
+    repo.record_progress(job_id, 1, ProgressPoint(11, loss=0.9))
+    thinned = client.get(f"/v1/jobs/{job_id}/metrics", params={"max_points": 4}).json()
+    assert [p["step"] for p in thinned["points"]] == [1, 4, 7, 11]  # 11 in 10's place
     assert client.get("/v1/jobs/999/metrics").status_code == 404
 
 

@@ -19,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from workers.context import RankContext, RankInfo
+from workers.context import Progress, RankContext, RankInfo
 from workers.logtap import LineBuffer, Tap
 from workers.script import torchrun_env
 
@@ -98,21 +98,21 @@ class RankActor:
 
     def status(self, log_after: int = 0) -> dict[str, Any]:
         """Phase, progress, and the output lines numbered above `log_after`."""
-        progress = self._ctx.progress() if self._ctx else None
+        progress = self._ctx.progress() if self._ctx else Progress()  # not started: nothing
         return {
             "logs": self._logs.since(log_after),
             "phase": self._phase,
             "error": self._error,
             "failed_at": self._failed_at,
-            "step": progress.step if progress else 0,
-            "loss": progress.loss if progress else None,
-            "first_loss": progress.first_loss if progress else None,
-            "tokens_per_s": progress.tokens_per_s if progress else None,
-            "checkpoint_step": progress.metrics.get("checkpoint_step") if progress else None,
-            "local_s": progress.metrics.get("local_s") if progress else None,
-            "step_time_s": progress.metrics.get("step_time_s") if progress else None,
-            "memory_mb": progress.metrics.get("peak_memory_mb") if progress else None,
-            "reported_at": progress.reported_at if progress else 0.0,
+            "step": progress.step,
+            "loss": progress.loss,
+            "first_loss": progress.first_loss,
+            "tokens_per_s": progress.tokens_per_s,
+            "checkpoint_step": progress.metrics.get("checkpoint_step"),
+            "local_s": progress.metrics.get("local_s"),
+            "step_time_s": progress.metrics.get("step_time_s"),
+            "memory_mb": progress.metrics.get("peak_memory_mb"),
+            "reported_at": progress.reported_at,
             "stop_ack_s": self._stop_ack_s(),
             "pid": os.getpid(),
         }

@@ -86,24 +86,23 @@ async def _events(
 ) -> AsyncIterator[str]:
     if after is None:
         backlog = await run_in_threadpool(repo.logs, job_id, rank=rank, tail=tail)
-        after = _last_id(backlog, await run_in_threadpool(_newest_id, repo, job_id, rank))
-        for line in backlog if tail else ():
+        for line in backlog:
             yield _line_event(line)
+        after = (
+            backlog[-1].id if backlog else await run_in_threadpool(_newest_id, repo, job_id, rank)
+        )
     quiet_since = time.monotonic()
     while not await request.is_disconnected():
+        # The state first, the lines second: every line stored before the job ended is
+        # read by the fetch that follows, so the end event never cuts one off.
+        job = await run_in_threadpool(repo.get, job_id)
         lines = await run_in_threadpool(repo.logs, job_id, rank=rank, tail=BATCH, after=after)
         for line in lines:
             yield _line_event(line)
-        after = _last_id(lines, after)
         if lines:
-            quiet_since = time.monotonic()
+            after, quiet_since = lines[-1].id, time.monotonic()
             continue
-        job = await run_in_threadpool(repo.get, job_id)
         if job.state.is_terminal:
-            # Lines stored just before the final transition were read above, or are now.
-            rest = await run_in_threadpool(repo.logs, job_id, rank=rank, tail=BATCH, after=after)
-            for line in rest:
-                yield _line_event(line)
             yield f"event: end\ndata: {json.dumps({'state': job.state.value})}\n\n"
             return
         if time.monotonic() - quiet_since > KEEPALIVE_S:
@@ -115,10 +114,6 @@ async def _events(
 def _newest_id(repo: JobRepository, job_id: int, rank: int | None) -> int:
     newest = repo.logs(job_id, rank=rank, tail=1)
     return newest[-1].id if newest else 0
-
-
-def _last_id(lines: list[LogLine], default: int) -> int:
-    return lines[-1].id if lines else default
 
 
 def _line_event(line: LogLine) -> str:

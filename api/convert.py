@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,10 +57,8 @@ def queue_infos(
     views = [job_view(job) for job in holders]
     used = gpus_by_queue(views)
     borrowers = borrowing_jobs(views, quotas)
-    borrowed: dict[str, int] = {}
-    for view in views:
-        if view.id in borrowers:
-            borrowed[view.queue] = borrowed.get(view.queue, 0) + view.shape.num_gpus
+    borrowed = gpus_by_queue(view for view in views if view.id in borrowers)
+    holding = Counter(view.queue for view in views)
     names = set(quotas) | {queue for _, queue in counts}
     infos = []
     for name in sorted(names):
@@ -72,7 +71,7 @@ def queue_infos(
                 gpus_in_use=used.get(name, 0),
                 gpus_borrowed=borrowed.get(name, 0),
                 jobs_pending=counts.get((JobState.PENDING, name), 0),
-                jobs_holding_gpus=sum(1 for view in views if view.queue == name),
+                jobs_holding_gpus=holding[name],
             )
         )
     return infos

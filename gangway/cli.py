@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gangway.client import Client
-from gangway.errors import GangwayError
+from gangway.errors import GangwayError, validation_failed
 from gangway.models import (
     Builtin,
     Function,
@@ -25,7 +25,6 @@ from gangway.models import (
     LogLine,
     Parallelism,
     Resources,
-    field_path,
 )
 
 app = typer.Typer(
@@ -141,8 +140,7 @@ def _spec_from_file(path: Path, name: str | None) -> JobSubmit:
     except yaml.YAMLError as exc:
         typer.echo(f"error: {path} is not YAML or JSON: {exc}", err=True)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        typer.echo(f"error: {path}: {field_path(first['loc'])}: {first['msg']}", err=True)
+        typer.echo(f"error: {path}: {validation_failed(exc)}", err=True)
     raise typer.Exit(1)
 
 

@@ -9,7 +9,13 @@ from typing import Any, Literal, TypeVar, overload
 import httpx
 from pydantic import BaseModel, PrivateAttr, TypeAdapter, ValidationError
 
-from gangway.errors import JobFailed, TransportError, WaitTimeout, error_for_status
+from gangway.errors import (
+    JobFailed,
+    TransportError,
+    WaitTimeout,
+    error_for_status,
+    validation_failed,
+)
 from gangway.models import (
     ClusterInfo,
     JobCheckpoints,
@@ -25,7 +31,6 @@ from gangway.models import (
     LogLine,
     MetricPoint,
     QueueInfo,
-    field_path,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -80,7 +85,7 @@ class Client:
             try:
                 spec = JobSubmit(**fields)
             except ValidationError as exc:
-                raise _local_validation_error(exc) from exc
+                raise validation_failed(exc) from exc
         body = spec.model_dump(mode="json", exclude_unset=False)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._job("POST", "/v1/jobs", json=body, headers=headers)
@@ -286,8 +291,3 @@ def _api_error(response: httpx.Response) -> Exception:
     except (ValueError, KeyError, TypeError):
         code, message, field = "http_error", response.text[:500], None
     return error_for_status(response.status_code, code, message, field)
-
-
-def _local_validation_error(exc: ValidationError) -> Exception:
-    first = exc.errors()[0]
-    return error_for_status(422, "validation_error", first["msg"], field_path(first["loc"]))

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
+from gangway.models import field_path
+
 
 class GangwayError(Exception):
     pass
@@ -56,3 +60,10 @@ class WaitTimeout(GangwayError):
 def error_for_status(status_code: int, code: str, message: str, field: str | None) -> APIError:
     cls = {404: NotFound, 409: Conflict, 422: ValidationFailed}.get(status_code, APIError)
     return cls(status_code, code, message, field)
+
+
+def validation_failed(exc: ValidationError) -> APIError:
+    """What the server would answer for a body pydantic rejects here, before any request:
+    a 422 naming the first field."""
+    first = exc.errors()[0]
+    return error_for_status(422, "validation_error", first["msg"], field_path(first["loc"]))

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from fastapi import FastAPI
 
+from api.admin import router as admin_router
+from api.auth import AuthConfig
 from api.errors import install_error_handlers
 from api.logstream import router as logstream_router
 from api.metrics import router as metrics_router
 from api.metrics import store_registry
+from api.routes import health_router
 from api.routes import router as api_router
 from api.status_page import router as page_router
-from scheduler.model import QueueQuota
-from scheduler.store import JobRepository
+from scheduler.store import AccountRepository, JobRepository, QueueRepository
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -25,14 +27,15 @@ def create_app(
     *,
     lifespan: Lifespan | None = None,
     on_change: Callable[[], None] = lambda: None,
-    queues: Mapping[str, QueueQuota] | None = None,
     checkpoint_root: Path | None = None,
+    auth: AuthConfig | None = None,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
-    the next instant instead of the next interval. `queues` are the configured quotas
-    (the scheduler's), shown by `GET /v1/queues`; `checkpoint_root` is where the ranks
-    write checkpoints (shared storage in production), listed per job."""
+    the next instant instead of the next interval. `checkpoint_root` is where the ranks
+    write checkpoints (shared storage in production), listed per job. `auth` off (the
+    default) lets every caller in as an admin; users, keys and queue quotas live in the
+    repository's database."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -41,11 +44,15 @@ def create_app(
     )
     app.state.repo = repo
     app.state.on_change = on_change
-    app.state.queues = dict(queues or {})
+    app.state.auth = auth or AuthConfig()
+    app.state.accounts = AccountRepository(repo.engine)
+    app.state.queue_store = QueueRepository(repo.engine)
     app.state.checkpoint_root = checkpoint_root
     app.state.metrics_registry = store_registry(repo)
     install_error_handlers(app)
     app.include_router(api_router)
+    app.include_router(admin_router)
+    app.include_router(health_router)
     app.include_router(logstream_router)
     app.include_router(page_router)
     app.include_router(metrics_router)

@@ -10,8 +10,19 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.auth import Forbidden, Unauthorized
 from gangway.models import ErrorBody, ErrorDetail, field_path
-from scheduler.store import IllegalTransition, JobEnded, JobNotFound, KeyReused, StaleState
+from scheduler.store import (
+    ApiKeyNotFound,
+    IllegalTransition,
+    JobEnded,
+    JobNotFound,
+    KeyReused,
+    QueueNotFound,
+    StaleState,
+    UserExists,
+    UserNotFound,
+)
 
 
 def _allowed_methods(app: FastAPI, path: str) -> list[str]:
@@ -58,13 +69,27 @@ def install_error_handlers(app: FastAPI) -> None:
             422, [ErrorDetail(code="validation_error", message=exc.message, field=exc.field)]
         )
 
+    @app.exception_handler(Unauthorized)
+    async def _unauthorized(_: Request, exc: Unauthorized) -> JSONResponse:
+        detail = ErrorDetail(code="unauthorized", message=str(exc), field="Authorization")
+        return error_response(401, [detail], headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(Forbidden)
+    async def _forbidden(_: Request, exc: Forbidden) -> JSONResponse:
+        detail = ErrorDetail(code="forbidden", message=str(exc), field=exc.field)
+        return error_response(403, [detail])
+
     @app.exception_handler(JobNotFound)
-    async def _not_found(_: Request, exc: JobNotFound) -> JSONResponse:
+    @app.exception_handler(UserNotFound)
+    @app.exception_handler(ApiKeyNotFound)
+    @app.exception_handler(QueueNotFound)
+    async def _not_found(_: Request, exc: Exception) -> JSONResponse:
         return error_response(404, [ErrorDetail(code="not_found", message=str(exc))])
 
     @app.exception_handler(IllegalTransition)
     @app.exception_handler(JobEnded)
     @app.exception_handler(StaleState)
+    @app.exception_handler(UserExists)
     async def _conflict(_: Request, exc: Exception) -> JSONResponse:
         return error_response(409, [ErrorDetail(code="conflict", message=str(exc))])
 

@@ -16,14 +16,15 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
+from api.auth import current_caller
 from api.routes import ERROR_RESPONSES, MAX_ID, JobId, Repo
 from scheduler.store import JobRepository, LogLine
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(current_caller)])
 
 # One event of the stream, as OpenAPI 3.2 and schemathesis read a text/event-stream.
 _EVENT_SCHEMA = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -12,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi import Path as PathParam
 
+from api.auth import Caller, Forbidden, Principal, current_caller, require_owner
 from api.convert import (
     cluster_info,
     job_checkpoints,
@@ -39,14 +40,19 @@ from gangway.models import (
     QueueInfo,
     Script,
 )
-from scheduler.model import RESOURCE_HOLDING_STATES, QueueQuota
+from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.runtime.views import gang_shape
-from scheduler.store import JobRepository, NewJob
+from scheduler.store import JobRepository, NewJob, QueueRepository
 
-router = APIRouter()
+# Every /v1 route needs a caller (auth on) or lets everyone in (auth off): see api.auth.
+router = APIRouter(dependencies=[Depends(current_caller)])
+# Liveness stays open: load balancers and `scripts/serve` probe it without a key.
+health_router = APIRouter()
 
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
     400: {"model": ErrorBody, "description": "the body is not JSON"},
+    401: {"model": ErrorBody, "description": "auth is on and the API key is missing or wrong"},
+    403: {"model": ErrorBody, "description": "the caller's role does not allow this"},
     404: {"model": ErrorBody, "description": "no such job"},
     409: {
         "model": ErrorBody,
@@ -85,8 +91,11 @@ OnChange = Annotated[Callable[[], None], Depends(changed)]
 @router.post("/v1/jobs", status_code=201, response_model=JobInfo, responses=ERROR_RESPONSES)
 def submit_job(
     submit: JobSubmit,
+    caller: Caller,
+    *,
     repo: Repo,
     on_change: OnChange,
+    request: Request,
     response: Response,
     idempotency_key: Annotated[
         str | None,
@@ -98,6 +107,7 @@ def submit_job(
         ),
     ] = None,
 ) -> JobInfo:
+    submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
     nodes = repo.nodes()
     spec = submit.model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
@@ -123,6 +133,17 @@ def submit_job(
     else:
         response.headers["Idempotent-Replayed"] = "true"
     return job_info(record, {n.id: n.name for n in nodes})
+
+
+def _on_behalf_of(submit: JobSubmit, caller: Principal, auth_required: bool) -> JobSubmit:
+    """With auth, a job counts against the key's user; an admin may name someone else."""
+    if not auth_required:
+        return submit
+    if "user" not in submit.model_fields_set:
+        return submit.model_copy(update={"user": caller.name})
+    if submit.user != caller.name and not caller.is_admin:
+        raise Forbidden(f"{caller.name} may not submit as {submit.user}", field="user")
+    return submit
 
 
 @router.get("/v1/jobs", response_model=JobPage, responses=ERROR_RESPONSES)
@@ -162,21 +183,25 @@ def get_job(job_id: JobId, repo: Repo) -> JobInfo:
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, responses=ERROR_RESPONSES)
-def cancel_job(job_id: JobId, repo: Repo, on_change: OnChange) -> JobInfo:
+def cancel_job(job_id: JobId, caller: Caller, repo: Repo, on_change: OnChange) -> JobInfo:
     """Cancel now in the store; the scheduler loop stops the ranks on its next pass.
 
     Cancelling a job that already ended is a 409 (its outcome is kept, not overwritten).
     """
+    require_owner(caller, repo.get(job_id).user, f"job {job_id}")
     record = repo.transition(job_id, JobState.CANCELLED, reason="cancelled by user")
     on_change()
     return job_info(record, _node_names(repo))
 
 
 @router.patch("/v1/jobs/{job_id}", response_model=JobInfo, responses=ERROR_RESPONSES)
-def change_job(job_id: JobId, patch: JobPatch, repo: Repo, on_change: OnChange) -> JobInfo:
+def change_job(
+    job_id: JobId, patch: JobPatch, caller: Caller, repo: Repo, on_change: OnChange
+) -> JobInfo:
     """Change a job's priority: a pending job moves in the queue on the next pass; a
     running one is ranked by it for preemption. A job that ended is a 409."""
     before = repo.get(job_id)
+    require_owner(caller, before.user, f"job {job_id}")
     reason = f"priority changed from {before.priority} to {patch.priority}"
     record = repo.annotate(job_id, reason, priority=patch.priority)
     on_change()
@@ -236,20 +261,23 @@ def list_checkpoints(job_id: JobId, repo: Repo, request: Request) -> JobCheckpoi
     return job_checkpoints(root, job_id)
 
 
-@router.get("/v1/queues", response_model=list[QueueInfo])
+@router.get("/v1/queues", response_model=list[QueueInfo], responses=ERROR_RESPONSES)
 def list_queues(repo: Repo, request: Request) -> list[QueueInfo]:
-    """Configured queues (GANGWAY_QUEUES) and any queue a job names: guarantee, borrowing
-    limit, GPUs in use and borrowed now, jobs pending and holding GPUs."""
-    quotas: Mapping[str, QueueQuota] = request.app.state.queues
-    return queue_infos(quotas, repo.in_states(RESOURCE_HOLDING_STATES), repo.count_jobs())
+    """Configured queues (by admins, or seeded from GANGWAY_QUEUES) and any queue a job
+    names: guarantee, borrowing limit, GPUs in use and borrowed now, jobs pending and
+    holding GPUs."""
+    queue_store: QueueRepository = request.app.state.queue_store
+    return queue_infos(
+        queue_store.quotas(), repo.in_states(RESOURCE_HOLDING_STATES), repo.count_jobs()
+    )
 
 
-@router.get("/v1/cluster", response_model=ClusterInfo)
+@router.get("/v1/cluster", response_model=ClusterInfo, responses=ERROR_RESPONSES)
 def get_cluster(repo: Repo) -> ClusterInfo:
     return cluster_info(repo.nodes(), repo.in_states(RESOURCE_HOLDING_STATES))
 
 
-@router.get("/healthz")
+@health_router.get("/healthz")
 def healthz(repo: Repo) -> dict[str, str]:
     repo.nodes()  # proves the database answers
     return {"status": "ok"}

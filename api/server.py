@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from api.app import create_app
+from api.auth import AuthConfig
 from api.settings import Settings
 from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.executor import RayExecutor
@@ -20,7 +21,7 @@ from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
-from scheduler.store import JobRepository, make_engine, upgrade_to_head
+from scheduler.store import JobRepository, QueueRepository, make_engine, upgrade_to_head
 
 log = logging.getLogger("gangway")
 
@@ -47,7 +48,7 @@ class Runtime:
                 checkpoint_root=self._settings.checkpoint_root(),
             ),
             policy=self._settings.policy(),
-            queues=self._settings.quotas(),
+            queues=QueueRepository(self._repo.engine).quotas,
             fair_share_half_life_s=self._settings.fair_share_half_life_s,
             hang_factor=self._settings.hang_factor,
             hang_min_s=self._settings.hang_min_s,
@@ -114,6 +115,15 @@ def build_app(settings: Settings) -> FastAPI:
     database_url = settings.resolved_database_url()
     upgrade_to_head(database_url)
     repo = JobRepository(make_engine(database_url))
+    seeded = QueueRepository(repo.engine).seed(settings.quotas())
+    if seeded:
+        log.info("queues from GANGWAY_QUEUES created: %s", ", ".join(seeded))
+    auth = AuthConfig(
+        required=settings.auth_required(),
+        admin_key=settings.admin_key.get_secret_value() if settings.admin_key else None,
+    )
+    if auth.required and auth.admin_key is None:
+        log.warning("auth is on and GANGWAY_ADMIN_KEY is unset: only existing keys get in")
     runtime = Runtime(settings, repo)
 
     @asynccontextmanager
@@ -128,8 +138,8 @@ def build_app(settings: Settings) -> FastAPI:
         repo,
         lifespan=lifespan,
         on_change=runtime.wake.set,
-        queues=settings.quotas(),
         checkpoint_root=settings.checkpoint_root(),
+        auth=auth,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler.core import PolicyConfig
@@ -27,6 +27,16 @@ class Settings(BaseSettings):
     local_nodes: int = Field(2, ge=1, le=16, description="logical GPU nodes of the local Ray")
     local_gpus_per_node: int = Field(4, ge=1, le=16)
     local_cpus_per_node: int = Field(8, ge=1, le=256)
+    auth: bool | None = Field(
+        None,
+        description="require API keys; unset: off only for the embedded default (no "
+        "database_url), on with a database of your own",
+    )
+    admin_key: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="bootstrap admin key (creates the first users); keep it secret",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     schedule_interval_s: float = Field(1.0, gt=0, le=60)
@@ -89,6 +99,10 @@ class Settings(BaseSettings):
             starvation_s=self.starvation_s,
             service_preemption_loss_s=self.service_preemption_loss_s,
         )
+
+    def auth_required(self) -> bool:
+        """Auth is off by default only for the single-user embedded service."""
+        return self.auth if self.auth is not None else bool(self.database_url)
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -2,16 +2,22 @@
 
 from gangway import Client, Builtin, Parallelism
 job = Client().submit(name="demo", parallelism=Parallelism(dp=2), entrypoint=Builtin(steps=50))
+job.wait()
+
+`AsyncClient` (gangway.aio) offers the same calls to asyncio code.
 """
 
+from gangway.aio import AsyncClient, AsyncJob
 from gangway.client import Client, Job
 from gangway.errors import (
     APIError,
     Conflict,
+    Forbidden,
     GangwayError,
     JobFailed,
     NotFound,
     TransportError,
+    Unauthorized,
     ValidationFailed,
     WaitTimeout,
 )
@@ -35,10 +41,13 @@ from gangway.models import (
 
 __all__ = [
     "APIError",
+    "AsyncClient",
+    "AsyncJob",
     "Builtin",
     "Client",
     "ClusterInfo",
     "Conflict",
+    "Forbidden",
     "Function",
     "GangwayError",
     "Job",
@@ -57,6 +66,7 @@ __all__ = [
     "Script",
     "Straggler",
     "TransportError",
+    "Unauthorized",
     "ValidationFailed",
     "WaitTimeout",
 ]

@@ -14,8 +14,11 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gangway import cli_shared
+from gangway.cli_admin import queues_app, users_app, whoami
+from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
 from gangway.client import Client
-from gangway.errors import GangwayError, validation_failed
+from gangway.errors import validation_failed
 from gangway.models import (
     Builtin,
     Function,
@@ -30,10 +33,9 @@ from gangway.models import (
 app = typer.Typer(
     help="Gangway: schedule and run distributed PyTorch training.", no_args_is_help=True
 )
-
-Url = Annotated[str, typer.Option("--url", envvar="GANGWAY_URL", help="service address")]
-AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
-DEFAULT_URL = "http://127.0.0.1:8000"
+app.add_typer(queues_app, name="queues")
+app.add_typer(users_app, name="users")
+app.command()(whoami)
 
 
 @app.command()
@@ -105,8 +107,8 @@ def submit(
             entrypoint=entrypoint,
             max_restarts=max_restarts,
         )
-    with _client(url) as client:
-        job = _run(lambda: client.submit(spec, idempotency_key=idempotency_key))
+    with cli_shared.connect(url) as client:
+        job: JobInfo = run(lambda: client.submit(spec, idempotency_key=idempotency_key))
         if wait:
             job = _wait(client, job, show_progress=not as_json)
     _print_job(job, as_json)
@@ -115,7 +117,7 @@ def submit(
 def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:
     """Until the job ends, with a bar on stderr fed by its step count."""
     if not show_progress:
-        ended: JobInfo = _run(lambda: client.wait(job.id, timeout_s=24 * 3600))
+        ended: JobInfo = run(lambda: client.wait(job.id, timeout_s=24 * 3600))
         return ended
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True)) as bar:
@@ -126,7 +128,7 @@ def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:
                 task, completed=seen.progress.step, description=f"job {seen.id} {seen.state}"
             )
 
-        done: JobInfo = _run(lambda: client.wait(job.id, timeout_s=24 * 3600, on_poll=show))
+        done: JobInfo = run(lambda: client.wait(job.id, timeout_s=24 * 3600, on_poll=show))
     return done
 
 
@@ -147,8 +149,8 @@ def _spec_from_file(path: Path, name: str | None) -> JobSubmit:
 @app.command()
 def cluster(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     """Nodes, their GPUs (total, allocated, free), health and the jobs on each."""
-    with _client(url) as client:
-        info = _run(client.cluster)
+    with cli_shared.connect(url) as client:
+        info = run(client.cluster)
     if as_json:
         typer.echo(info.model_dump_json(indent=2))
         return
@@ -166,26 +168,6 @@ def cluster(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
 
 
 @app.command()
-def queues(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
-    """Queues: guaranteed GPUs, borrowing limit, GPUs in use and borrowed, jobs."""
-    with _client(url) as client:
-        infos = _run(client.queues)
-    if as_json:
-        typer.echo(json.dumps([q.model_dump() for q in infos], indent=2))
-        return
-    typer.echo(
-        f"{'QUEUE':<16} {'GUAR':>5} {'BORROW':>6} {'USED':>5} {'BORROWED':>8} "
-        f"{'PEND':>5} {'RUN':>4}"
-    )
-    for q in infos:
-        limit = "any" if q.borrow_limit_gpus is None else str(q.borrow_limit_gpus)
-        typer.echo(
-            f"{q.name:<16} {q.guaranteed_gpus:>5} {limit:>6} {q.gpus_in_use:>5} "
-            f"{q.gpus_borrowed:>8} {q.jobs_pending:>5} {q.jobs_holding_gpus:>4}"
-        )
-
-
-@app.command()
 def jobs(
     state: Annotated[
         list[JobState] | None, typer.Option(help="filter by state (repeat for several)")
@@ -198,8 +180,8 @@ def jobs(
     as_json: AsJson = False,
 ) -> None:
     """List jobs, newest first."""
-    with _client(url) as client:
-        page = _run(
+    with cli_shared.connect(url) as client:
+        page = run(
             lambda: client.list(
                 state=state, queue=queue, user=user, name_prefix=name_prefix, limit=limit
             )
@@ -211,41 +193,41 @@ def jobs(
     for job in page.items:
         total = job.progress.total_steps
         step = f"{job.progress.step}/{total}" if total else str(job.progress.step)
-        state = job.state.value
         typer.echo(
-            f"{job.id:>5}  {state:<10} {job.num_gpus:>4}  {job.priority:>4}  {step:>10}  {job.name}"
+            f"{job.id:>5}  {job.state.value:<10} {job.num_gpus:>4}  {job.priority:>4}  "
+            f"{step:>10}  {job.name}"
         )
 
 
 @app.command()
 def status(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     """Show one job: state, reason, placement and progress."""
-    with _client(url) as client:
-        job = _run(lambda: client.get(job_id))
+    with cli_shared.connect(url) as client:
+        job = run(lambda: client.get(job_id))
     _print_job(job, as_json)
 
 
 @app.command()
 def cancel(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     """Cancel a job."""
-    with _client(url) as client:
-        job = _run(lambda: client.cancel(job_id))
+    with cli_shared.connect(url) as client:
+        job = run(lambda: client.cancel(job_id))
     _print_job(job, as_json)
 
 
 @app.command()
 def priority(job_id: int, value: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     """Change a job's priority (higher runs first)."""
-    with _client(url) as client:
-        job = _run(lambda: client.set_priority(job_id, value))
+    with cli_shared.connect(url) as client:
+        job = run(lambda: client.set_priority(job_id, value))
     _print_job(job, as_json)
 
 
 @app.command()
 def explain(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     """Why a job is where it is; for a pending job, what blocks it and when it should start."""
-    with _client(url) as client:
-        why = _run(lambda: client.explain(job_id))
+    with cli_shared.connect(url) as client:
+        why = run(lambda: client.explain(job_id))
     if as_json:
         typer.echo(why.model_dump_json(indent=2))
         return
@@ -271,8 +253,8 @@ def queue_(
     as_json: AsJson = False,
 ) -> None:
     """Pending jobs in the scheduler's order, with estimated starts and reasons."""
-    with _client(url) as client:
-        page = _run(lambda: client.list(state=JobState.PENDING, queue=queue, limit=500))
+    with cli_shared.connect(url) as client:
+        page = run(lambda: client.list(state=JobState.PENDING, queue=queue, limit=500))
     pending = sorted(
         page.items,
         key=lambda j: (j.explanation.queue_position if j.explanation else None) or 10**9,
@@ -301,8 +283,8 @@ def metrics(
     as_json: AsJson = False,
 ) -> None:
     """A job's loss, tokens/s, step time and memory over its steps."""
-    with _client(url) as client:
-        points = _run(lambda: client.metrics(job_id, max_points=max_points))
+    with cli_shared.connect(url) as client:
+        points = run(lambda: client.metrics(job_id, max_points=max_points))
     if as_json:
         typer.echo(json.dumps([p.model_dump(mode="json") for p in points], indent=2))
         return
@@ -332,11 +314,11 @@ def logs(
     as_json: AsJson = False,
 ) -> None:
     """What a job's ranks printed (all attempts), oldest first."""
-    with _client(url) as client:
+    with cli_shared.connect(url) as client:
         if follow:
-            _run(lambda: _print_lines(client.follow_logs(job_id, rank=rank, tail=tail), as_json))
+            run(lambda: _print_lines(client.follow_logs(job_id, rank=rank, tail=tail), as_json))
             return
-        lines = _run(lambda: client.logs(job_id, rank=rank, tail=tail))
+        lines = run(lambda: client.logs(job_id, rank=rank, tail=tail))
     if as_json:
         typer.echo(json.dumps([line.model_dump() for line in lines]))
         return
@@ -398,18 +380,6 @@ def simulate(
             "oracle": oracle,
         },
     )
-
-
-def _client(url: str) -> Client:
-    return Client(url)
-
-
-def _run(call: Any) -> Any:
-    try:
-        return call()
-    except GangwayError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
 
 
 def _print_job(job: JobInfo, as_json: bool) -> None:

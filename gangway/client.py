@@ -1,50 +1,58 @@
-"""The Python SDK: a thin, typed client over the REST API (httpx, injectable transport)."""
+"""The Python SDK's blocking client: `Client`, and `Job`, a job with the calls that act on
+it. The async twin is `gangway.aio.AsyncClient`. Both send the calls `gangway.calls`
+describes, over httpx with an injectable transport (`httpx.MockTransport` in tests).
+"""
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, TypeVar, overload
+from collections.abc import Callable, Iterator
+from typing import Concatenate, Literal, ParamSpec, TypeVar, overload
 
 import httpx
-from pydantic import BaseModel, PrivateAttr, TypeAdapter, ValidationError
+from pydantic import PrivateAttr
 
-from gangway.errors import (
-    JobFailed,
-    TransportError,
-    WaitTimeout,
-    error_for_status,
-    validation_failed,
-)
+from gangway import calls
+from gangway.calls import Call
+from gangway.errors import JobFailed, TransportError, WaitTimeout, error_for_status
 from gangway.models import (
-    ClusterInfo,
     JobCheckpoints,
     JobEvent,
     JobExplanation,
     JobInfo,
-    JobLogs,
-    JobMetrics,
-    JobPage,
-    JobPatch,
     JobState,
-    JobSubmit,
     LogLine,
     MetricPoint,
-    QueueInfo,
 )
 
-M = TypeVar("M", bound=BaseModel)
+P = ParamSpec("P")
+T = TypeVar("T")
 
-JobEvents = list[JobEvent]
-LogLines = list[LogLine]
-MetricPoints = list[MetricPoint]
-QueueInfos = list[QueueInfo]
-_QUEUES = TypeAdapter(QueueInfos)
-_EVENTS = TypeAdapter(JobEvents)
+
+def _sends(build: Callable[P, Call[T]]) -> Callable[Concatenate[Client, P], T]:
+    """A `Client` method that sends what `build` describes and returns its answer."""
+
+    @functools.wraps(build)
+    def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.send(build(*args, **kwargs))
+
+    return method
+
+
+def _sends_job(build: Callable[P, Call[JobInfo]]) -> Callable[Concatenate[Client, P], Job]:
+    """A `Client` method whose answer is a job: returned as a `Job` bound to the client."""
+
+    @functools.wraps(build)
+    def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> Job:
+        return Job.bind(self.send(build(*args, **kwargs)), self)
+
+    return method
 
 
 class Client:
-    """`Client("http://127.0.0.1:8000")`; pass `transport=` to test without a server."""
+    """`Client("http://127.0.0.1:8000", api_key=...)`; pass `transport=` to test without a
+    server. Methods that answer with a job return a `Job` (`job.wait()`, `job.logs()`...)."""
 
     def __init__(
         self,
@@ -54,9 +62,8 @@ class Client:
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
-            base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
+            base_url=base_url, headers=auth_headers(api_key), timeout=timeout_s, transport=transport
         )
 
     def __enter__(self) -> Client:
@@ -68,100 +75,47 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    # -- jobs -------------------------------------------------------------------------
-
-    def submit(
-        self,
-        spec: JobSubmit | None = None,
-        *,
-        idempotency_key: str | None = None,
-        **fields: Any,
-    ) -> Job:
-        """Submit a job: `submit(JobSubmit(...))` or `submit(name=..., entrypoint=Builtin())`.
-
-        With an `idempotency_key` a submission is safe to retry (after a `TransportError`,
-        say): the same key returns the job the first attempt made, never a second one."""
-        if spec is None:
-            try:
-                spec = JobSubmit(**fields)
-            except ValidationError as exc:
-                raise validation_failed(exc) from exc
-        body = spec.model_dump(mode="json", exclude_unset=False)
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._job("POST", "/v1/jobs", json=body, headers=headers)
-
-    def get(self, job_id: int) -> Job:
-        return self._job("GET", f"/v1/jobs/{job_id}")
-
-    def list(
-        self,
-        *,
-        state: JobState | str | Sequence[JobState | str] | None = None,
-        queue: str | None = None,
-        user: str | None = None,
-        name_prefix: str | None = None,
-        limit: int = 50,
-        cursor: int | None = None,
-    ) -> JobPage:
-        """Newest first; pass `cursor=page.next_cursor` for the next page."""
-        states = [state] if isinstance(state, str) else list(state or ())
-        filters = {"queue": queue, "user": user, "name_prefix": name_prefix, "cursor": cursor}
-        params: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
-        params["limit"] = limit
-        if states:
-            params["state"] = [str(s) for s in states]
-        return self._call("GET", "/v1/jobs", JobPage, params=params)
-
-    def set_priority(self, job_id: int, priority: int) -> Job:
-        """Reorder a pending job, or re-rank a running one for preemption."""
-        body = JobPatch(priority=priority).model_dump()
-        return self._job("PATCH", f"/v1/jobs/{job_id}", json=body)
-
-    def explain(self, job_id: int) -> JobExplanation:
-        """Why the job is where it is; for a pending one: blocker, queue position, ETA."""
-        return self._call("GET", f"/v1/jobs/{job_id}/explain", JobExplanation)
-
-    def cancel(self, job_id: int) -> Job:
-        return self._job("POST", f"/v1/jobs/{job_id}/cancel")
-
-    def events(self, job_id: int) -> JobEvents:
-        return _EVENTS.validate_python(self._request("GET", f"/v1/jobs/{job_id}/events").json())
-
-    def logs(self, job_id: int, *, rank: int | None = None, tail: int = 200) -> LogLines:
-        """The last `tail` lines the job's ranks printed (all attempts), oldest first."""
-        params: dict[str, Any] = {"tail": tail}
-        if rank is not None:
-            params["rank"] = rank
-        return self._call("GET", f"/v1/jobs/{job_id}/logs", JobLogs, params=params).lines
-
-    def metrics(self, job_id: int, *, max_points: int = 500) -> MetricPoints:
-        """Loss, tokens/s, step time and memory over steps, thinned to `max_points`."""
-        params = {"max_points": max_points}
-        return self._call("GET", f"/v1/jobs/{job_id}/metrics", JobMetrics, params=params).points
-
-    def checkpoints(self, job_id: int) -> JobCheckpoints:
-        """The job's complete checkpoints, oldest first (it resumes from the last)."""
-        return self._call("GET", f"/v1/jobs/{job_id}/checkpoints", JobCheckpoints)
+    submit = _sends_job(calls.submit)
+    get = _sends_job(calls.get)
+    list = _sends(calls.list_jobs)
+    set_priority = _sends_job(calls.set_priority)
+    cancel = _sends_job(calls.cancel)
+    explain = _sends(calls.explain)
+    events = _sends(calls.events)
+    logs = _sends(calls.logs)
+    metrics = _sends(calls.metrics)
+    checkpoints = _sends(calls.checkpoints)
+    cluster = _sends(calls.cluster)
+    queues = _sends(calls.queues)
+    set_queue = _sends(calls.set_queue)
+    delete_queue = _sends(calls.delete_queue)
+    whoami = _sends(calls.whoami)
+    users = _sends(calls.users)
+    create_user = _sends(calls.create_user)
+    issue_key = _sends(calls.issue_key)
+    keys = _sends(calls.keys)
+    revoke_key = _sends(calls.revoke_key)
 
     def follow_logs(
         self, job_id: int, *, rank: int | None = None, tail: int = 200
     ) -> Iterator[LogLine]:
         """The last `tail` lines, then each new one as the ranks print it, until the job
         ends (Server-Sent Events from `/logs/stream`)."""
-        params: dict[str, Any] = {"tail": tail}
-        if rank is not None:
-            params["rank"] = rank
-        url = f"/v1/jobs/{job_id}/logs/stream"
+        call = calls.log_stream(job_id, rank=rank, tail=tail)
+        events = ServerSentEvents()
         try:
-            with self._http.stream("GET", url, params=params, timeout=None) as response:
+            with self._http.stream(
+                call.method, call.path, params=call.params, timeout=None
+            ) as response:
                 if response.is_error:
                     response.read()
-                    raise _api_error(response)
-                for event, data in _server_sent_events(response.iter_lines()):
-                    if event == "end":
+                    raise api_error(response)
+                for line in response.iter_lines():
+                    log_line = events.feed(line)
+                    if log_line is ServerSentEvents.END:
                         return
-                    if event == "line":
-                        yield LogLine.model_validate_json(data)
+                    if isinstance(log_line, LogLine):
+                        yield log_line
         except httpx.TransportError as exc:
             raise TransportError(f"lost the log stream from {self._http.base_url}: {exc}") from exc
 
@@ -173,48 +127,26 @@ class Client:
         poll_s: float = 1.0,
         on_poll: Callable[[Job], object] | None = None,
     ) -> Job:
-        """Block until the job ends. Raises `JobFailed` unless it SUCCEEDED. `on_poll`
-        sees the job at every poll (a progress bar, say)."""
+        """Block until the job ends. Raises `JobFailed` unless it SUCCEEDED, `WaitTimeout`
+        after `timeout_s`. `on_poll` sees the job at every poll (a progress bar, say)."""
         deadline = time.monotonic() + timeout_s
         while True:
             job = self.get(job_id)
             if on_poll is not None:
                 on_poll(job)
-            if job.state is JobState.SUCCEEDED:
+            if has_ended(job, deadline, timeout_s):
                 return job
-            if job.state.is_terminal:
-                raise JobFailed(job)
-            if time.monotonic() >= deadline:
-                raise WaitTimeout(f"job {job_id} still {job.state} after {timeout_s} s")
             time.sleep(poll_s)
 
-    # -- cluster ----------------------------------------------------------------------
-
-    def cluster(self) -> ClusterInfo:
-        return self._call("GET", "/v1/cluster", ClusterInfo)
-
-    def queues(self) -> QueueInfos:
-        """Each queue's guarantee and borrowing limit, GPUs in use and borrowed now."""
-        return _QUEUES.validate_python(self._request("GET", "/v1/queues").json())
-
-    # -- plumbing ---------------------------------------------------------------------
-
-    def _job(self, method: str, path: str, **kwargs: Any) -> Job:
-        job = self._call(method, path, Job, **kwargs)
-        job._client = self
-        return job
-
-    def _call(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
-        return model.model_validate(self._request(method, path, **kwargs).json())
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def send(self, call: Call[T]) -> T:
+        """Send one described call; errors become the typed exceptions of gangway.errors."""
         try:
-            response = self._http.request(method, path, **kwargs)
+            response = self._http.request(
+                call.method, call.path, params=call.params, json=call.json, headers=call.headers
+            )
         except httpx.TransportError as exc:
             raise TransportError(f"cannot reach Gangway at {self._http.base_url}: {exc}") from exc
-        if response.is_error:
-            raise _api_error(response)
-        return response
+        return read_answer(call, response)
 
 
 class Job(JobInfo):
@@ -223,6 +155,12 @@ class Job(JobInfo):
     return the job return a fresh `Job`; this one does not change."""
 
     _client: Client = PrivateAttr()
+
+    @classmethod
+    def bind(cls, info: JobInfo, client: Client) -> Job:
+        job = cls.model_validate(info, from_attributes=True)
+        job._client = client
+        return job
 
     def reload(self) -> Job:
         return self._client.get(self.id)
@@ -241,10 +179,10 @@ class Job(JobInfo):
     def explain(self) -> JobExplanation:
         return self._client.explain(self.id)
 
-    def events(self) -> JobEvents:
+    def events(self) -> list[JobEvent]:
         return self._client.events(self.id)
 
-    def metrics(self, *, max_points: int = 500) -> MetricPoints:
+    def metrics(self, *, max_points: int = 500) -> list[MetricPoint]:
         return self._client.metrics(self.id, max_points=max_points)
 
     def checkpoints(self) -> JobCheckpoints:
@@ -253,7 +191,7 @@ class Job(JobInfo):
     @overload
     def logs(
         self, *, rank: int | None = None, tail: int = 200, follow: Literal[False] = False
-    ) -> LogLines: ...
+    ) -> list[LogLine]: ...
 
     @overload
     def logs(
@@ -262,7 +200,7 @@ class Job(JobInfo):
 
     def logs(
         self, *, rank: int | None = None, tail: int = 200, follow: bool = False
-    ) -> LogLines | Iterator[LogLine]:
+    ) -> list[LogLine] | Iterator[LogLine]:
         """The last `tail` lines; with `follow=True` an iterator that goes on yielding new
         lines until the job ends."""
         if follow:
@@ -270,21 +208,59 @@ class Job(JobInfo):
         return self._client.logs(self.id, rank=rank, tail=tail)
 
 
-def _server_sent_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
-    """(event, data) per event of a text/event-stream; comments and ids are skipped."""
-    event, data = "message", list[str]()
-    for line in lines:
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif line.startswith("event:"):
-            event = line[6:].strip()
+# -- shared by Client and AsyncClient ---------------------------------------------------
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def read_answer(call: Call[T], response: httpx.Response) -> T:
+    if response.is_error:
+        raise api_error(response)
+    return call.read(response.json() if response.content else None)
+
+
+def has_ended(job: JobInfo, deadline: float, timeout_s: float) -> bool:
+    """One poll of `wait`: True once SUCCEEDED; raises once it ended otherwise, or when
+    the time is up; False to poll again."""
+    if job.state is JobState.SUCCEEDED:
+        return True
+    if job.state.is_terminal:
+        raise JobFailed(job)
+    if time.monotonic() >= deadline:
+        raise WaitTimeout(f"job {job.id} still {job.state} after {timeout_s} s")
+    return False
+
+
+class ServerSentEvents:
+    """Reads a log stream (text/event-stream) one line at a time: `feed` returns a
+    `LogLine` when a `line` event completes, `END` when the `end` event does, else None.
+    Comments and ids are skipped (the SDK does not resume a broken stream)."""
+
+    END = object()
+
+    def __init__(self) -> None:
+        self._event, self._data = "message", list[str]()
+
+    def feed(self, line: str) -> LogLine | object | None:
+        if line.startswith("event:"):
+            self._event = line[6:].strip()
         elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
+            self._data.append(line[5:].removeprefix(" "))
+        elif not line and self._data:
+            event, data = self._event, "\n".join(self._data)
+            self._event, self._data = "message", []
+            if event == "end":
+                return self.END
+            if event == "line":
+                return LogLine.model_validate_json(data)
+        elif not line:
+            self._event = "message"
+        return None
 
 
-def _api_error(response: httpx.Response) -> Exception:
+def api_error(response: httpx.Response) -> Exception:
     try:
         detail = response.json()["error"]
         code, message, field = detail["code"], detail["message"], detail.get("field")

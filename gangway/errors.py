@@ -3,6 +3,8 @@
 GangwayError
 ├── TransportError        the server could not be reached
 ├── APIError              the server answered with an error body
+│   ├── Unauthorized      401 (no API key, or a wrong or revoked one)
+│   ├── Forbidden         403 (the key's role does not allow it)
 │   ├── NotFound          404
 │   ├── Conflict          409
 │   └── ValidationFailed  422 (`.field` names the offending field)
@@ -35,6 +37,14 @@ class APIError(GangwayError):
         self.status_code, self.code, self.message, self.field = status_code, code, message, field
 
 
+class Unauthorized(APIError):
+    pass
+
+
+class Forbidden(APIError):
+    pass
+
+
 class NotFound(APIError):
     pass
 
@@ -58,7 +68,13 @@ class WaitTimeout(GangwayError):
 
 
 def error_for_status(status_code: int, code: str, message: str, field: str | None) -> APIError:
-    cls = {404: NotFound, 409: Conflict, 422: ValidationFailed}.get(status_code, APIError)
+    cls = {
+        401: Unauthorized,
+        403: Forbidden,
+        404: NotFound,
+        409: Conflict,
+        422: ValidationFailed,
+    }.get(status_code, APIError)
     return cls(status_code, code, message, field)
 
 

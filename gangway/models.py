@@ -126,6 +126,10 @@ class Function(_Strict):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+# No operating system takes a NUL byte in a path or an argument.
+NO_NUL = r"^[^\x00]*$"
+
+
 class Script(_Strict):
     """An unmodified torchrun-style script, run by every rank in its own Python process
     with the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -133,8 +137,8 @@ class Script(_Strict):
     service's working directory."""
 
     kind: Literal["script"] = "script"
-    path: str = Field(min_length=1, max_length=4096)
-    args: list[str] = Field(default_factory=list, max_length=1000)
+    path: str = Field(min_length=1, max_length=4096, pattern=NO_NUL)
+    args: list[Annotated[str, Field(pattern=NO_NUL)]] = Field(default_factory=list, max_length=1000)
 
 
 def _entrypoint_kind(value: Any) -> str:
@@ -170,8 +174,8 @@ class JobSubmit(_Strict):
         min_length=1,
         max_length=100,
         pattern=r"^[A-Za-z0-9_.@-]+$",
-        description="who the job counts against for fair share (declared by the client "
-        "until API keys carry the user)",
+        description="who the job counts against for fair share; with auth, the key's user "
+        "unless an admin submits for someone else",
     )
     parallelism: Parallelism = Field(default_factory=Parallelism)
     resources: Resources = Field(default_factory=Resources)
@@ -353,6 +357,51 @@ class QueueInfo(BaseModel):
     gpus_borrowed: int = Field(description="of those, beyond its guarantee (reclaimed first)")
     jobs_pending: int
     jobs_holding_gpus: int
+
+
+QueueName = Annotated[
+    str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$", description="queue")
+]
+UserName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.@-]+$")]
+Role = Literal["user", "admin"]
+
+
+class QueueSpec(_Strict):
+    """What an admin sets for a queue (PUT /v1/queues/{name})."""
+
+    guaranteed_gpus: Int = Field(0, ge=0, le=1_000_000, description="reclaimed when needed")
+    borrow_limit_gpus: Int | None = Field(
+        None, ge=0, le=1_000_000, description="idle GPUs it may borrow beyond; null: any"
+    )
+
+
+class UserCreate(_Strict):
+    name: UserName
+    role: Role = "user"
+
+
+class UserInfo(BaseModel):
+    name: str
+    role: Role
+    created_at: datetime
+
+
+class ApiKeyInfo(BaseModel):
+    id: int
+    user: str
+    prefix: str = Field(description="the secret's first characters, to tell keys apart")
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class IssuedApiKey(ApiKeyInfo):
+    secret: str = Field(description="send as `Authorization: Bearer <secret>`; shown once")
+
+
+class WhoAmI(BaseModel):
+    name: str
+    role: Role
+    auth_enabled: bool = Field(description="false: the service lets everyone in as admin")
 
 
 class ErrorDetail(BaseModel):

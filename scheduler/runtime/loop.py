@@ -54,7 +54,7 @@ class SchedulerLoop:
         executor: Executor,
         clock: Callable[[], datetime] = utcnow,
         policy: PolicyConfig | None = None,
-        queues: Mapping[str, QueueQuota] | None = None,
+        queues: Callable[[], Mapping[str, QueueQuota]] = dict,
         fair_share_half_life_s: float = 7 * 24 * 3600.0,
         hang_factor: float = 10.0,
         hang_min_s: float = 300.0,
@@ -67,7 +67,7 @@ class SchedulerLoop:
         self._executor = executor
         self._clock = clock
         self._policy = policy or PolicyConfig()
-        self._queues = dict(queues or {})
+        self._queues = queues  # read every pass: admins change quotas while it runs
         self._half_life_s = fair_share_half_life_s
         # A running job whose step has not moved for hang_factor x its step time (and at
         # least hang_min_s) is hung: its stacks are kept and it is restarted.
@@ -184,7 +184,7 @@ class SchedulerLoop:
         snapshot = ClusterSnapshot(tuple(nodes))
         now = self._clock()
         usage = self._recent_usage(now)
-        decisions = schedule(snapshot, views, now, self._policy, queues=self._queues, usage=usage)
+        decisions = schedule(snapshot, views, now, self._policy, queues=self._queues(), usage=usage)
         # Waits come in queue order (schedule's contract): number them.
         waiting = (d.job_id for d in decisions if isinstance(d, Wait))
         positions = {job_id: position for position, job_id in enumerate(waiting, start=1)}

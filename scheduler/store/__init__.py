@@ -1,7 +1,18 @@
-"""SQL persistence. `JobRepository` is the only code in Gangway that speaks SQL."""
+"""SQL persistence. The repositories here are the only code in Gangway that speaks SQL:
+`JobRepository` (jobs, events, logs, metrics, nodes, leases), `AccountRepository` (users
+and API keys), `QueueRepository` (queue quotas)."""
 
+from scheduler.store.accounts import (
+    AccountRepository,
+    ApiKey,
+    ApiKeyNotFound,
+    User,
+    UserExists,
+    UserNotFound,
+)
 from scheduler.store.db import make_engine
 from scheduler.store.migrate import upgrade_to_head
+from scheduler.store.queues import QueueNotFound, QueueRepository
 from scheduler.store.repository import (
     EventRecord,
     IllegalTransition,
@@ -18,6 +29,9 @@ from scheduler.store.repository import (
 )
 
 __all__ = [
+    "AccountRepository",
+    "ApiKey",
+    "ApiKeyNotFound",
     "EventRecord",
     "IllegalTransition",
     "JobEnded",
@@ -29,7 +43,12 @@ __all__ = [
     "MetricPoint",
     "NewJob",
     "ProgressPoint",
+    "QueueNotFound",
+    "QueueRepository",
     "StaleState",
+    "User",
+    "UserExists",
+    "UserNotFound",
     "make_engine",
     "upgrade_to_head",
 ]

@@ -196,6 +196,11 @@ class JobRepository:
         self._engine = engine
         self._clock = clock
 
+    @property
+    def engine(self) -> Engine:
+        """For the other repositories over the same database (accounts, queues)."""
+        return self._engine
+
     def now(self) -> datetime:
         """The time this repository stamps rows with (tests pass their own clock)."""
         return self._clock()

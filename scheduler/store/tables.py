@@ -158,3 +158,38 @@ class NodeRow(Base):
     num_cpus: Mapped[float] = mapped_column(Float)
     alive: Mapped[bool] = mapped_column(Boolean)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class UserRow(Base):
+    """Someone who holds API keys: role `user` (changes only their own jobs) or `admin`."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True, index=True)
+    role: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ApiKeyRow(Base):
+    """An API key, kept as the SHA-256 of its secret: the secret is shown once, at issue."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    secret_sha256: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    prefix: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class QueueRow(Base):
+    """A queue's quota, as admins set it; the scheduler loop reads these every pass."""
+
+    __tablename__ = "queues"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    guaranteed_gpus: Mapped[int] = mapped_column(Integer)
+    borrow_limit_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

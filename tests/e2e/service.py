@@ -21,6 +21,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Every e2e service gets a bootstrap admin key and its client sends it: on PostgreSQL auth
+# is on (the default there), so those tests run through real key checks.
+ADMIN_KEY = "e2e-bootstrap-admin-key"
+
+
 class Service:
     """One `gangway serve` process; `restart()` starts a new one on the same settings."""
 
@@ -38,6 +43,7 @@ class Service:
             # A service killed with -9 keeps the lease this long: short, so a restart
             # within a test takes over soon.
             "GANGWAY_LEASE_TTL_S": "3",
+            "GANGWAY_ADMIN_KEY": ADMIN_KEY,
         }
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -54,7 +60,7 @@ class Service:
                 )
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return Client(self.url)
+                    return Client(self.url, api_key=ADMIN_KEY)
             except httpx.TransportError:
                 pass
             time.sleep(0.3)

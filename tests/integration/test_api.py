@@ -19,7 +19,7 @@ from api.openapi import COMMITTED, document, render
 from api.server import build_app
 from api.settings import Settings
 from scheduler.model import JobState, Node, QueueQuota
-from scheduler.store import JobRepository, ProgressPoint
+from scheduler.store import JobRepository, ProgressPoint, QueueRepository
 
 NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
 
@@ -124,6 +124,11 @@ def test_submit_function_entrypoint(client: TestClient) -> None:
             "entrypoint.grad_compression",
         ),
         ({"entrypoint": {"kind": "builtin", "precision": "fp8"}}, "entrypoint.precision"),
+        ({"entrypoint": {"kind": "script", "path": "a\u0000b"}}, "entrypoint.path"),
+        (
+            {"entrypoint": {"kind": "script", "path": "x.py", "args": ["\u0000"]}},
+            "entrypoint.args.0",
+        ),
         ({"checkpoint": {"keep_last": 0}}, "checkpoint.keep_last"),
         ({"resources": {"gpus_per_rank": 0}}, "resources.gpus_per_rank"),
         ({"max_restarts": -1}, "max_restarts"),
@@ -457,8 +462,8 @@ def test_metric_series_are_kept_per_step_and_thinned(
 
 def test_queues_show_guarantees_usage_and_borrowed_gpus(repo: JobRepository) -> None:
     repo.replace_nodes(NODES)
-    quotas = {"research": QueueQuota(guaranteed_gpus=2, borrow_limit_gpus=2)}
-    with TestClient(create_app(repo, queues=quotas), raise_server_exceptions=False) as client:
+    QueueRepository(repo.engine).put("research", QueueQuota(2, borrow_limit_gpus=2))
+    with TestClient(create_app(repo), raise_server_exceptions=False) as client:
         first = client.post("/v1/jobs", json=body(queue="research")).json()["id"]
         second = client.post("/v1/jobs", json=body(queue="research")).json()["id"]
         client.post("/v1/jobs", json=body(queue="prod"))
@@ -501,8 +506,15 @@ def test_checkpoints_lists_the_complete_ones_oldest_first(
 
 def test_serve_hands_its_settings_to_the_app(tmp_path: Path) -> None:
     """`gangway serve` builds the app the tests build by hand: same checkpoint root as the
-    ranks, same queues as the scheduler (the lifespan, which starts Ray, does not run)."""
-    settings = Settings(data_dir=tmp_path)
+    ranks, queues seeded from the settings into the store the scheduler reads, auth as
+    the settings say (the lifespan, which starts Ray, does not run)."""
+    queues = {"research": {"guaranteed_gpus": 2}}
+    settings = Settings(data_dir=tmp_path, queues=queues, admin_key="k" * 16)
     app = build_app(settings)
     assert app.state.checkpoint_root == tmp_path / "checkpoints" == settings.checkpoint_root()
-    assert app.state.queues == settings.quotas()
+    assert app.state.queue_store.quotas() == settings.quotas()
+    assert app.state.auth.required is False and app.state.auth.admin_key == "k" * 16
+    app.state.queue_store.put("research", QueueQuota(guaranteed_gpus=3))
+    again = build_app(Settings(data_dir=tmp_path, queues=queues, auth=True))
+    assert again.state.queue_store.quotas()["research"].guaranteed_gpus == 3  # not reseeded
+    assert again.state.auth.required is True

@@ -5,8 +5,11 @@ request the document forbids must be refused. Every default check runs but one:
 a 422 naming the field (a script path that does not exist, more GPUs than any node has, a
 plan the model cannot split): the document describes shape, the API also checks meaning.
 
-The app is built at import (schemathesis parametrizes by operation at collection), on a
-SQLite file of its own; the store behaves the same on PostgreSQL (tests/integration)."""
+Auth is on and every generated request carries the bootstrap admin key (so the admin
+routes are reached too); schemathesis' own auth check sends wrong and missing keys and
+expects a 401. The app is built at import (schemathesis parametrizes by operation at
+collection), on a SQLite file of its own; the store behaves the same on PostgreSQL
+(tests/integration)."""
 
 from __future__ import annotations
 
@@ -19,10 +22,12 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
 from api.app import create_app
+from api.auth import AuthConfig
 from scheduler.model import Node
 from scheduler.store import JobRepository, make_engine, upgrade_to_head
 
 NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
+ADMIN_KEY = "schema-tests-bootstrap-key"
 
 
 def _app() -> Any:
@@ -30,10 +35,22 @@ def _app() -> Any:
     upgrade_to_head(url)
     repo = JobRepository(make_engine(url))
     repo.replace_nodes(NODES)
-    return create_app(repo)
+    return create_app(repo, auth=AuthConfig(required=True, admin_key=ADMIN_KEY))
 
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", _app())
+
+
+@schema.auth()
+class BootstrapAdmin:
+    """Schemathesis' auth hook: it sets the key on the cases it means to be authorized and
+    leaves the ones it mutates to test auth itself."""
+
+    def get(self, case: Any, context: Any) -> str:
+        return ADMIN_KEY
+
+    def set(self, case: Any, data: str, context: Any) -> None:
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
 
 
 @schema.parametrize()

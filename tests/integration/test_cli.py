@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +14,9 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 import gangway.cli
+import gangway.cli_shared
 from api.app import create_app
+from api.auth import AuthConfig
 from gangway import Client
 from scheduler.model import JobState, Node
 from scheduler.store import JobRepository, ProgressPoint
@@ -31,7 +34,7 @@ def cli(repo: JobRepository, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRun
         client._http = TestClient(app, raise_server_exceptions=False)  # the app, no server
         return client
 
-    monkeypatch.setattr(gangway.cli, "_client", in_process)
+    monkeypatch.setattr(gangway.cli_shared, "connect", in_process)
     yield CliRunner()
 
 
@@ -148,3 +151,58 @@ def test_submit_wait_follows_the_job_to_its_end(cli: CliRunner, repo: JobReposit
     runner.join()
     assert "SUCCEEDED  (all ranks finished at step 100)" in output
     assert "step 100/100" in output
+
+
+ADMIN_KEY = "cli-tests-bootstrap-key"
+
+
+@pytest.fixture
+def auth_cli(repo: JobRepository, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    """The app with auth on; each command sends GANGWAY_API_KEY, as `connect` does."""
+    repo.replace_nodes(NODES)
+    app = create_app(repo, auth=AuthConfig(required=True, admin_key=ADMIN_KEY))
+
+    def in_process(url: str) -> Client:
+        client = Client(url)
+        key = os.environ.get("GANGWAY_API_KEY", "")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        client._http = TestClient(app, headers=headers, raise_server_exceptions=False)
+        return client
+
+    monkeypatch.setattr(gangway.cli_shared, "connect", in_process)
+    monkeypatch.setenv("GANGWAY_API_KEY", ADMIN_KEY)
+    return CliRunner()
+
+
+def test_users_keys_and_whoami(auth_cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run(auth_cli, "whoami").strip() == "admin (admin; auth on)"
+    created = run(auth_cli, "users", "create", "alice").splitlines()
+    assert created[0] == "created alice (user)"
+    secret = created[1].split()[3]
+    assert created[1].startswith("API key 1: gw_") and "shown once" in created[1]
+    assert run(auth_cli, "users", "list").split()[:2] == ["alice", "user"]
+    monkeypatch.setenv("GANGWAY_API_KEY", secret)
+    assert run(auth_cli, "whoami").strip() == "alice (user; auth on)"
+    refused = auth_cli.invoke(gangway.cli.app, ["users", "list"])
+    assert refused.exit_code == 1 and "403 forbidden" in refused.output
+    second = run(auth_cli, "users", "key", "alice")  # rotating one's own key
+    assert second.startswith("API key 2: gw_")
+    run(auth_cli, "users", "revoke", "1")
+    dead = auth_cli.invoke(gangway.cli.app, ["whoami"])
+    assert dead.exit_code == 1 and "401 unauthorized" in dead.output
+    monkeypatch.setenv("GANGWAY_API_KEY", second.split()[3])
+    listed = run(auth_cli, "users", "keys", "alice").splitlines()
+    assert "revoked" in listed[0] and listed[1].endswith("live")
+
+
+def test_admins_set_and_delete_queues(auth_cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    row = run(auth_cli, "queues", "set", "research", "--guaranteed", "4", "--borrow-limit", "2")
+    assert row.split() == ["research", "4", "2", "0", "0", "0", "0"]
+    assert run(auth_cli, "queues").splitlines()[1].split()[:3] == ["research", "4", "2"]
+    assert json.loads(run(auth_cli, "queues", "--json"))[0]["guaranteed_gpus"] == 4
+    assert run(auth_cli, "queues", "delete", "research").strip() == "queue research: quota deleted"
+    missing = auth_cli.invoke(gangway.cli.app, ["queues", "delete", "research"])
+    assert missing.exit_code == 1 and "404" in missing.output
+    monkeypatch.delenv("GANGWAY_API_KEY")
+    anonymous = auth_cli.invoke(gangway.cli.app, ["queues"])
+    assert anonymous.exit_code == 1 and "401" in anonymous.output

@@ -14,7 +14,7 @@ from scheduler.runtime.executor import group_spec
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
-from scheduler.store import JobRecord, JobRepository, NewJob
+from scheduler.store import JobRecord, JobRepository, NewJob, QueueRepository
 from workers.group import GroupPhase, GroupStatus
 
 NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
@@ -405,9 +405,9 @@ def test_the_requeue_reason_counts_steps_lost_since_the_checkpoint(
 def test_queue_quotas_and_fair_share_reach_the_core(
     repo: JobRepository, executor: FakeExecutor, clock: Clock
 ) -> None:
-    loop = make_loop(
-        repo, executor, clock, queues={"small": QueueQuota(guaranteed_gpus=1, borrow_limit_gpus=1)}
-    )
+    queues = QueueRepository(repo.engine)
+    queues.put("small", QueueQuota(guaranteed_gpus=1, borrow_limit_gpus=1))
+    loop = make_loop(repo, executor, clock, queues=queues.quotas)
     first = repo.create(
         NewJob(name="a", queue="small", priority=0, spec=SPEC, num_gpus=2, total_steps=10)
     )
@@ -418,6 +418,9 @@ def test_queue_quotas_and_fair_share_reach_the_core(
     assert repo.get(first.id).state is JobState.STARTING
     blocked = repo.get(second.id)
     assert blocked.explanation is not None and blocked.explanation["blocker"] == "quota"
+    queues.put("small", QueueQuota(guaranteed_gpus=4))  # an admin raises it: next pass
+    loop.tick()
+    assert repo.get(second.id).state is JobState.STARTING
 
 
 def test_an_elastic_job_starts_at_the_degree_that_fits(

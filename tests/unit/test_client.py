@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +11,7 @@ import httpx
 import pytest
 
 from gangway import (
+    AsyncClient,
     Builtin,
     Client,
     Conflict,
@@ -18,6 +20,7 @@ from gangway import (
     NotFound,
     Parallelism,
     TransportError,
+    Unauthorized,
     ValidationFailed,
     WaitTimeout,
 )
@@ -249,3 +252,62 @@ def test_wait_shows_every_poll() -> None:
     seen: list[str] = []
     done = client_for(handler).wait(7, poll_s=0, on_poll=lambda job: seen.append(job.state))
     assert done.state == "SUCCEEDED" and seen == ["PENDING", "RUNNING", "SUCCEEDED"]
+
+
+def async_client_for(handler: Callable[[httpx.Request], httpx.Response]) -> AsyncClient:
+    transport = httpx.MockTransport(handler)
+    return AsyncClient("http://gangway.test", api_key="secret", transport=transport)
+
+
+def test_the_async_client_sends_the_same_request_and_waits_without_blocking() -> None:
+    seen: list[httpx.Request] = []
+    states = iter(["RUNNING", "FAILED"])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "POST":
+            return httpx.Response(201, json=job_json())
+        return httpx.Response(200, json=job_json(state=next(states), error="rank 1 died"))
+
+    async def scenario() -> None:
+        async with async_client_for(handler) as client:
+            job = await client.submit(name="demo", entrypoint=Builtin(steps=5))
+            with pytest.raises(JobFailed, match="rank 1 died"):
+                await job.wait(poll_s=0)
+
+    asyncio.run(scenario())
+    assert seen[0].headers["authorization"] == "Bearer secret"
+    assert "user" not in json.loads(seen[0].content)  # the server fills in the key's user
+    assert [r.url.path for r in seen[1:]] == ["/v1/jobs/7", "/v1/jobs/7"]
+
+
+def test_the_async_client_follows_logs_and_types_its_errors() -> None:
+    line = {"attempt": 1, "rank": 0, "seq": 1, "line": "step 1", "id": 5}
+    stream = f"event: line\ndata: {json.dumps(line)}\n\nevent: end\ndata: {{}}\n\n"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/stream"):
+            return httpx.Response(200, text=stream)
+        error = {"code": "unauthorized", "message": "unknown key", "field": "Authorization"}
+        return httpx.Response(401, json={"error": error, "errors": [error]})
+
+    async def scenario() -> None:
+        async with async_client_for(handler) as client:
+            assert [x.line async for x in client.follow_logs(7)] == ["step 1"]
+            with pytest.raises(Unauthorized) as refused:
+                await client.whoami()
+            assert refused.value.field == "Authorization"
+
+    asyncio.run(scenario())
+
+
+def test_an_unreachable_server_is_a_transport_error_for_the_async_client_too() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    async def scenario() -> None:
+        async with async_client_for(handler) as client:
+            await client.cluster()
+
+    with pytest.raises(TransportError):
+        asyncio.run(scenario())

@@ -1,0 +1,140 @@
+"""REST v1 administration: who am I, users and their API keys, queue quotas.
+
+Users and queues are admin business; a user may list and issue or revoke their own keys
+(to rotate one without asking an admin).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi import Path as PathParam
+
+from api.auth import Admin, Caller, current_caller, require_owner
+from api.convert import queue_infos
+from api.routes import ERROR_RESPONSES, MAX_ID, Repo, changed
+from gangway.models import (
+    ApiKeyInfo,
+    IssuedApiKey,
+    QueueInfo,
+    QueueName,
+    QueueSpec,
+    UserCreate,
+    UserInfo,
+    UserName,
+    WhoAmI,
+)
+from scheduler.model import RESOURCE_HOLDING_STATES, QueueQuota
+from scheduler.store import AccountRepository, ApiKey, QueueRepository, User
+
+router = APIRouter(dependencies=[Depends(current_caller)], responses=ERROR_RESPONSES)
+
+
+def accounts(request: Request) -> AccountRepository:
+    store: AccountRepository = request.app.state.accounts
+    return store
+
+
+def queue_store(request: Request) -> QueueRepository:
+    store: QueueRepository = request.app.state.queue_store
+    return store
+
+
+Accounts = Annotated[AccountRepository, Depends(accounts)]
+Queues = Annotated[QueueRepository, Depends(queue_store)]
+UserPath = Annotated[UserName, PathParam(description="the user's name")]
+QueuePath = Annotated[QueueName, PathParam(description="the queue's name")]
+
+
+@router.get("/v1/whoami", response_model=WhoAmI)
+def whoami(caller: Caller, request: Request) -> WhoAmI:
+    role = "admin" if caller.is_admin else "user"
+    return WhoAmI(name=caller.name, role=role, auth_enabled=request.app.state.auth.required)
+
+
+@router.get("/v1/users", response_model=list[UserInfo])
+def list_users(_: Admin, store: Accounts) -> list[UserInfo]:
+    return [_user_info(user) for user in store.users()]
+
+
+@router.post("/v1/users", status_code=201, response_model=UserInfo)
+def create_user(body: UserCreate, _: Admin, store: Accounts) -> UserInfo:
+    """A new user (409 if the name is taken); then issue them a key."""
+    return _user_info(store.create_user(body.name, body.role))
+
+
+@router.post("/v1/users/{name}/keys", status_code=201, response_model=IssuedApiKey)
+def issue_key(name: UserPath, caller: Caller, store: Accounts) -> IssuedApiKey:
+    """A new key for the user; the response is the only place its secret appears."""
+    require_owner(caller, name, f"user {name}'s keys")
+    key, secret = store.issue_key(name)
+    return IssuedApiKey(**_key_info(key).model_dump(), secret=secret)
+
+
+@router.get("/v1/users/{name}/keys", response_model=list[ApiKeyInfo])
+def list_keys(name: UserPath, caller: Caller, store: Accounts) -> list[ApiKeyInfo]:
+    require_owner(caller, name, f"user {name}'s keys")
+    return [_key_info(key) for key in store.keys(name)]
+
+
+@router.post("/v1/keys/{key_id}/revoke", response_model=ApiKeyInfo)
+def revoke_key(
+    key_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], caller: Caller, store: Accounts
+) -> ApiKeyInfo:
+    """The key stops working at once; it stays listed, with when it was revoked."""
+    require_owner(caller, store.key(key_id).user, f"key {key_id}")
+    return _key_info(store.revoke_key(key_id))
+
+
+@router.put(
+    "/v1/queues/{name}",
+    response_model=QueueInfo,
+    responses={201: {"model": QueueInfo, "description": "the queue was created"}},
+)
+def put_queue(
+    name: QueuePath,
+    spec: QueueSpec,
+    *,
+    _: Admin,
+    store: Queues,
+    repo: Repo,
+    response: Response,
+    request: Request,
+) -> QueueInfo:
+    """Create or change a queue's quota (201 when created); the scheduler applies it on
+    its next pass. Jobs already holding GPUs beyond a lowered quota are not stopped for
+    it; they count as borrowers, reclaimed first when the guarantee's owners need GPUs."""
+    if store.put(name, QueueQuota(spec.guaranteed_gpus, spec.borrow_limit_gpus)):
+        response.status_code = 201
+    changed(request)()
+    return _queue_info(name, store, repo)
+
+
+@router.delete("/v1/queues/{name}", status_code=204)
+def delete_queue(name: QueuePath, _: Admin, store: Queues, request: Request) -> Response:
+    """Forget a queue's quota (404 if it has none). Its jobs stay: the queue goes on with
+    no guarantee and no borrowing limit, like any queue nobody configured."""
+    store.delete(name)
+    changed(request)()
+    return Response(status_code=204)
+
+
+def _queue_info(name: str, store: QueueRepository, repo: Repo) -> QueueInfo:
+    infos = queue_infos(store.quotas(), repo.in_states(RESOURCE_HOLDING_STATES), repo.count_jobs())
+    return next(info for info in infos if info.name == name)
+
+
+def _user_info(user: User) -> UserInfo:
+    role = "admin" if user.is_admin else "user"
+    return UserInfo(name=user.name, role=role, created_at=user.created_at)
+
+
+def _key_info(key: ApiKey) -> ApiKeyInfo:
+    return ApiKeyInfo(
+        id=key.id,
+        user=key.user,
+        prefix=key.prefix,
+        created_at=key.created_at,
+        revoked_at=key.revoked_at,
+    )

@@ -1,0 +1,86 @@
+"""Who is calling: API keys (`Authorization: Bearer <secret>`) mapped to users and roles.
+
+Users may submit, list and read every job, and change (cancel, reprioritize) their own;
+admins may do anything, including managing users, keys and queues. With auth off (the
+embedded single-user default) every caller is an admin named `default`. The bootstrap
+admin key from the settings is an admin named `admin` that exists in no table: it is how
+the first users are created.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from scheduler.store import AccountRepository
+
+_bearer = HTTPBearer(auto_error=False, description="an API key issued by `gangway users key`")
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    is_admin: bool
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    required: bool = False
+    admin_key: str | None = None
+
+
+NO_AUTH_CALLER = Principal("default", is_admin=True)
+BOOTSTRAP_ADMIN = Principal("admin", is_admin=True)
+
+
+class Unauthorized(Exception):
+    """401: no key, or one that is unknown or revoked."""
+
+
+class Forbidden(Exception):
+    """403: a known caller asking for what their role does not allow."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def current_caller(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    config: AuthConfig = request.app.state.auth
+    if not config.required:
+        return NO_AUTH_CALLER
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized("this service needs an API key: Authorization: Bearer <key>")
+    secret = credentials.credentials
+    if config.admin_key and hmac.compare_digest(secret.encode(), config.admin_key.encode()):
+        return BOOTSTRAP_ADMIN
+    accounts: AccountRepository = request.app.state.accounts
+    user = accounts.authenticate(secret)
+    if user is None:
+        raise Unauthorized("unknown or revoked API key")
+    return Principal(user.name, user.is_admin)
+
+
+Caller = Annotated[Principal, Depends(current_caller)]
+
+
+def admin_only(caller: Caller) -> Principal:
+    if not caller.is_admin:
+        raise Forbidden(f"{caller.name} is not an admin")
+    return caller
+
+
+Admin = Annotated[Principal, Depends(admin_only)]
+
+
+def require_owner(caller: Principal, owner: str, what: str) -> None:
+    """Users change only what is theirs; admins anything."""
+    if not caller.is_admin and caller.name != owner:
+        raise Forbidden(f"{what} belongs to {owner}; {caller.name} may not change it")

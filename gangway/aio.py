@@ -1,0 +1,194 @@
+"""The SDK's async client: `AsyncClient` and `AsyncJob`, for asyncio programs (a notebook,
+a pipeline driver watching many jobs at once). Same calls, same answers and errors as
+`Client`: both send what `gangway.calls` describes.
+
+    async with AsyncClient(url, api_key=key) as client:
+        job = await client.submit(name="demo", entrypoint=Builtin(steps=50))
+        async for line in job.follow_logs():
+            print(line.text)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Concatenate, ParamSpec, TypeVar
+
+import httpx
+from pydantic import PrivateAttr
+
+from gangway import calls
+from gangway.calls import Call
+from gangway.client import ServerSentEvents, api_error, auth_headers, has_ended, read_answer
+from gangway.errors import TransportError
+from gangway.models import (
+    JobCheckpoints,
+    JobEvent,
+    JobExplanation,
+    JobInfo,
+    LogLine,
+    MetricPoint,
+)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _sends(build: Callable[P, Call[T]]) -> Callable[Concatenate[AsyncClient, P], Awaitable[T]]:
+    @functools.wraps(build)
+    async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self.send(build(*args, **kwargs))
+
+    return method
+
+
+def _sends_job(
+    build: Callable[P, Call[JobInfo]],
+) -> Callable[Concatenate[AsyncClient, P], Awaitable[AsyncJob]]:
+    @functools.wraps(build)
+    async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> AsyncJob:
+        return AsyncJob.bind(await self.send(build(*args, **kwargs)), self)
+
+    return method
+
+
+class AsyncClient:
+    """`AsyncClient(url, api_key=...)`; `transport=` takes an `httpx.AsyncBaseTransport`
+    (an `httpx.MockTransport`, or `httpx.ASGITransport(app)` to test against the app)."""
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=base_url, headers=auth_headers(api_key), timeout=timeout_s, transport=transport
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    submit = _sends_job(calls.submit)
+    get = _sends_job(calls.get)
+    list = _sends(calls.list_jobs)
+    set_priority = _sends_job(calls.set_priority)
+    cancel = _sends_job(calls.cancel)
+    explain = _sends(calls.explain)
+    events = _sends(calls.events)
+    logs = _sends(calls.logs)
+    metrics = _sends(calls.metrics)
+    checkpoints = _sends(calls.checkpoints)
+    cluster = _sends(calls.cluster)
+    queues = _sends(calls.queues)
+    set_queue = _sends(calls.set_queue)
+    delete_queue = _sends(calls.delete_queue)
+    whoami = _sends(calls.whoami)
+    users = _sends(calls.users)
+    create_user = _sends(calls.create_user)
+    issue_key = _sends(calls.issue_key)
+    keys = _sends(calls.keys)
+    revoke_key = _sends(calls.revoke_key)
+
+    async def follow_logs(
+        self, job_id: int, *, rank: int | None = None, tail: int = 200
+    ) -> AsyncIterator[LogLine]:
+        """The last `tail` lines, then each new one as it is printed, until the job ends."""
+        call = calls.log_stream(job_id, rank=rank, tail=tail)
+        events = ServerSentEvents()
+        try:
+            async with self._http.stream(
+                call.method, call.path, params=call.params, timeout=None
+            ) as response:
+                if response.is_error:
+                    await response.aread()
+                    raise api_error(response)
+                async for line in response.aiter_lines():
+                    log_line = events.feed(line)
+                    if log_line is ServerSentEvents.END:
+                        return
+                    if isinstance(log_line, LogLine):
+                        yield log_line
+        except httpx.TransportError as exc:
+            raise TransportError(f"lost the log stream from {self._http.base_url}: {exc}") from exc
+
+    async def wait(
+        self,
+        job_id: int,
+        timeout_s: float = 600.0,
+        *,
+        poll_s: float = 1.0,
+        on_poll: Callable[[AsyncJob], object] | None = None,
+    ) -> AsyncJob:
+        """Until the job ends, without blocking the event loop. Raises `JobFailed` unless
+        it SUCCEEDED, `WaitTimeout` after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = await self.get(job_id)
+            if on_poll is not None:
+                on_poll(job)
+            if has_ended(job, deadline, timeout_s):
+                return job
+            await asyncio.sleep(poll_s)
+
+    async def send(self, call: Call[T]) -> T:
+        try:
+            response = await self._http.request(
+                call.method, call.path, params=call.params, json=call.json, headers=call.headers
+            )
+        except httpx.TransportError as exc:
+            raise TransportError(f"cannot reach Gangway at {self._http.base_url}: {exc}") from exc
+        return read_answer(call, response)
+
+
+class AsyncJob(JobInfo):
+    """`Job` for `AsyncClient`: the same calls, awaited."""
+
+    _client: AsyncClient = PrivateAttr()
+
+    @classmethod
+    def bind(cls, info: JobInfo, client: AsyncClient) -> AsyncJob:
+        job = cls.model_validate(info, from_attributes=True)
+        job._client = client
+        return job
+
+    async def reload(self) -> AsyncJob:
+        return await self._client.get(self.id)
+
+    async def wait(self, timeout_s: float = 600.0, *, poll_s: float = 1.0) -> AsyncJob:
+        return await self._client.wait(self.id, timeout_s, poll_s=poll_s)
+
+    async def cancel(self) -> AsyncJob:
+        return await self._client.cancel(self.id)
+
+    async def set_priority(self, priority: int) -> AsyncJob:
+        return await self._client.set_priority(self.id, priority)
+
+    async def explain(self) -> JobExplanation:
+        return await self._client.explain(self.id)
+
+    async def events(self) -> list[JobEvent]:
+        return await self._client.events(self.id)
+
+    async def metrics(self, *, max_points: int = 500) -> list[MetricPoint]:
+        return await self._client.metrics(self.id, max_points=max_points)
+
+    async def checkpoints(self) -> JobCheckpoints:
+        return await self._client.checkpoints(self.id)
+
+    async def logs(self, *, rank: int | None = None, tail: int = 200) -> list[LogLine]:
+        return await self._client.logs(self.id, rank=rank, tail=tail)
+
+    def follow_logs(self, *, rank: int | None = None, tail: int = 200) -> AsyncIterator[LogLine]:
+        """`async for line in job.follow_logs()`: live lines until the job ends."""
+        return self._client.follow_logs(self.id, rank=rank, tail=tail)

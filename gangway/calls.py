@@ -1,0 +1,226 @@
+"""Every REST call the SDK makes, as data: method, path, query, body and how to read the
+answer. `Client` sends them with httpx's blocking client, `AsyncClient` with its async
+one; neither knows a path. One place to change when the API changes, and the two clients
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from gangway.errors import validation_failed
+from gangway.models import (
+    ApiKeyInfo,
+    ClusterInfo,
+    IssuedApiKey,
+    JobCheckpoints,
+    JobEvent,
+    JobExplanation,
+    JobInfo,
+    JobLogs,
+    JobMetrics,
+    JobPage,
+    JobPatch,
+    JobState,
+    JobSubmit,
+    LogLine,
+    MetricPoint,
+    QueueInfo,
+    QueueSpec,
+    Role,
+    UserCreate,
+    UserInfo,
+    WhoAmI,
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One request and the reader of its JSON answer (`None` for a 204)."""
+
+    method: str
+    path: str
+    read: Callable[[Any], T]
+    params: dict[str, Any] = field(default_factory=dict)
+    json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _reader(model: type[T]) -> Callable[[Any], T]:
+    return TypeAdapter(model).validate_python
+
+
+def _no_body(_: Any) -> None:
+    return None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _checked(model: type[M], **fields: Any) -> M:
+    """Check arguments here, raising the `ValidationFailed` (422, naming the field) the
+    server would, without a request."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise validation_failed(exc) from exc
+
+
+def _optional(**params: Any) -> dict[str, Any]:
+    return {name: value for name, value in params.items() if value is not None}
+
+
+# -- jobs -----------------------------------------------------------------------------
+
+
+def submit(
+    spec: JobSubmit | None = None, *, idempotency_key: str | None = None, **fields: Any
+) -> Call[JobInfo]:
+    """Submit a job: `submit(JobSubmit(...))` or `submit(name=..., entrypoint=Builtin())`.
+
+    With an `idempotency_key` a submission is safe to retry (after a `TransportError`,
+    say): the same key returns the job the first attempt made, never a second one.
+    Without a `user`, the job is the API key's user's."""
+    if spec is None:
+        spec = _checked(JobSubmit, **fields)
+    body = spec.model_dump(mode="json")
+    if "user" not in spec.model_fields_set:
+        del body["user"]  # the server fills in the caller
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    return Call("POST", "/v1/jobs", _reader(JobInfo), json=body, headers=headers)
+
+
+def get(job_id: int) -> Call[JobInfo]:
+    return Call("GET", f"/v1/jobs/{job_id}", _reader(JobInfo))
+
+
+def list_jobs(
+    *,
+    state: JobState | str | Sequence[JobState | str] | None = None,
+    queue: str | None = None,
+    user: str | None = None,
+    name_prefix: str | None = None,
+    limit: int = 50,
+    cursor: int | None = None,
+) -> Call[JobPage]:
+    """Newest first; pass `cursor=page.next_cursor` for the next page."""
+    states = [state] if isinstance(state, str) else list(state or ())
+    params = _optional(queue=queue, user=user, name_prefix=name_prefix, cursor=cursor)
+    params["limit"] = limit
+    if states:
+        params["state"] = [str(s) for s in states]
+    return Call("GET", "/v1/jobs", _reader(JobPage), params=params)
+
+
+def set_priority(job_id: int, priority: int) -> Call[JobInfo]:
+    """Reorder a pending job, or re-rank a running one for preemption."""
+    body = _checked(JobPatch, priority=priority).model_dump()
+    return Call("PATCH", f"/v1/jobs/{job_id}", _reader(JobInfo), json=body)
+
+
+def cancel(job_id: int) -> Call[JobInfo]:
+    return Call("POST", f"/v1/jobs/{job_id}/cancel", _reader(JobInfo))
+
+
+def explain(job_id: int) -> Call[JobExplanation]:
+    """Why the job is where it is; for a pending one: blocker, queue position, ETA."""
+    return Call("GET", f"/v1/jobs/{job_id}/explain", _reader(JobExplanation))
+
+
+def events(job_id: int) -> Call[list[JobEvent]]:
+    """Every state change with its reason, oldest first."""
+    return Call("GET", f"/v1/jobs/{job_id}/events", _reader(list[JobEvent]))
+
+
+def _lines(answer: Any) -> list[LogLine]:
+    return JobLogs.model_validate(answer).lines
+
+
+def logs(job_id: int, *, rank: int | None = None, tail: int = 200) -> Call[list[LogLine]]:
+    """The last `tail` lines the job's ranks printed (all attempts), oldest first."""
+    params = _optional(rank=rank, tail=tail)
+    return Call("GET", f"/v1/jobs/{job_id}/logs", _lines, params=params)
+
+
+def log_stream(job_id: int, *, rank: int | None = None, tail: int = 200) -> Call[None]:
+    """The Server-Sent Events stream behind `follow_logs` (read line by line, not as JSON)."""
+    params = _optional(rank=rank, tail=tail)
+    return Call("GET", f"/v1/jobs/{job_id}/logs/stream", _no_body, params=params)
+
+
+def _points(answer: Any) -> list[MetricPoint]:
+    return JobMetrics.model_validate(answer).points
+
+
+def metrics(job_id: int, *, max_points: int = 500) -> Call[list[MetricPoint]]:
+    """Loss, tokens/s, step time and memory over steps, thinned to `max_points`."""
+    params = {"max_points": max_points}
+    return Call("GET", f"/v1/jobs/{job_id}/metrics", _points, params=params)
+
+
+def checkpoints(job_id: int) -> Call[JobCheckpoints]:
+    """The job's complete checkpoints, oldest first (it resumes from the last)."""
+    return Call("GET", f"/v1/jobs/{job_id}/checkpoints", _reader(JobCheckpoints))
+
+
+# -- cluster and queues ---------------------------------------------------------------
+
+
+def cluster() -> Call[ClusterInfo]:
+    """Every node: GPUs total, allocated and free, health, and which jobs hold them."""
+    return Call("GET", "/v1/cluster", _reader(ClusterInfo))
+
+
+def queues() -> Call[list[QueueInfo]]:
+    """Each queue's guarantee and borrowing limit, GPUs in use and borrowed now."""
+    return Call("GET", "/v1/queues", _reader(list[QueueInfo]))
+
+
+def set_queue(
+    name: str, *, guaranteed_gpus: int = 0, borrow_limit_gpus: int | None = None
+) -> Call[QueueInfo]:
+    """Create or change a queue's quota (admins); applied on the scheduler's next pass."""
+    body = _checked(QueueSpec, guaranteed_gpus=guaranteed_gpus, borrow_limit_gpus=borrow_limit_gpus)
+    return Call("PUT", f"/v1/queues/{name}", _reader(QueueInfo), json=body.model_dump())
+
+
+def delete_queue(name: str) -> Call[None]:
+    """Forget a queue's quota (admins); its jobs stay, with no guarantee and no limit."""
+    return Call("DELETE", f"/v1/queues/{name}", _no_body)
+
+
+# -- users and keys -------------------------------------------------------------------
+
+
+def whoami() -> Call[WhoAmI]:
+    return Call("GET", "/v1/whoami", _reader(WhoAmI))
+
+
+def users() -> Call[list[UserInfo]]:
+    return Call("GET", "/v1/users", _reader(list[UserInfo]))
+
+
+def create_user(name: str, *, role: Role = "user") -> Call[UserInfo]:
+    """A new user (admins); then `issue_key(name)` gives them a key."""
+    body = _checked(UserCreate, name=name, role=role).model_dump()
+    return Call("POST", "/v1/users", _reader(UserInfo), json=body)
+
+
+def issue_key(user: str) -> Call[IssuedApiKey]:
+    """A new API key for `user` (admins, or the user themself); its secret is only here."""
+    return Call("POST", f"/v1/users/{user}/keys", _reader(IssuedApiKey))
+
+
+def keys(user: str) -> Call[list[ApiKeyInfo]]:
+    return Call("GET", f"/v1/users/{user}/keys", _reader(list[ApiKeyInfo]))
+
+
+def revoke_key(key_id: int) -> Call[ApiKeyInfo]:
+    """The key stops working at once (admins, or its user)."""
+    return Call("POST", f"/v1/keys/{key_id}/revoke", _reader(ApiKeyInfo))

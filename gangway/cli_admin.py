@@ -1,0 +1,141 @@
+"""`gangway queues`, `gangway users`, `gangway whoami`: queue quotas and API keys.
+
+Listing queues is for everyone; changing them, and managing users, is for admins (with
+GANGWAY_API_KEY holding an admin's key, or the bootstrap GANGWAY_ADMIN_KEY's value).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+import typer
+
+from gangway import cli_shared
+from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
+from gangway.models import ApiKeyInfo, QueueInfo
+
+queues_app = typer.Typer(help="Queues: list them; admins set and delete quotas.")
+users_app = typer.Typer(help="Users and API keys (admins; users may manage their own keys).")
+
+
+@queues_app.callback(invoke_without_command=True)
+def queues(ctx: typer.Context, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """Queues: guaranteed GPUs, borrowing limit, GPUs in use and borrowed, jobs."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with cli_shared.connect(url) as client:
+        infos = run(client.queues)
+    if as_json:
+        typer.echo(json.dumps([q.model_dump() for q in infos], indent=2))
+        return
+    typer.echo(
+        f"{'QUEUE':<16} {'GUAR':>5} {'BORROW':>6} {'USED':>5} {'BORROWED':>8} "
+        f"{'PEND':>5} {'RUN':>4}"
+    )
+    for q in infos:
+        _print_queue(q)
+
+
+@queues_app.command("set")
+def set_queue(
+    name: str,
+    guaranteed: Annotated[int, typer.Option(help="GPUs the queue is owed")] = 0,
+    borrow_limit: Annotated[
+        int | None, typer.Option(help="idle GPUs it may borrow beyond; unset: any")
+    ] = None,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Create or change a queue's quota; the scheduler applies it on its next pass."""
+    with cli_shared.connect(url) as client:
+        info = run(
+            lambda: client.set_queue(
+                name, guaranteed_gpus=guaranteed, borrow_limit_gpus=borrow_limit
+            )
+        )
+    _print_queue(info)
+
+
+@queues_app.command("delete")
+def delete_queue(name: str, url: Url = DEFAULT_URL) -> None:
+    """Forget a queue's quota; its jobs stay, with no guarantee and no borrowing limit."""
+    with cli_shared.connect(url) as client:
+        run(lambda: client.delete_queue(name))
+    typer.echo(f"queue {name}: quota deleted")
+
+
+def _print_queue(q: QueueInfo) -> None:
+    limit = "any" if q.borrow_limit_gpus is None else str(q.borrow_limit_gpus)
+    typer.echo(
+        f"{q.name:<16} {q.guaranteed_gpus:>5} {limit:>6} {q.gpus_in_use:>5} "
+        f"{q.gpus_borrowed:>8} {q.jobs_pending:>5} {q.jobs_holding_gpus:>4}"
+    )
+
+
+@users_app.command("list")
+def list_users(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    with cli_shared.connect(url) as client:
+        users = run(client.users)
+    if as_json:
+        typer.echo(json.dumps([u.model_dump(mode="json") for u in users], indent=2))
+        return
+    for user in users:
+        typer.echo(f"{user.name:<24} {user.role:<6} since {user.created_at:%Y-%m-%d %H:%M}")
+
+
+@users_app.command("create")
+def create_user(
+    name: str,
+    role: Annotated[Literal["user", "admin"], typer.Option(help="admin: may change anything")] = (
+        "user"
+    ),
+    key: Annotated[bool, typer.Option(help="also issue the user's first API key")] = True,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Create a user, and (unless --no-key) their first API key, printed once."""
+    with cli_shared.connect(url) as client:
+        user = run(lambda: client.create_user(name, role=role))
+        typer.echo(f"created {user.name} ({user.role})")
+        if key:
+            issued = run(lambda: client.issue_key(name))
+            typer.echo(f"API key {issued.id}: {issued.secret}  (shown once; keep it secret)")
+
+
+@users_app.command("key")
+def issue_key(name: str, url: Url = DEFAULT_URL) -> None:
+    """Issue another API key for a user (to rotate: issue, switch, revoke the old one)."""
+    with cli_shared.connect(url) as client:
+        issued = run(lambda: client.issue_key(name))
+    typer.echo(f"API key {issued.id}: {issued.secret}  (shown once; keep it secret)")
+
+
+@users_app.command("keys")
+def list_keys(name: str, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """A user's keys: id, the secret's first characters, issued, revoked."""
+    with cli_shared.connect(url) as client:
+        keys = run(lambda: client.keys(name))
+    if as_json:
+        typer.echo(json.dumps([k.model_dump(mode="json") for k in keys], indent=2))
+        return
+    for key in keys:
+        _print_key(key)
+
+
+@users_app.command("revoke")
+def revoke_key(key_id: int, url: Url = DEFAULT_URL) -> None:
+    """Revoke an API key at once."""
+    with cli_shared.connect(url) as client:
+        _print_key(run(lambda: client.revoke_key(key_id)))
+
+
+def _print_key(key: ApiKeyInfo) -> None:
+    state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "live"
+    typer.echo(f"{key.id:>5}  {key.prefix}...  {key.user:<20} {state}")
+
+
+def whoami(url: Url = DEFAULT_URL) -> None:
+    """Who the service takes you for (GANGWAY_API_KEY), and whether auth is on."""
+    with cli_shared.connect(url) as client:
+        me = run(client.whoami)
+    auth = "auth on" if me.auth_enabled else "auth off: everyone is an admin"
+    typer.echo(f"{me.name} ({me.role}; {auth})")

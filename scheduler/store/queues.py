@@ -1,0 +1,61 @@
+"""Queue quotas as admins set them. The scheduler loop reads them at every pass, so a
+change through the API applies within one pass, without a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from sqlalchemy import Engine, delete, select
+from sqlalchemy.orm import Session
+
+from scheduler.model import QueueQuota
+from scheduler.store.repository import utcnow
+from scheduler.store.tables import QueueRow
+
+
+class QueueNotFound(LookupError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"queue {name!r} has no quota to delete")
+        self.name = name
+
+
+class QueueRepository:
+    def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = utcnow) -> None:
+        self._engine = engine
+        self._clock = clock
+
+    def quotas(self) -> dict[str, QueueQuota]:
+        with Session(self._engine) as session:
+            rows = session.scalars(select(QueueRow).order_by(QueueRow.name))
+            return {r.name: QueueQuota(r.guaranteed_gpus, r.borrow_limit_gpus) for r in rows}
+
+    def put(self, name: str, quota: QueueQuota) -> bool:
+        """Create or replace queue `name`'s quota; True if it was created."""
+        with Session(self._engine) as session, session.begin():
+            row = session.get(QueueRow, name)
+            created = row is None
+            if row is None:
+                row = QueueRow(name=name)
+                session.add(row)
+            row.guaranteed_gpus = quota.guaranteed_gpus
+            row.borrow_limit_gpus = quota.borrow_limit_gpus
+            row.updated_at = self._clock()
+        return created
+
+    def seed(self, quotas: Mapping[str, QueueQuota]) -> list[str]:
+        """Create the queues the settings name that the database lacks (a queue changed
+        through the API keeps its change across restarts); returns those created."""
+        existing = self.quotas()
+        missing = [name for name in quotas if name not in existing]
+        for name in missing:
+            self.put(name, quotas[name])
+        return missing
+
+    def delete(self, name: str) -> None:
+        """Forget the quota: the queue's jobs keep running and queueing, with no guarantee
+        and no borrowing limit (as any queue nobody configured)."""
+        with Session(self._engine) as session, session.begin():
+            result = session.execute(delete(QueueRow).where(QueueRow.name == name))
+            if not result.rowcount:  # type: ignore[attr-defined]
+                raise QueueNotFound(name)

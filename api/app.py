@@ -7,6 +7,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
 from api.admin import router as admin_router
 from api.auth import AuthConfig
@@ -16,7 +17,8 @@ from api.metrics import router as metrics_router
 from api.metrics import store_registry
 from api.routes import health_router
 from api.routes import router as api_router
-from api.status_page import router as page_router
+from api.ui import fragments as ui_fragments
+from api.ui import shells as ui_shells
 from scheduler.store import AccountRepository, JobRepository, QueueRepository
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -54,6 +56,8 @@ def create_app(
     app.include_router(admin_router)
     app.include_router(health_router)
     app.include_router(logstream_router)
-    app.include_router(page_router)
+    app.include_router(ui_shells)
+    app.include_router(ui_fragments)
+    app.mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static")
     app.include_router(metrics_router)
     return app

@@ -24,7 +24,7 @@ from gangway.models import (
 )
 from scheduler.core import free_capacity
 from scheduler.core.quotas import NO_QUOTA, borrowing_jobs, gpus_by_queue
-from scheduler.model import JobState, Node, QueueQuota
+from scheduler.model import JobState, Node, Parallelism, QueueQuota
 from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
 from workers.checkpoint_layout import completed, job_directory, step_of
@@ -98,13 +98,30 @@ def job_explanation(job: JobRecord, now: datetime) -> JobExplanation:
     )
 
 
+def _mesh(job: JobRecord) -> Parallelism:
+    """The job's mesh as placed: dp follows the placement (an elastic job's current dp)."""
+    spec = job.spec.get("parallelism", {})
+    tp, pp = int(spec.get("tp", 1)), int(spec.get("pp", 1))
+    return Parallelism(dp=max(1, len(job.placement or ()) // (tp * pp)), tp=tp, pp=pp)
+
+
 def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:
     placement = None
     if job.placement is not None:
-        placement = [
-            RankPlacement(rank=rank, node_id=node_id, node_name=node_names.get(node_id, node_id))
-            for rank, node_id in enumerate(job.placement)
-        ]
+        mesh = _mesh(job)
+        placement = []
+        for rank, node_id in enumerate(job.placement):
+            pp_rank, dp_rank, tp_rank = mesh.coordinates(rank)
+            placement.append(
+                RankPlacement(
+                    rank=rank,
+                    node_id=node_id,
+                    node_name=node_names.get(node_id, node_id),
+                    pp_rank=pp_rank,
+                    dp_rank=dp_rank,
+                    tp_rank=tp_rank,
+                )
+            )
     return JobInfo(
         id=job.id,
         name=job.name,
@@ -157,13 +174,15 @@ def job_event(event: EventRecord) -> JobEvent:
 
 def cluster_info(nodes: Sequence[Node], holders: Sequence[JobRecord]) -> ClusterInfo:
     free = free_capacity(nodes, [job_view(j) for j in holders])
-    jobs_on: dict[str, set[int]] = {}
-    for job in holders:
+    slots: dict[str, list[int]] = {}  # node -> the job holding each allocated GPU
+    for job in sorted(holders, key=lambda j: j.id):
+        gpus_per_rank = int(job.spec.get("resources", {}).get("gpus_per_rank", 1))
         for node_id in job.placement or ():
-            jobs_on.setdefault(node_id, set()).add(job.id)
+            slots.setdefault(node_id, []).extend([job.id] * gpus_per_rank)
     infos = []
     for node in nodes:
         gpus_free = free[node.id].gpus if node.id in free else 0
+        held = slots.get(node.id, [])[: node.num_gpus]
         infos.append(
             NodeInfo(
                 id=node.id,
@@ -173,7 +192,8 @@ def cluster_info(nodes: Sequence[Node], holders: Sequence[JobRecord]) -> Cluster
                 gpus_allocated=node.num_gpus - gpus_free if node.alive else 0,
                 gpus_free=gpus_free,
                 cpus_total=node.num_cpus,
-                jobs=sorted(jobs_on.get(node.id, ())),
+                jobs=sorted(set(held)),
+                gpu_holders=[*held, *[None] * (node.num_gpus - len(held))],
             )
         )
     alive = [n for n in infos if n.alive]

@@ -192,6 +192,9 @@ class RankPlacement(BaseModel):
     rank: int
     node_id: str
     node_name: str
+    pp_rank: int = Field(description="pipeline stage: the rank's index on the pp axis")
+    dp_rank: int = Field(description="data-parallel replica: its index on the dp axis")
+    tp_rank: int = Field(description="its index within the tensor-parallel group")
 
 
 class Straggler(BaseModel):
@@ -326,6 +329,10 @@ class NodeInfo(BaseModel):
     gpus_free: int
     cpus_total: float
     jobs: list[int]
+    gpu_holders: list[int | None] = Field(
+        description="one entry per GPU: the job holding it, or null; jobs fill the node's "
+        "GPUs in id and rank order (which device Ray hands each rank is its own choice)"
+    )
 
 
 class ClusterInfo(BaseModel):

@@ -79,6 +79,13 @@ class Parallelism:
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
 
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(pp, dp, tp) index of `rank` in the (pp, dp, tp) device mesh the ranks build,
+        tp innermost: ranks of one tensor-parallel group are consecutive."""
+        tp_index = rank % self.tp
+        dp_index = rank // self.tp % self.dp
+        return rank // (self.tp * self.dp), dp_index, tp_index
+
 
 @dataclass(frozen=True, slots=True)
 class GangShape:

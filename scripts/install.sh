@@ -16,3 +16,18 @@ ensure_venv() {
         echo "$wanted" > "$stamp"
     fi
 }
+
+# The status page's browser test drives Debian's Chromium (tests/e2e/test_status_page.py).
+# Installed here, as root, when missing; elsewhere the test is skipped (failed under CI).
+ensure_chromium() {
+    if command -v chromium > /dev/null; then
+        return
+    fi
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get > /dev/null; then
+        echo "no chromium, and no root apt-get to install it: the browser test will not run" >&2
+        return
+    fi
+    echo "installing Debian's chromium for the status page's browser test ..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null
+}

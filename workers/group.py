@@ -26,6 +26,7 @@ from ray.util.placement_group import (
     PlacementGroup,
     get_placement_group,
     placement_group,
+    placement_group_table,
     remove_placement_group,
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -196,8 +197,10 @@ class WorkerGroup:
         return status
 
     def _poll_placing(self) -> None:
-        # pg.wait asks the GCS; pg.ready() would submit a new probe task on every poll.
-        if not self._pg.wait(timeout_seconds=0):
+        # The GCS's table says whether the reservation is made. pg.ready() would submit a
+        # probe task on every poll, and pg.wait(timeout_seconds=0) answers False for a
+        # created group (seen with Ray 2.60: every zero-timeout wait timed out).
+        if placement_group_table(self._pg).get("state") != "CREATED":
             if time.monotonic() - self._created > self._placement_timeout_s:
                 self._phase = GroupPhase.PLACEMENT_TIMEOUT
                 self._error = (

@@ -450,6 +450,30 @@ class JobRepository:
             for r in kept
         ]
 
+    def recent_losses(self, job_ids: Sequence[int], *, points: int = 30) -> dict[int, list[float]]:
+        """The last `points` losses of each job, oldest first: one query for a page of
+        jobs (the status page draws a trend per row)."""
+        if not job_ids:
+            return {}
+        newest_first = func.row_number().over(
+            partition_by=JobMetricRow.job_id, order_by=JobMetricRow.id.desc()
+        )
+        numbered = (
+            select(JobMetricRow.job_id, JobMetricRow.id, JobMetricRow.loss, newest_first.label("n"))
+            .where(JobMetricRow.job_id.in_(job_ids), JobMetricRow.loss.is_not(None))
+            .subquery()
+        )
+        query = (
+            select(numbered.c.job_id, numbered.c.loss)
+            .where(numbered.c.n <= points)
+            .order_by(numbered.c.job_id, numbered.c.id)
+        )
+        trends: dict[int, list[float]] = {}
+        with Session(self._engine) as session:
+            for job_id, loss in session.execute(query):
+                trends.setdefault(job_id, []).append(loss)
+        return trends
+
     def annotate(self, job_id: int, reason: str, **fields: Any) -> JobRecord:
         """Set `fields` and say so in an event that keeps the state (from = to): not a
         state change (a priority change, a straggler flagged), but something the job's

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import ray
 
 from gangway import Builtin, Client, Function, JobState, Parallelism
 from scheduler.runtime.cluster import NODE_NAME_LABEL
-from tests.e2e.service import Service, wait_for
+from tests.e2e.service import ADMIN_KEY, Service, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -61,8 +62,8 @@ def test_dp2_builtin_job_trains_to_success(service: Service) -> None:
     assert {p.node_name for p in done.placement} <= {"local-1", "local-2"}
     assert states(client, job.id) == ["PENDING", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
     assert client.cluster().gpus_free == 8
-    page = httpx.get(service.url + "/").text
-    assert "demo-dp2" in page and "SUCCEEDED" in page
+    page = httpx.get(f"{service.url}/ui/jobs", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert "demo-dp2" in page.text and "SUCCEEDED" in page.text
     logs = client.logs(job.id)  # rank 0's progress lines, kept after the job ended
     assert any(line.line.startswith("step 1/30 loss") for line in logs), logs
     assert any(line.line.startswith("step 30/30 loss") for line in logs), logs
@@ -193,8 +194,11 @@ def test_embedded_default_starts_its_own_ray_and_requeues_after_restart(tmp_path
 
 
 def gangway_cli(*args: str) -> str:
+    """The CLI as a user runs it, with the e2e services' admin key (auth is on with
+    PostgreSQL)."""
     result = subprocess.run(
         [sys.executable, "-m", "gangway", *args],
+        env={**os.environ, "GANGWAY_API_KEY": ADMIN_KEY},
         capture_output=True,
         text=True,
         timeout=60,

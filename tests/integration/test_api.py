@@ -238,21 +238,46 @@ def test_cluster_shows_allocation_from_placements(client: TestClient, repo: JobR
         (1, "local-1"),
         (2, "local-2"),
     ]
+    assert by_name["local-1"]["gpu_holders"] == [job_id, job_id, None, None]
+    assert by_name["local-2"]["gpu_holders"] == [job_id, None, None, None]
 
 
-def test_status_page_lists_jobs_and_nodes(client: TestClient, repo: JobRepository) -> None:
+def test_placement_shows_each_ranks_mesh_coordinates_and_gpus_their_holders(
+    client: TestClient, repo: JobRepository
+) -> None:
+    """dp=2 x tp=2 x pp=2 on two GPUs per rank: 16 GPUs, so two nodes of 8."""
+    repo.replace_nodes([Node("id-1", "big-1", 8, 8.0), Node("id-2", "big-2", 8, 8.0)])
+    spec = body(
+        parallelism={"dp": 2, "tp": 2, "pp": 2},
+        resources={"gpus_per_rank": 2},
+        entrypoint={"kind": "builtin", "model": "gpt-tiny", "steps": 5, "microbatches": 2},
+    )
+    job_id = client.post("/v1/jobs", json=spec).json()["id"]
+    placement = ["id-1"] * 4 + ["id-2"] * 4
+    repo.transition(job_id, JobState.ADMITTED, reason="test", placement=placement)
+    ranks = client.get(f"/v1/jobs/{job_id}").json()["placement"]
+    coordinates = [(p["pp_rank"], p["dp_rank"], p["tp_rank"]) for p in ranks]
+    assert coordinates == [
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1),
+        (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1),
+    ]  # fmt: skip
+    nodes = client.get("/v1/cluster").json()["nodes"]
+    assert [n["gpu_holders"] for n in nodes] == [[job_id] * 8, [job_id] * 8]
+
+
+def test_a_waiting_jobs_explanation_and_estimate_reach_the_api_and_the_page(
+    client: TestClient, repo: JobRepository
+) -> None:
     job_id = client.post("/v1/jobs", json=body(name="visible-on-page")).json()["id"]
     eta = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
     explanation = {"blocker": "cluster_full", "message": "needs 2 GPUs; 0 free now", "unblock": "u"}
     repo.explain_wait(
         job_id, "needs 2 GPUs; 0 free now; u", explanation=explanation, estimated_start_at=eta
     )
-    page = client.get("/")
-    assert page.status_code == 200
-    assert "visible-on-page" in page.text
-    assert "local-1" in page.text and "local-2" in page.text
-    assert "needs 2 GPUs; 0 free now" in page.text
-    assert "estimated start: 2030-01-02 03:04:05 UTC" in page.text
+    queue = client.get("/ui/queue").text
+    assert "visible-on-page" in queue and "needs 2 GPUs; 0 free now" in queue
+    assert 'title="2030-01-02T03:04:05+00:00"' in queue
+    assert "local-1" in client.get("/ui/cluster").text
     job = client.get(f"/v1/jobs/{job_id}").json()
     assert job["explanation"]["blocker"] == "cluster_full"
     assert job["estimated_start_at"].startswith("2030-01-02T03:04:05")

@@ -1,0 +1,83 @@
+"""Charts for the status page, rendered here as SVG.
+
+Why server-side SVG and not a JavaScript charting library: the series are already thinned
+by the database (`JobRepository.metrics`), a line over a few hundred points is a single
+`<polyline>`, and the page then needs no script to draw, no package to vendor and no
+build step; the same markup is checked by the API tests (its points are plain numbers)
+and drawn by any browser. What is given up: hover read-outs (the value under the pointer);
+the chart's title shows the latest value instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from markupsafe import Markup, escape
+
+
+@dataclass(frozen=True)
+class Series:
+    """Points (x, y) in x order; `breaks` are x values where a new attempt began."""
+
+    points: Sequence[tuple[float, float]]
+    breaks: Sequence[float] = ()
+
+
+def _scale(value: float, low: float, high: float, size: float) -> float:
+    return size / 2 if high == low else (value - low) / (high - low) * size
+
+
+def _polyline(
+    points: Sequence[tuple[float, float]], width: float, height: float, pad: float
+) -> tuple[str, tuple[float, float, float, float]]:
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    coords = " ".join(
+        f"{pad + _scale(x, x0, x1, width - 2 * pad):.1f},"
+        f"{height - pad - _scale(y, y0, y1, height - 2 * pad):.1f}"
+        for x, y in points
+    )
+    return coords, (x0, x1, y0, y1)
+
+
+def sparkline(values: Sequence[float], *, width: int = 120, height: int = 28) -> Markup:
+    """A bare line of the values (a job's loss in the jobs table); empty with < 2."""
+    if len(values) < 2:
+        return Markup("")
+    coords, _ = _polyline(list(enumerate(values)), width, height, 2)
+    return Markup(
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'role="img" aria-label="trend"><polyline points="{coords}"/></svg>'
+    )
+
+
+def line_chart(series: Series, *, title: str, width: int = 560, height: int = 220) -> Markup:
+    """A chart with its range on the axes and a dashed line where each attempt resumed."""
+    points = series.points
+    if len(points) < 2:
+        return Markup(f'<p class="muted">{escape(title)}: not enough points yet</p>')
+    pad = 36.0
+    coords, (x0, x1, y0, y1) = _polyline(points, width, height, pad)
+    plot_w, plot_h = width - 2 * pad, height - 2 * pad
+    breaks = "".join(
+        f'<line class="break" x1="{pad + _scale(x, x0, x1, plot_w):.1f}" y1="{pad:.0f}" '
+        f'x2="{pad + _scale(x, x0, x1, plot_w):.1f}" y2="{pad + plot_h:.0f}"/>'
+        for x in series.breaks
+        if x0 <= x <= x1
+    )
+    latest = points[-1][1]
+    return Markup(
+        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'role="img" aria-label="{escape(title)}">'
+        f'<text class="title" x="{pad}" y="18">{escape(title)} (latest {latest:.4g})</text>'
+        f'<rect class="frame" x="{pad}" y="{pad}" width="{plot_w}" height="{plot_h}"/>'
+        f'<text class="tick" x="{pad - 4}" y="{pad + 4}" text-anchor="end">{y1:.3g}</text>'
+        f'<text class="tick" x="{pad - 4}" y="{pad + plot_h}" text-anchor="end">{y0:.3g}</text>'
+        f'<text class="tick" x="{pad}" y="{height - pad + 14}">{x0:.0f}</text>'
+        f'<text class="tick" x="{pad + plot_w}" y="{height - pad + 14}" text-anchor="end">'
+        f"{x1:.0f}</text>"
+        f'<text class="tick" x="{pad + plot_w / 2}" y="{height - 6}" text-anchor="middle">'
+        "step</text>"
+        f'{breaks}<polyline class="line" points="{coords}"/></svg>'
+    )

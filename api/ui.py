@@ -1,0 +1,219 @@
+"""The status page: two HTML shells (`/` and `/jobs/{id}`) and the fragments they poll.
+
+The shells hold no data, so they are open; the script in `static/gangway.js` fetches each
+fragment (`/ui/...`, HTML rendered here from the store) every few seconds with the API key
+the user gave the page, and swaps it in. Rendering stays on the server, in Jinja, next to
+the API it mirrors; the browser keeps only the paging and filter state of each section.
+Every list is paged, so the page costs the same with 10 jobs or 10,000, 2 nodes or 200.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from api.auth import current_caller
+from api.charts import Series, line_chart, sparkline
+from api.convert import cluster_info, job_checkpoints, job_event, job_info
+from api.routes import MAX_ID, JobId, Repo
+from gangway.models import JobState
+from scheduler.model import RESOURCE_HOLDING_STATES
+from scheduler.store import JobRecord, MetricPoint
+
+PAGE_SIZE = 20
+
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+shells = APIRouter(include_in_schema=False)
+fragments = APIRouter(include_in_schema=False, dependencies=[Depends(current_caller)])
+
+Page = Annotated[int, Query(ge=1, le=100_000)]
+
+
+def _color(job_id: int) -> str:
+    """A stable, well-spread hue per job (the golden angle), the same in every view."""
+    return f"hsl({job_id * 137.508 % 360:.0f} 62% 52%)"
+
+
+def _ago(then: datetime | None, now: datetime) -> str:
+    return _duration((now - then).total_seconds()) if then is not None else "-"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def _runtime(job: JobRecord, now: datetime) -> str:
+    if job.started_at is None:
+        return "-"
+    return _duration(((job.finished_at or now) - job.started_at).total_seconds())
+
+
+def _render(request: Request, template: str, **context: Any) -> HTMLResponse:
+    context.setdefault("color", _color)
+    return templates.TemplateResponse(request, template, context)
+
+
+def _paged(items: list[Any], page: int) -> tuple[list[Any], int]:
+    pages = max(1, -(-len(items) // PAGE_SIZE))
+    page = min(page, pages)
+    return items[(page - 1) * PAGE_SIZE : page * PAGE_SIZE], pages
+
+
+# -- shells -------------------------------------------------------------------------------
+
+
+@shells.get("/", response_class=HTMLResponse)
+def overview(request: Request) -> HTMLResponse:
+    return _render(request, "overview.html", states=[s.value for s in JobState])
+
+
+@shells.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: JobId) -> HTMLResponse:
+    return _render(request, "job.html", job_id=job_id)
+
+
+# -- overview fragments ---------------------------------------------------------------------
+
+
+@fragments.get("/ui/cluster", response_class=HTMLResponse)
+def cluster_fragment(request: Request, repo: Repo, page: Page = 1) -> HTMLResponse:
+    holders = repo.in_states(RESOURCE_HOLDING_STATES)
+    cluster = cluster_info(repo.nodes(), holders)
+    nodes, pages = _paged(cluster.nodes, page)
+    alive = sum(1 for n in cluster.nodes if n.alive)
+    used = cluster.gpus_allocated / cluster.gpus_total if cluster.gpus_total else 0.0
+    return _render(
+        request,
+        "_cluster.html",
+        cluster=cluster,
+        nodes=nodes,
+        page=page,
+        pages=pages,
+        alive=alive,
+        utilization=used,
+        names={job.id: job.name for job in holders},
+    )
+
+
+def _queue_order(pending: list[JobRecord]) -> list[JobRecord]:
+    """The scheduler's order as of its last pass (jobs it has not seen yet last)."""
+
+    def position(job: JobRecord) -> tuple[int, int]:
+        at = (job.explanation or {}).get("queue_position")
+        return (at if isinstance(at, int) else 1 << 30, job.id)
+
+    return sorted(pending, key=position)
+
+
+@fragments.get("/ui/queue", response_class=HTMLResponse)
+def queue_fragment(request: Request, repo: Repo, page: Page = 1) -> HTMLResponse:
+    ordered = _queue_order(repo.in_states([JobState.PENDING]))
+    jobs, pages = _paged(ordered, page)
+    now = repo.now()
+    return _render(
+        request,
+        "_queue.html",
+        jobs=jobs,
+        total=len(ordered),
+        page=page,
+        pages=pages,
+        now=now,
+        first=(page - 1) * PAGE_SIZE + 1,
+        waited=lambda job: _ago(job.queued_at or job.submitted_at, now),
+        eta=lambda job: _eta(job.estimated_start_at, now),
+    )
+
+
+def _eta(at: datetime | None, now: datetime) -> str:
+    if at is None:
+        return "unknown"
+    if at <= now:
+        return "next pass"
+    return f"in {_duration((at - now).total_seconds())}"
+
+
+@fragments.get("/ui/jobs", response_class=HTMLResponse)
+def jobs_fragment(
+    request: Request,
+    repo: Repo,
+    *,
+    state: Annotated[JobState | None, Query()] = None,
+    queue: Annotated[str | None, Query(max_length=100)] = None,
+    user: Annotated[str | None, Query(max_length=100)] = None,
+    cursor: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+) -> HTMLResponse:
+    records = repo.page(
+        states=[state] if state else (),
+        queue=queue or None,
+        user=user or None,
+        limit=PAGE_SIZE + 1,
+        before_id=cursor,
+    )
+    jobs = records[:PAGE_SIZE]
+    trends = repo.recent_losses([job.id for job in jobs])
+    now = repo.now()
+    return _render(
+        request,
+        "_jobs.html",
+        jobs=jobs,
+        next_cursor=jobs[-1].id if len(records) > PAGE_SIZE else None,
+        first_page=cursor is None,
+        sparkline=lambda job: sparkline(trends.get(job.id, [])),
+        runtime=lambda job: _runtime(job, now),
+    )
+
+
+# -- job page fragments -------------------------------------------------------------------
+
+
+@fragments.get("/ui/jobs/{job_id}/summary", response_class=HTMLResponse)
+def job_summary(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
+    record = repo.get(job_id)
+    info = job_info(record, {n.id: n.name for n in repo.nodes()})
+    now = repo.now()
+    return _render(
+        request,
+        "_job_summary.html",
+        job=info,
+        record=record,
+        spec=json.dumps(info.spec.model_dump(mode="json"), indent=2),
+        checkpoints=job_checkpoints(request.app.state.checkpoint_root, job_id).checkpoints,
+        runtime=_runtime(record, now),
+        eta=_eta(record.estimated_start_at, now),
+    )
+
+
+def _series(points: list[MetricPoint], field: str) -> Series:
+    values = [(p.step, getattr(p, field)) for p in points if getattr(p, field) is not None]
+    breaks = [b.step for a, b in itertools.pairwise(points) if b.attempt != a.attempt]
+    return Series(points=[(float(x), float(y)) for x, y in values], breaks=breaks)
+
+
+@fragments.get("/ui/jobs/{job_id}/charts", response_class=HTMLResponse)
+def job_charts(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
+    points = repo.metrics(job_id, max_points=300)
+    charts = [
+        line_chart(_series(points, "loss"), title="loss"),
+        line_chart(_series(points, "tokens_per_s"), title="tokens/s"),
+        line_chart(_series(points, "step_time_s"), title="step time (s)"),
+    ]
+    return _render(request, "_job_charts.html", charts=charts)
+
+
+@fragments.get("/ui/jobs/{job_id}/events", response_class=HTMLResponse)
+def job_events(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
+    repo.get(job_id)
+    events = [job_event(e) for e in repo.events(job_id)]
+    return _render(request, "_job_events.html", events=list(reversed(events)))

@@ -1,0 +1,108 @@
+"""The status page in a real headless Chromium (Debian's package, driven by Playwright),
+against a real `gangway serve` and Ray: a job waits in the queue, runs on GPUs the cluster
+view shows, and reaches SUCCEEDED with its loss chart drawn; no console errors on the way.
+Screenshots of each view are saved under artifacts/screenshots/ (GANGWAY_ARTIFACTS_DIR).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gangway import Builtin, Function, JobState, Parallelism, Resources
+from tests.e2e.service import Service, wait_for
+
+pytestmark = [pytest.mark.ray, pytest.mark.browser]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(os.environ.get("GANGWAY_ARTIFACTS_DIR", "artifacts")) / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is required in CI: scripts/test installs Debian's chromium")
+        pytest.skip("no Chromium here (scripts/test installs Debian's chromium package)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def service(tmp_path: Path, ray_cluster: Any) -> Iterator[Service]:
+    svc = Service(data_dir=tmp_path, ray_address=ray_cluster.address)
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+def shoot(page: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def test_a_job_waits_runs_and_succeeds_on_the_page(browser: Any, service: Service) -> None:
+    client = service.start()
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.goto(service.url + "/")
+
+    # Every GPU held (4 ranks x 2 GPUs), so the training job has to wait in the queue.
+    filler = client.submit(
+        name="filler",
+        parallelism=Parallelism(dp=4),
+        resources=Resources(gpus_per_rank=2),
+        entrypoint=Function(target="workers.examples:sleep_steps", kwargs={"steps": 3000}),
+    )
+    wait_for(client, filler.id, "stepping")
+    job = client.submit(
+        name="browser-demo",
+        parallelism=Parallelism(dp=2),
+        entrypoint=Builtin(model="gpt-tiny", steps=80),
+    )
+    queue = page.locator("#queue")
+    queue.get_by_text("browser-demo").wait_for(timeout=15_000)
+    assert "needs 2 GPUs" in queue.inner_text()
+    shoot(page, "1-queue-job-waiting")
+
+    filler.cancel()
+    cells = page.locator(f'#cluster a.gpu[href="/jobs/{job.id}"]')
+    cells.first.wait_for(timeout=60_000)
+    assert cells.count() == 2
+    wait_for(client, job.id, "stepping", timeout_s=90)
+    page.wait_for_function(
+        "document.querySelector('#jobs-list progress')?.value > 0", timeout=15_000
+    )
+    shoot(page, "2-cluster-and-jobs-while-running")
+
+    page.goto(f"{service.url}/jobs/{job.id}")
+    page.locator("#log").get_by_text("loss").first.wait_for(timeout=30_000)
+    summary = page.locator("#summary")
+    summary.locator(".state.SUCCEEDED").wait_for(timeout=120_000)
+    assert client.get(job.id).state is JobState.SUCCEEDED
+    loss = page.locator("#charts svg.chart polyline.line").first
+    loss.wait_for(timeout=15_000)
+    assert len(loss.get_attribute("points").split()) >= 10
+    assert "tp 0" in summary.inner_text() and "dp 1" in summary.inner_text()
+    page.locator("#events .state.SUCCEEDED").first.wait_for(timeout=15_000)
+    shoot(page, "3-job-page-succeeded")
+
+    page.goto(service.url + "/")
+    page.locator("#jobs-list .state.SUCCEEDED").first.wait_for(timeout=15_000)
+    page.locator("#jobs-list svg.spark").first.wait_for(timeout=15_000)
+    shoot(page, "4-overview-after")
+    assert problems == [], problems

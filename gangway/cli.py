@@ -298,6 +298,35 @@ def metrics(
         )
 
 
+@app.command()
+def events(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """A job's timeline: every state change and note, with its reason, oldest first."""
+    with cli_shared.connect(url) as client:
+        timeline = run(lambda: client.events(job_id))
+    if as_json:
+        typer.echo(json.dumps([e.model_dump(mode="json") for e in timeline], indent=2))
+        return
+    for event in timeline:
+        before = f"{event.from_state.value} -> " if event.from_state else ""
+        typer.echo(f"{event.at:%Y-%m-%d %H:%M:%S}  {before}{event.to_state.value}: {event.reason}")
+
+
+@app.command()
+def checkpoints(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """A job's complete checkpoints, oldest first (it resumes from the last)."""
+    with cli_shared.connect(url) as client:
+        saved = run(lambda: client.checkpoints(job_id))
+    if as_json:
+        typer.echo(saved.model_dump_json(indent=2))
+        return
+    if not saved.checkpoints:
+        typer.echo(f"job {job_id}: no checkpoints")
+        return
+    typer.echo(f"in {saved.directory}")
+    for c in saved.checkpoints:
+        typer.echo(f"step {c.step:>8}  {c.bytes:>14,} bytes  {c.saved_at:%Y-%m-%d %H:%M:%S}")
+
+
 def _num(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 

@@ -206,3 +206,36 @@ def test_admins_set_and_delete_queues(auth_cli: CliRunner, monkeypatch: pytest.M
     monkeypatch.delenv("GANGWAY_API_KEY")
     anonymous = auth_cli.invoke(gangway.cli.app, ["queues"])
     assert anonymous.exit_code == 1 and "401" in anonymous.output
+
+
+def test_events_and_checkpoints(
+    repo: JobRepository, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo.replace_nodes(NODES)
+    app = create_app(repo, checkpoint_root=tmp_path)
+
+    def in_process(url: str) -> Client:
+        client = Client(url)
+        client._http = TestClient(app, raise_server_exceptions=False)
+        return client
+
+    monkeypatch.setattr(gangway.cli_shared, "connect", in_process)
+    cli = CliRunner()
+    job_id = submit(cli, "timeline")
+    run(cli, "priority", str(job_id), "3")
+    run(cli, "cancel", str(job_id))
+    lines = run(cli, "events", str(job_id)).splitlines()
+    assert [line.split("  ", 1)[1] for line in lines] == [
+        "PENDING: submitted",
+        "PENDING -> PENDING: priority changed from 0 to 3",
+        "PENDING -> CANCELLED: cancelled by user",
+    ]
+    assert run(cli, "checkpoints", str(job_id)).strip() == f"job {job_id}: no checkpoints"
+    saved = tmp_path / f"job-{job_id}" / "step-00000010"
+    saved.mkdir(parents=True)
+    (saved / ".metadata").write_bytes(b"m" * 10)
+    listed = run(cli, "checkpoints", str(job_id)).splitlines()
+    assert listed[0] == f"in {tmp_path / f'job-{job_id}'}"
+    assert listed[1].split()[:4] == ["step", "10", "10", "bytes"]
+    failed = cli.invoke(gangway.cli.app, ["events", "999"])
+    assert failed.exit_code == 1 and "404" in failed.output

@@ -105,7 +105,7 @@ def put_queue(
     """Create or change a queue's quota (201 when created); the scheduler applies it on
     its next pass. Jobs already holding GPUs beyond a lowered quota are not stopped for
     it; they count as borrowers, reclaimed first when the guarantee's owners need GPUs."""
-    if store.put(name, QueueQuota(spec.guaranteed_gpus, spec.borrow_limit_gpus)):
+    if store.put(name, QueueQuota(spec.guaranteed_gpus, spec.borrow_limit_gpus, spec.weight)):
         response.status_code = 201
     changed(request)()
     return _queue_info(name, store, repo)

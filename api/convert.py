@@ -68,6 +68,7 @@ def queue_infos(
                 name=name,
                 guaranteed_gpus=quota.guaranteed_gpus,
                 borrow_limit_gpus=quota.borrow_limit_gpus,
+                weight=quota.weight,
                 gpus_in_use=used.get(name, 0),
                 gpus_borrowed=borrowed.get(name, 0),
                 jobs_pending=counts.get((JobState.PENDING, name), 0),

@@ -16,6 +16,7 @@ class QueueSettings(BaseModel):
 
     guaranteed_gpus: int = Field(0, ge=0)
     borrow_limit_gpus: int | None = Field(None, ge=0)
+    weight: float = Field(1.0, gt=0)
 
 
 class Settings(BaseSettings):
@@ -83,7 +84,7 @@ class Settings(BaseSettings):
 
     def quotas(self) -> dict[str, QueueQuota]:
         return {
-            name: QueueQuota(q.guaranteed_gpus, q.borrow_limit_gpus)
+            name: QueueQuota(q.guaranteed_gpus, q.borrow_limit_gpus, q.weight)
             for name, q in self.queues.items()
         }
 

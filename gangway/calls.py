@@ -183,10 +183,19 @@ def queues() -> Call[list[QueueInfo]]:
 
 
 def set_queue(
-    name: str, *, guaranteed_gpus: int = 0, borrow_limit_gpus: int | None = None
+    name: str,
+    *,
+    guaranteed_gpus: int = 0,
+    borrow_limit_gpus: int | None = None,
+    weight: float = 1.0,
 ) -> Call[QueueInfo]:
     """Create or change a queue's quota (admins); applied on the scheduler's next pass."""
-    body = _checked(QueueSpec, guaranteed_gpus=guaranteed_gpus, borrow_limit_gpus=borrow_limit_gpus)
+    body = _checked(
+        QueueSpec,
+        guaranteed_gpus=guaranteed_gpus,
+        borrow_limit_gpus=borrow_limit_gpus,
+        weight=weight,
+    )
     return Call("PUT", f"/v1/queues/{name}", _reader(QueueInfo), json=body.model_dump())
 
 

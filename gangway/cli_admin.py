@@ -30,7 +30,7 @@ def queues(ctx: typer.Context, url: Url = DEFAULT_URL, as_json: AsJson = False) 
         typer.echo(json.dumps([q.model_dump() for q in infos], indent=2))
         return
     typer.echo(
-        f"{'QUEUE':<16} {'GUAR':>5} {'BORROW':>6} {'USED':>5} {'BORROWED':>8} "
+        f"{'QUEUE':<16} {'GUAR':>5} {'BORROW':>6} {'WEIGHT':>6} {'USED':>5} {'BORROWED':>8} "
         f"{'PEND':>5} {'RUN':>4}"
     )
     for q in infos:
@@ -44,13 +44,16 @@ def set_queue(
     borrow_limit: Annotated[
         int | None, typer.Option(help="idle GPUs it may borrow beyond; unset: any")
     ] = None,
+    weight: Annotated[
+        float, typer.Option(help="share when queues contend (least usage / weight first)")
+    ] = 1.0,
     url: Url = DEFAULT_URL,
 ) -> None:
     """Create or change a queue's quota; the scheduler applies it on its next pass."""
     with cli_shared.connect(url) as client:
         info = run(
             lambda: client.set_queue(
-                name, guaranteed_gpus=guaranteed, borrow_limit_gpus=borrow_limit
+                name, guaranteed_gpus=guaranteed, borrow_limit_gpus=borrow_limit, weight=weight
             )
         )
     _print_queue(info)
@@ -67,7 +70,7 @@ def delete_queue(name: str, url: Url = DEFAULT_URL) -> None:
 def _print_queue(q: QueueInfo) -> None:
     limit = "any" if q.borrow_limit_gpus is None else str(q.borrow_limit_gpus)
     typer.echo(
-        f"{q.name:<16} {q.guaranteed_gpus:>5} {limit:>6} {q.gpus_in_use:>5} "
+        f"{q.name:<16} {q.guaranteed_gpus:>5} {limit:>6} {q.weight:>6g} {q.gpus_in_use:>5} "
         f"{q.gpus_borrowed:>8} {q.jobs_pending:>5} {q.jobs_holding_gpus:>4}"
     )
 

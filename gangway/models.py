@@ -360,6 +360,7 @@ class QueueInfo(BaseModel):
     name: str
     guaranteed_gpus: int = Field(description="its own: reclaimed from borrowers when needed")
     borrow_limit_gpus: int | None = Field(description="more it may borrow; null: any idle")
+    weight: float = Field(description="its share when queues contend for GPUs")
     gpus_in_use: int = Field(description="held by its admitted and running jobs")
     gpus_borrowed: int = Field(description="of those, beyond its guarantee (reclaimed first)")
     jobs_pending: int
@@ -379,6 +380,12 @@ class QueueSpec(_Strict):
     guaranteed_gpus: Int = Field(0, ge=0, le=1_000_000, description="reclaimed when needed")
     borrow_limit_gpus: Int | None = Field(
         None, ge=0, le=1_000_000, description="idle GPUs it may borrow beyond; null: any"
+    )
+    weight: float = Field(
+        1.0,
+        gt=0,
+        le=1_000_000,
+        description="share when queues contend: they go in order of recent usage / weight",
     )
 
 

@@ -196,13 +196,19 @@ class QueueQuota:
     `guaranteed_gpus` are the queue's own: it gets them back by preempting jobs of other
     queues that borrowed them. Beyond that it may borrow idle GPUs, up to
     `borrow_limit_gpus` more (None: any idle GPUs); borrowed GPUs are reclaimed first.
-    A queue with no QueueQuota configured has no guarantee and no borrowing limit.
+    `weight` is the queue's share when queues contend for the same GPUs: queues are taken
+    in order of recent usage divided by weight (a queue of weight 2 may use twice as much
+    before it yields). A queue with no QueueQuota configured has no guarantee, no
+    borrowing limit and weight 1.
     """
 
     guaranteed_gpus: int = 0
     borrow_limit_gpus: int | None = None
+    weight: float = 1.0
 
     def __post_init__(self) -> None:
+        if not self.weight > 0:
+            raise ValueError("weight must be > 0")
         if self.guaranteed_gpus < 0:
             raise ValueError("guaranteed_gpus must be >= 0")
         if self.borrow_limit_gpus is not None and self.borrow_limit_gpus < 0:

@@ -47,6 +47,7 @@ def upgrade() -> None:
         sa.Column('name', sa.String(length=100), nullable=False),
         sa.Column('guaranteed_gpus', sa.Integer(), nullable=False),
         sa.Column('borrow_limit_gpus', sa.Integer(), nullable=True),
+        sa.Column('weight', sa.Float(), nullable=False),
         sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint('name', name=op.f('pk_queues')),
     )

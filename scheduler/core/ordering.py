@@ -63,23 +63,42 @@ def queue_order(
     now: datetime,
     config: PolicyConfig,
     usage: Mapping[tuple[str, str], float] | None = None,
+    weights: Mapping[str, float] | None = None,
 ) -> list[JobView]:
     """Pending jobs: higher aged priority first (priority plus one point per
     `aging_interval_s` waited since the job last queued), then higher service band (less
-    GPU time attained), then the user's fair-share rank within the job's queue (0 for the
-    user with the least recent usage there: one heavy user cannot hold a queue, and queues
-    are never ranked against each other by usage), then earlier submit, then id. The key
-    is inlined: it runs for every pending job on every pass."""
+    GPU time attained), then fair share in two levels, as Slurm's Fair Tree does with
+    accounts and users: the queue's rank by recent usage over its `weights` entry (default
+    1), then the user's rank within the queue (0 for the least recent usage: one heavy
+    user cannot hold a queue, one busy queue cannot hold the idle GPUs), then earlier
+    submit, then id. Guarantees are not in the order: quotas and preemption keep them.
+    The key is inlined: it runs for every pending job on every pass."""
     ranks = fair_share_ranks(usage or {})
+    queue_ranks = queue_share_ranks(usage or {}, weights or {})
     interval = config.aging_interval_s
 
-    def key(job: JobView) -> tuple[int, int, int, datetime, int]:
+    def key(job: JobView) -> tuple[int, int, int, int, datetime, int]:
         waited_s = (now - _queued_at(job)).total_seconds()
         aged = job.priority + (int(waited_s // interval) if waited_s > 0 else 0)
         user_rank = ranks.get((job.queue, job.user), 0) if ranks else 0
-        return (-aged, -service_band(job, now, config), user_rank, job.submitted_at, job.id)
+        queue_rank = queue_ranks.get(job.queue, 0) if queue_ranks else 0
+        band = service_band(job, now, config)
+        return (-aged, -band, queue_rank, user_rank, job.submitted_at, job.id)
 
     return sorted(jobs, key=key)
+
+
+def queue_share_ranks(
+    usage: Mapping[tuple[str, str], float], weights: Mapping[str, float]
+) -> dict[str, int]:
+    """queue -> its position among the queues with recorded usage, by that usage over the
+    queue's weight (default 1), least first, ties by name. A queue with no recorded usage
+    is not listed: rank 0, with the least used."""
+    used: dict[str, float] = {}
+    for (queue, _), amount in usage.items():
+        used[queue] = used.get(queue, 0.0) + amount
+    shares = sorted((amount / weights.get(queue, 1.0), queue) for queue, amount in used.items())
+    return {queue: rank for rank, (_, queue) in enumerate(shares)}
 
 
 def fair_share_ranks(usage: Mapping[tuple[str, str], float]) -> dict[tuple[str, str], int]:

@@ -111,8 +111,8 @@ def schedule(
 ) -> list[Decision]:
     """One pass: one Admit or Wait per pending job, in queue order, plus the Preempt and
     Resize decisions that make room. `queues`: quotas by queue name (missing: no
-    guarantee, no limit). `usage`: recent decayed GPU-seconds by (queue, user), for fair
-    share (`fairshare.decayed_usage`)."""
+    guarantee, no limit, weight 1). `usage`: recent decayed GPU-seconds by (queue, user),
+    for fair share between queues (over their weights) and users (`fairshare.decayed_usage`)."""
     config = config or PolicyConfig()
     quotas = queues or {}
     holders = [j for j in jobs if j.state in RESOURCE_HOLDING_STATES]
@@ -130,7 +130,8 @@ def schedule(
         borrowed=borrowing_jobs(holders, quotas),
     )
     pending = [j for j in jobs if j.state is JobState.PENDING]
-    for position, job in enumerate(queue_order(pending, now, config, usage), start=1):
+    weights = {name: quota.weight for name, quota in quotas.items()}
+    for position, job in enumerate(queue_order(pending, now, config, usage, weights), start=1):
         _decide(state, job, position)
     if config.elastic_resize:
         _grow_elastic(state)

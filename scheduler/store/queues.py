@@ -28,7 +28,9 @@ class QueueRepository:
     def quotas(self) -> dict[str, QueueQuota]:
         with Session(self._engine) as session:
             rows = session.scalars(select(QueueRow).order_by(QueueRow.name))
-            return {r.name: QueueQuota(r.guaranteed_gpus, r.borrow_limit_gpus) for r in rows}
+            return {
+                r.name: QueueQuota(r.guaranteed_gpus, r.borrow_limit_gpus, r.weight) for r in rows
+            }
 
     def put(self, name: str, quota: QueueQuota) -> bool:
         """Create or replace queue `name`'s quota; True if it was created."""
@@ -40,6 +42,7 @@ class QueueRepository:
                 session.add(row)
             row.guaranteed_gpus = quota.guaranteed_gpus
             row.borrow_limit_gpus = quota.borrow_limit_gpus
+            row.weight = quota.weight
             row.updated_at = self._clock()
         return created
 

@@ -192,4 +192,5 @@ class QueueRow(Base):
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
     guaranteed_gpus: Mapped[int] = mapped_column(Integer)
     borrow_limit_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    weight: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

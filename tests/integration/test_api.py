@@ -499,6 +499,7 @@ def test_queues_show_guarantees_usage_and_borrowed_gpus(repo: JobRepository) -> 
         "name": "research",
         "guaranteed_gpus": 2,
         "borrow_limit_gpus": 2,
+        "weight": 1.0,
         "gpus_in_use": 4,
         "gpus_borrowed": 2,  # the second job is beyond the guarantee
         "jobs_pending": 0,

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.auth import AuthConfig
 from api.settings import Settings
-from scheduler.model import Node
+from scheduler.model import Node, QueueQuota
 from scheduler.store import AccountRepository, JobRepository, QueueRepository
 
 ADMIN_KEY = "bootstrap-admin-key-for-tests"
@@ -157,10 +157,14 @@ def test_admins_create_change_and_delete_queues(api: TestClient, repo: JobReposi
     assert created.status_code == 201, created.text
     assert created.json()["guaranteed_gpus"] == 2 and created.json()["borrow_limit_gpus"] is None
     changed = api.put(
-        "/v1/queues/research", json={"guaranteed_gpus": 1, "borrow_limit_gpus": 0}, headers=admin
+        "/v1/queues/research",
+        json={"guaranteed_gpus": 1, "borrow_limit_gpus": 0, "weight": 3},
+        headers=admin,
     )
     assert changed.status_code == 200 and changed.json()["borrow_limit_gpus"] == 0
-    assert QueueRepository(repo.engine).quotas()["research"].guaranteed_gpus == 1
+    assert QueueRepository(repo.engine).quotas()["research"] == QueueQuota(1, 0, weight=3.0)
+    zero = api.put("/v1/queues/research", json={"weight": 0}, headers=admin)
+    assert zero.status_code == 422 and zero.json()["error"]["field"] == "weight"
     bad = api.put("/v1/queues/research", json={"guaranteed_gpus": -1}, headers=admin)
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "guaranteed_gpus"
     assert api.put("/v1/queues/bad name", json={}, headers=admin).status_code == 422

@@ -129,8 +129,10 @@ def test_submit_from_a_yaml_job_file_and_show_the_cluster(cli: CliRunner, tmp_pa
 def test_queues_table(cli: CliRunner) -> None:
     submit(cli, "queued", "--queue", "research")
     lines = run(cli, "queues").splitlines()
-    assert lines[0].split() == ["QUEUE", "GUAR", "BORROW", "USED", "BORROWED", "PEND", "RUN"]
-    assert lines[1].split() == ["research", "0", "any", "0", "0", "1", "0"]
+    assert lines[0].split() == [
+        "QUEUE", "GUAR", "BORROW", "WEIGHT", "USED", "BORROWED", "PEND", "RUN"
+    ]  # fmt: skip
+    assert lines[1].split() == ["research", "0", "any", "1", "0", "0", "1", "0"]
 
 
 def test_submit_wait_follows_the_job_to_its_end(cli: CliRunner, repo: JobRepository) -> None:
@@ -196,8 +198,11 @@ def test_users_keys_and_whoami(auth_cli: CliRunner, monkeypatch: pytest.MonkeyPa
 
 
 def test_admins_set_and_delete_queues(auth_cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
-    row = run(auth_cli, "queues", "set", "research", "--guaranteed", "4", "--borrow-limit", "2")
-    assert row.split() == ["research", "4", "2", "0", "0", "0", "0"]
+    row = run(
+        auth_cli, "queues", "set", "research", "--guaranteed", "4", "--borrow-limit", "2",
+        "--weight", "2.5",
+    )  # fmt: skip
+    assert row.split() == ["research", "4", "2", "2.5", "0", "0", "0", "0"]
     assert run(auth_cli, "queues").splitlines()[1].split()[:3] == ["research", "4", "2"]
     assert json.loads(run(auth_cli, "queues", "--json"))[0]["guaranteed_gpus"] == 4
     assert run(auth_cli, "queues", "delete", "research").strip() == "queue research: quota deleted"

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from scheduler.core import Admit, Blocker, Preempt, Wait, schedule
+from scheduler.core import Admit, Blocker, PolicyConfig, Preempt, Wait, queue_order, schedule
 from scheduler.core.fairshare import UsageInterval, decayed_usage
 from scheduler.model import QueueQuota
 from tests.unit.builders import NOW, Cluster, at, pending, running
@@ -89,11 +89,36 @@ def test_decayed_usage_halves_every_half_life() -> None:
     assert decayed_usage([UsageInterval("q", "x", 1, NOW, None)], NOW, 3600) == {}
 
 
-def test_fair_share_ranks_users_within_a_queue_never_queues_against_each_other() -> None:
+def test_queues_contend_by_recent_usage_over_their_weight() -> None:
     jobs = [
         pending(1, queue="busy", user="a", submitted=-100),
         pending(2, queue="idle", user="b", submitted=-10),
     ]
-    usage = {("busy", "a"): 1e6, ("idle", "b"): 1.0}
-    decisions = schedule(Cluster().nodes(1, 1).snapshot(), jobs, NOW, usage=usage)
-    assert [d.job_id for d in decisions if isinstance(d, Admit)] == [1]  # submit order
+    usage = {("busy", "a"): 3000.0, ("idle", "b"): 1000.0}
+    one_gpu = Cluster().nodes(1, 1).snapshot()
+
+    def admitted(queues: dict[str, QueueQuota]) -> list[int]:
+        decisions = schedule(one_gpu, jobs, NOW, queues=queues, usage=usage)
+        return [d.job_id for d in decisions if isinstance(d, Admit)]
+
+    assert admitted({}) == [2]  # equal weights: the less used queue first, despite submit
+    assert admitted({"busy": QueueQuota(weight=2.0)}) == [2]  # 3000 / 2 > 1000 / 1
+    assert admitted({"busy": QueueQuota(weight=4.0)}) == [1]  # 3000 / 4 < 1000 / 1
+    assert admitted({"busy": QueueQuota(weight=3.0)}) == [1]  # a tie goes by name
+    assert schedule(one_gpu, jobs, NOW)[0].job_id == 1  # no usage yet: submit order
+
+
+def test_users_are_ranked_within_their_queue_after_the_queue() -> None:
+    jobs = [
+        pending(1, queue="q", user="heavy", submitted=-100),
+        pending(2, queue="q", user="light", submitted=-10),
+        pending(3, queue="other", user="x", submitted=-200),
+    ]
+    usage = {("q", "heavy"): 50.0, ("q", "light"): 1.0, ("other", "x"): 500.0}
+    order = queue_order(jobs, NOW, PolicyConfig(), usage)
+    assert [j.id for j in order] == [2, 1, 3]
+
+
+def test_a_queue_weight_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="weight"):
+        QueueQuota(weight=0.0)

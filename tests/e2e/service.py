@@ -21,8 +21,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-# Every e2e service gets a bootstrap admin key and its client sends it: on PostgreSQL auth
-# is on (the default there), so those tests run through real key checks.
+# Every e2e service gets a bootstrap admin key and its client sends it: a service given a
+# database URL (SQLite file or PostgreSQL) has auth on, so those tests pass real key
+# checks; only the embedded-default test (no URL) runs with auth off.
 ADMIN_KEY = "e2e-bootstrap-admin-key"
 
 

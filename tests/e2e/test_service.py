@@ -193,10 +193,10 @@ def test_embedded_default_starts_its_own_ray_and_requeues_after_restart(tmp_path
         service.stop()
 
 
-def gangway_cli(*args: str) -> str:
-    """The CLI as a user runs it, with the e2e services' admin key (auth is on with
-    PostgreSQL)."""
-    result = subprocess.run(
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it, with the e2e services' admin key (auth is on: the
+    services are given a database URL, so not the embedded default)."""
+    return subprocess.run(
         [sys.executable, "-m", "gangway", *args],
         env={**os.environ, "GANGWAY_API_KEY": ADMIN_KEY},
         capture_output=True,
@@ -204,6 +204,10 @@ def gangway_cli(*args: str) -> str:
         timeout=60,
         check=False,
     )
+
+
+def gangway_cli(*args: str) -> str:
+    result = run_cli(*args)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -231,13 +235,7 @@ def test_cli_submit_jobs_status_cancel(service: Service) -> None:
     assert "from-cli" in gangway_cli("jobs", *url)
     assert f"job {job_id} 'from-cli'" in gangway_cli("status", job_id, *url)
     assert "CANCELLED" in gangway_cli("cancel", job_id, *url)
-    bad = subprocess.run(
-        [sys.executable, "-m", "gangway", "submit", "--name", "x", "--dp", "99", *url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    bad = run_cli("submit", "--name", "x", "--dp", "99", *url)
     assert bad.returncode == 1
     assert "422" in bad.stderr and "parallelism" in bad.stderr
 

@@ -41,6 +41,14 @@ def _polyline(
     return coords, (x0, x1, y0, y1)
 
 
+def _tick(value: float) -> str:
+    """A short axis label: 3 significant digits, thousands as k and millions as M."""
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
 def sparkline(values: Sequence[float], *, width: int = 120, height: int = 28) -> Markup:
     """A bare line of the values (a job's loss in the jobs table); empty with < 2."""
     if len(values) < 2:
@@ -57,7 +65,7 @@ def line_chart(series: Series, *, title: str, width: int = 560, height: int = 22
     points = series.points
     if len(points) < 2:
         return Markup(f'<p class="muted">{escape(title)}: not enough points yet</p>')
-    pad = 36.0
+    pad = 48.0
     coords, (x0, x1, y0, y1) = _polyline(points, width, height, pad)
     plot_w, plot_h = width - 2 * pad, height - 2 * pad
     breaks = "".join(
@@ -70,10 +78,11 @@ def line_chart(series: Series, *, title: str, width: int = 560, height: int = 22
     return Markup(
         f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         f'role="img" aria-label="{escape(title)}">'
-        f'<text class="title" x="{pad}" y="18">{escape(title)} (latest {latest:.4g})</text>'
+        f'<text class="title" x="{pad}" y="18">{escape(title)} (latest {_tick(latest)})</text>'
         f'<rect class="frame" x="{pad}" y="{pad}" width="{plot_w}" height="{plot_h}"/>'
-        f'<text class="tick" x="{pad - 4}" y="{pad + 4}" text-anchor="end">{y1:.3g}</text>'
-        f'<text class="tick" x="{pad - 4}" y="{pad + plot_h}" text-anchor="end">{y0:.3g}</text>'
+        f'<text class="tick" x="{pad - 4}" y="{pad + 4}" text-anchor="end">{_tick(y1)}</text>'
+        f'<text class="tick" x="{pad - 4}" y="{pad + plot_h}" text-anchor="end">{_tick(y0)}'
+        "</text>"
         f'<text class="tick" x="{pad}" y="{height - pad + 14}">{x0:.0f}</text>'
         f'<text class="tick" x="{pad + plot_w}" y="{height - pad + 14}" text-anchor="end">'
         f"{x1:.0f}</text>"

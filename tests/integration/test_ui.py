@@ -154,7 +154,7 @@ def test_charts_draw_every_point_and_mark_each_resume(
     lines = re.findall(r'<polyline class="line" points="([^"]+)"', html)
     assert len(lines) == 3 and all(len(line.split()) == 7 for line in lines)
     assert html.count('class="break"') == 3  # attempt 2 began at step 3, on each chart
-    assert "loss (latest 1.667)" in html
+    assert "loss (latest 1.67)" in html
 
 
 def test_recent_losses_are_the_last_points_of_each_job(repo: JobRepository) -> None:

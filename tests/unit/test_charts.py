@@ -31,3 +31,8 @@ def test_a_chart_labels_its_range_and_escapes_its_title() -> None:
     assert ">4<" in svg and ">1<" in svg and ">9<" in svg  # y max, y min, last step
     assert svg.count('class="break"') == 1
     assert len(points_of(svg)) == 3
+
+
+def test_large_values_get_short_labels() -> None:
+    svg = str(line_chart(Series([(1, 1234.0), (2, 34_619.0), (3, 2_500_000.0)]), title="tok/s"))
+    assert ">1.23k<" in svg and ">2.5M<" in svg and "(latest 2.5M)" in svg

@@ -60,10 +60,7 @@ def fill(repo: JobRepository, args: argparse.Namespace) -> int:
             placement = [nodes[i % len(nodes)].id] * 8
             for state in (JobState.ADMITTED, JobState.STARTING, JobState.RUNNING):
                 repo.transition(job_id, state, reason="bench", placement=placement)
-            for step in range(1, args.points + 1):
-                repo.record_progress(
-                    job_id, 1, ProgressPoint(step, loss=10 / step, tokens_per_s=1e5)
-                )
+            add_points(repo, job_id, args.points)
             if i < finished:
                 repo.transition(job_id, JobState.SUCCEEDED, reason="bench")
         else:

@@ -135,6 +135,12 @@ def submit_job(
     return job_info(record, {n.id: n.name for n in nodes})
 
 
+def _who(caller: Principal, request: Request) -> str:
+    """Who to name in a job's timeline: the key's user with auth on; "user" without it,
+    where every caller is the same anonymous admin."""
+    return caller.name if request.app.state.auth.required else "user"
+
+
 def _on_behalf_of(submit: JobSubmit, caller: Principal, auth_required: bool) -> JobSubmit:
     """With auth, a job counts against the key's user; an admin may name someone else."""
     if not auth_required:
@@ -183,26 +189,37 @@ def get_job(job_id: JobId, repo: Repo) -> JobInfo:
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, responses=ERROR_RESPONSES)
-def cancel_job(job_id: JobId, caller: Caller, repo: Repo, on_change: OnChange) -> JobInfo:
+def cancel_job(
+    job_id: JobId, caller: Caller, request: Request, repo: Repo, on_change: OnChange
+) -> JobInfo:
     """Cancel now in the store; the scheduler loop stops the ranks on its next pass.
 
     Cancelling a job that already ended is a 409 (its outcome is kept, not overwritten).
     """
     require_owner(caller, repo.get(job_id).user, f"job {job_id}")
-    record = repo.transition(job_id, JobState.CANCELLED, reason="cancelled by user")
+    reason = f"cancelled by {_who(caller, request)}"
+    record = repo.transition(job_id, JobState.CANCELLED, reason=reason)
     on_change()
     return job_info(record, _node_names(repo))
 
 
 @router.patch("/v1/jobs/{job_id}", response_model=JobInfo, responses=ERROR_RESPONSES)
 def change_job(
-    job_id: JobId, patch: JobPatch, caller: Caller, repo: Repo, on_change: OnChange
+    job_id: JobId,
+    patch: JobPatch,
+    caller: Caller,
+    *,
+    request: Request,
+    repo: Repo,
+    on_change: OnChange,
 ) -> JobInfo:
     """Change a job's priority: a pending job moves in the queue on the next pass; a
     running one is ranked by it for preemption. A job that ended is a 409."""
     before = repo.get(job_id)
     require_owner(caller, before.user, f"job {job_id}")
     reason = f"priority changed from {before.priority} to {patch.priority}"
+    if request.app.state.auth.required:
+        reason += f" by {caller.name}"
     record = repo.annotate(job_id, reason, priority=patch.priority)
     on_change()
     return job_info(record, _node_names(repo))

@@ -109,3 +109,43 @@ def test_a_job_waits_runs_and_succeeds_on_the_page(browser: Any, service: Servic
     page.locator("#jobs-list svg.spark").first.wait_for(timeout=15_000)
     shoot(page, "4-overview-after")
     assert problems == [], problems
+
+
+def test_with_auth_on_the_page_asks_for_a_key_and_cancels_as_that_user(
+    browser: Any, tmp_path: Path, ray_cluster: Any
+) -> None:
+    """A service given a database URL has auth on: the page shows the key form, loads the
+    job once given alice's key, and its Cancel button cancels her job as her."""
+    service = Service(
+        data_dir=tmp_path,
+        database_url=f"sqlite:///{tmp_path}/g.db",
+        ray_address=ray_cluster.address,
+    )
+    try:
+        admin = service.start()
+        admin.create_user("alice")
+        key = admin.issue_key("alice").secret
+        job = admin.submit(
+            name="alices-job",
+            user="alice",
+            entrypoint=Function(target="workers.examples:sleep_steps", kwargs={"steps": 3000}),
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        crashes: list[str] = []
+        page.on("pageerror", lambda error: crashes.append(str(error)))
+        page.on("dialog", lambda dialog: dialog.accept())  # "Cancel job N?"
+        page.goto(f"{service.url}/jobs/{job.id}")
+        page.locator("#key-form").wait_for(state="visible", timeout=15_000)
+        page.fill("#key-input", key)
+        page.click("#key-form button")
+        cancel = page.locator(f'button[data-cancel="{job.id}"]')
+        cancel.wait_for(timeout=15_000)
+        assert page.locator("#key-form").is_hidden()
+        shoot(page, "5-job-page-with-a-key")
+        cancel.click()
+        page.locator("#summary .state.CANCELLED").wait_for(timeout=15_000)
+        assert admin.get(job.id).state is JobState.CANCELLED
+        assert admin.events(job.id)[-1].reason == "cancelled by alice"
+        assert crashes == [], crashes
+    finally:
+        service.stop()

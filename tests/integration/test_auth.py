@@ -94,6 +94,8 @@ def test_a_user_submits_as_themselves_and_changes_only_their_own_jobs(
         == 5
     )
     assert api.post(f"/v1/jobs/{job['id']}/cancel", headers=alice).json()["state"] == "CANCELLED"
+    timeline = [e["reason"] for e in api.get(f"/v1/jobs/{job['id']}/events", headers=bob).json()]
+    assert timeline[-2:] == ["priority changed from 0 to 5 by alice", "cancelled by alice"]
 
 
 def test_an_admin_changes_anyones_jobs_and_may_submit_for_others(api: TestClient) -> None:

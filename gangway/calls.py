@@ -142,9 +142,12 @@ def _lines(answer: Any) -> list[LogLine]:
     return JobLogs.model_validate(answer).lines
 
 
-def logs(job_id: int, *, rank: int | None = None, tail: int = 200) -> Call[list[LogLine]]:
-    """The last `tail` lines the job's ranks printed (all attempts), oldest first."""
-    params = _optional(rank=rank, tail=tail)
+def logs(
+    job_id: int, *, rank: int | None = None, tail: int = 200, after: int | None = None
+) -> Call[list[LogLine]]:
+    """The last `tail` lines the job's ranks printed (all attempts), oldest first; with
+    `after` (a line's `id`), up to `tail` lines that came after it, to poll for new ones."""
+    params = _optional(rank=rank, tail=tail, after=after)
     return Call("GET", f"/v1/jobs/{job_id}/logs", _lines, params=params)
 
 

@@ -120,3 +120,15 @@ def test_a_user_cannot_change_someone_elses_job(admin: Client, app: FastAPI) -> 
     with pytest.raises(Forbidden) as as_admin:
         carol.submit(name="x", user="admin", entrypoint=Builtin(steps=5))
     assert as_admin.value.field == "user"
+
+
+def test_logs_page_on_after_the_last_line_seen(admin: Client, repo: JobRepository) -> None:
+    job = admin.submit(name="chatty", entrypoint=Builtin(steps=5))
+    repo.append_logs(job.id, 1, [(0, 1, "first"), (0, 2, "second"), (1, 1, "third")])
+    newest = admin.logs(job.id, tail=1)
+    assert [line.line for line in newest] == ["third"]
+    first = admin.logs(job.id, tail=1, after=0)
+    assert [line.line for line in first] == ["first"]
+    rest = admin.logs(job.id, after=first[0].id)
+    assert [line.line for line in rest] == ["second", "third"]
+    assert admin.logs(job.id, after=rest[-1].id) == []

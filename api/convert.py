@@ -25,7 +25,7 @@ from gangway.models import (
 from scheduler.core import free_capacity
 from scheduler.core.quotas import NO_QUOTA, borrowing_jobs, gpus_by_queue
 from scheduler.model import JobState, Node, Parallelism, QueueQuota
-from scheduler.runtime.views import job_view
+from scheduler.runtime.views import gang_shape, job_view
 from scheduler.store import EventRecord, JobRecord
 from workers.checkpoint_layout import completed, job_directory, step_of
 
@@ -99,17 +99,15 @@ def job_explanation(job: JobRecord, now: datetime) -> JobExplanation:
     )
 
 
-def _mesh(job: JobRecord) -> Parallelism:
-    """The job's mesh as placed: dp follows the placement (an elastic job's current dp)."""
-    spec = job.spec.get("parallelism", {})
-    tp, pp = int(spec.get("tp", 1)), int(spec.get("pp", 1))
-    return Parallelism(dp=max(1, len(job.placement or ()) // (tp * pp)), tp=tp, pp=pp)
+def placed_mesh(job: JobRecord) -> Parallelism:
+    """The job's mesh as placed: an elastic job's dp is the one its placement shows."""
+    return gang_shape(job.spec, job.placement).parallelism
 
 
 def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:
     placement = None
     if job.placement is not None:
-        mesh = _mesh(job)
+        mesh = placed_mesh(job)
         placement = []
         for rank, node_id in enumerate(job.placement):
             pp_rank, dp_rank, tp_rank = mesh.coordinates(rank)
@@ -174,12 +172,12 @@ def job_event(event: EventRecord) -> JobEvent:
 
 
 def cluster_info(nodes: Sequence[Node], holders: Sequence[JobRecord]) -> ClusterInfo:
-    free = free_capacity(nodes, [job_view(j) for j in holders])
+    views = sorted((job_view(j) for j in holders), key=lambda view: view.id)
+    free = free_capacity(nodes, views)
     slots: dict[str, list[int]] = {}  # node -> the job holding each allocated GPU
-    for job in sorted(holders, key=lambda j: j.id):
-        gpus_per_rank = int(job.spec.get("resources", {}).get("gpus_per_rank", 1))
-        for node_id in job.placement or ():
-            slots.setdefault(node_id, []).extend([job.id] * gpus_per_rank)
+    for view in views:
+        for node_id in view.placement.node_ids if view.placement else ():
+            slots.setdefault(node_id, []).extend([view.id] * view.shape.gpus_per_rank)
     infos = []
     for node in nodes:
         gpus_free = free[node.id].gpus if node.id in free else 0

@@ -21,7 +21,7 @@ from fastapi.templating import Jinja2Templates
 
 from api.auth import current_caller
 from api.charts import Series, line_chart, sparkline
-from api.convert import cluster_info, job_checkpoints, job_event, job_info
+from api.convert import cluster_info, job_checkpoints, job_event, job_info, placed_mesh
 from api.routes import MAX_ID, JobId, Repo
 from gangway.models import JobState
 from scheduler.model import RESOURCE_HOLDING_STATES
@@ -65,10 +65,12 @@ def _render(request: Request, template: str, **context: Any) -> HTMLResponse:
     return templates.TemplateResponse(request, template, context)
 
 
-def _paged(items: list[Any], page: int) -> tuple[list[Any], int]:
+def _paged(items: list[Any], page: int) -> tuple[list[Any], int, int]:
+    """One page of `items`, the page shown (a page past the end shows the last) and the
+    number of pages."""
     pages = max(1, -(-len(items) // PAGE_SIZE))
     page = min(page, pages)
-    return items[(page - 1) * PAGE_SIZE : page * PAGE_SIZE], pages
+    return items[(page - 1) * PAGE_SIZE : page * PAGE_SIZE], page, pages
 
 
 # -- shells -------------------------------------------------------------------------------
@@ -91,7 +93,7 @@ def job_page(request: Request, job_id: JobId) -> HTMLResponse:
 def cluster_fragment(request: Request, repo: Repo, page: Page = 1) -> HTMLResponse:
     holders = repo.in_states(RESOURCE_HOLDING_STATES)
     cluster = cluster_info(repo.nodes(), holders)
-    nodes, pages = _paged(cluster.nodes, page)
+    nodes, page, pages = _paged(cluster.nodes, page)
     alive = sum(1 for n in cluster.nodes if n.alive)
     used = cluster.gpus_allocated / cluster.gpus_total if cluster.gpus_total else 0.0
     return _render(
@@ -120,7 +122,7 @@ def _queue_order(pending: list[JobRecord]) -> list[JobRecord]:
 @fragments.get("/ui/queue", response_class=HTMLResponse)
 def queue_fragment(request: Request, repo: Repo, page: Page = 1) -> HTMLResponse:
     ordered = _queue_order(repo.in_states([JobState.PENDING]))
-    jobs, pages = _paged(ordered, page)
+    jobs, page, pages = _paged(ordered, page)
     now = repo.now()
     return _render(
         request,
@@ -129,8 +131,6 @@ def queue_fragment(request: Request, repo: Repo, page: Page = 1) -> HTMLResponse
         total=len(ordered),
         page=page,
         pages=pages,
-        now=now,
-        first=(page - 1) * PAGE_SIZE + 1,
         waited=lambda job: _ago(job.queued_at or job.submitted_at, now),
         eta=lambda job: _eta(job.estimated_start_at, now),
     )
@@ -187,7 +187,7 @@ def job_summary(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
         request,
         "_job_summary.html",
         job=info,
-        record=record,
+        mesh=placed_mesh(record),
         spec=json.dumps(info.spec.model_dump(mode="json"), indent=2),
         checkpoints=job_checkpoints(request.app.state.checkpoint_root, job_id).checkpoints,
         runtime=_runtime(record, now),

@@ -81,6 +81,8 @@ def test_a_hundred_nodes_are_paged(page: TestClient, repo: JobRepository) -> Non
     assert "page 1 of 5" in first and "node-000" in first and "node-020" not in first
     last = page.get("/ui/cluster", params={"page": 5}).text
     assert "node-099" in last and "page 5 of 5" in last
+    beyond = page.get("/ui/cluster", params={"page": 9}).text
+    assert "page 5 of 5" in beyond and "node-099" in beyond  # the last page, numbered so
 
 
 def test_the_queue_is_in_scheduling_order_with_reasons_and_eta(

@@ -39,7 +39,7 @@ from scheduler.runtime.nodes import NodeWatch
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.runtime.views import job_view
 from scheduler.store import JobRecord, JobRepository
-from scheduler.store.repository import utcnow
+from scheduler.store.base import utcnow
 from workers.group import GroupStatus
 
 log = logging.getLogger(__name__)

@@ -107,7 +107,7 @@ def test_cli_and_sdk_work_against_a_running_service(client_venv: Path, service: 
     )
     job_id = int(run(client_venv, "python", "-c", script, env=env))
     listed = json.loads(run(client_venv, "gangway", "jobs", "--json", env=env))
-    assert [job["id"] for job in listed] == [job_id]
+    assert [job["id"] for job in listed["items"]] == [job_id]
     assert (
         httpx.get(
             f"{service}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {ADMIN_KEY}"}

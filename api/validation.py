@@ -9,7 +9,7 @@ from api.errors import FieldError
 from gangway.models import Builtin, Function, JobSubmit, Script
 from scheduler.core import never_fits_reason
 from scheduler.model import GangShape, Node
-from workers.entrypoints import EntrypointError, resolve_function
+from workers.entrypoints import EntrypointError, check_function
 from workers.model_configs import MODEL_CONFIGS
 from workers.plan import PlanError, plan_from_entrypoint, validate_plan
 
@@ -46,11 +46,13 @@ def _check_entrypoint(submit: JobSubmit, shape: GangShape) -> None:
                 "entrypoint.model", f"unknown model {entrypoint.model!r}; known: {known}"
             )
         _check_plan(submit, entrypoint, shape)
+    elif submit.package is not None:
+        return  # the code is in the job's working directory, which only the ranks unpack
     elif isinstance(entrypoint, Script):
         _check_script(entrypoint.path)
     elif isinstance(entrypoint, Function):
         try:
-            resolve_function(entrypoint.target)
+            check_function(entrypoint.target)
         except EntrypointError as exc:
             raise FieldError("entrypoint.target", str(exc)) from exc
 

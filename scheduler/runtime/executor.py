@@ -36,13 +36,33 @@ def rank_entrypoint(job: JobRecord, checkpoint_root: Path | None) -> dict[str, A
     if entrypoint.get("kind") == "builtin":
         entrypoint["fsdp"] = bool(job.spec["parallelism"].get("fsdp", False))
         entrypoint["checkpoint_interval_steps"] = policy.get("interval_steps")
-    if checkpoint_root is not None and entrypoint.get("kind") in ("builtin", "function"):
+    if checkpoint_root is not None:
         entrypoint["checkpoint_dir"] = str(job_directory(checkpoint_root, job.id))
         entrypoint["keep_last"] = policy.get("keep_last", 2)
+    entrypoint["env"] = dict(job.spec.get("env") or {})
+    entrypoint["shipped"] = bool(job.spec.get("package"))
     return entrypoint
 
 
-def group_spec(job: JobRecord, checkpoint_root: Path | None = None) -> GroupSpec:
+def runtime_env(spec: dict[str, Any], packages_root: Path | None) -> dict[str, Any] | None:
+    """Ray's per-actor runtime_env: the shipped working directory as a `file://` URI to its
+    zip (Ray unpacks it once per node and caches it by URI; the name is the content hash,
+    so a URI never changes meaning), and the pip requirements (a virtualenv per node and
+    requirement set, on top of the node's packages)."""
+    env: dict[str, Any] = {}
+    package = spec.get("package")
+    if package:
+        if packages_root is None:
+            raise ValueError("a job with a working directory needs the packages directory")
+        env["working_dir"] = (packages_root / f"{package}.zip").resolve().as_uri()
+    if spec.get("requirements"):
+        env["pip"] = list(spec["requirements"])
+    return env or None
+
+
+def group_spec(
+    job: JobRecord, checkpoint_root: Path | None = None, packages_root: Path | None = None
+) -> GroupSpec:
     if job.placement is None:
         raise ValueError(f"job {job.id} has no placement")
     shape = gang_shape(job.spec, job.placement)  # an elastic job runs at its placed dp
@@ -56,24 +76,35 @@ def group_spec(job: JobRecord, checkpoint_root: Path | None = None) -> GroupSpec
         tp=shape.parallelism.tp,
         pp=shape.parallelism.pp,
         entrypoint=rank_entrypoint(job, checkpoint_root),
+        runtime_env=runtime_env(job.spec, packages_root),
     )
 
 
 class RayExecutor:
-    def __init__(self, *, placement_timeout_s: float, checkpoint_root: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        placement_timeout_s: float,
+        checkpoint_root: Path | None = None,
+        packages_root: Path | None = None,
+    ) -> None:
         self._placement_timeout_s = placement_timeout_s
         self._checkpoint_root = checkpoint_root
+        self._packages_root = packages_root
         self._groups: dict[int, WorkerGroup] = {}
 
     def launch(self, job: JobRecord) -> None:
         self.release(job.id)
         self._groups[job.id] = WorkerGroup.launch(
-            group_spec(job, self._checkpoint_root), placement_timeout_s=self._placement_timeout_s
+            group_spec(job, self._checkpoint_root, self._packages_root),
+            placement_timeout_s=self._placement_timeout_s,
         )
 
     def attach(self, job: JobRecord) -> bool:
         group = (
-            WorkerGroup.attach(group_spec(job, self._checkpoint_root)) if job.placement else None
+            WorkerGroup.attach(group_spec(job, self._checkpoint_root, self._packages_root))
+            if job.placement
+            else None
         )
         if group is not None:
             self._groups[job.id] = group

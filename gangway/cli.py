@@ -16,11 +16,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gangway import cli_shared
 from gangway.cli_admin import queues_app, users_app, whoami
-from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
+from gangway.cli_shared import DEFAULT_URL, AsJson, Url, printable, run
 from gangway.client import Client
 from gangway.errors import validation_failed
 from gangway.models import (
     Builtin,
+    Command,
     Function,
     JobInfo,
     JobState,
@@ -82,24 +83,46 @@ def submit(
     idempotency_key: Annotated[
         str | None, typer.Option(help="retry-safe: the same key returns the same job")
     ] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            help="ship this directory (minus .gitignore/.gangwayignore); ranks run in it",
+        ),
+    ] = None,
+    requirements: Annotated[
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, help="pip requirements file for the ranks"),
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option(help="K=V for the ranks' environment; repeatable")
+    ] = None,
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(help="after --: the command every rank runs (torchrun-style)"),
+    ] = None,
     url: Url = DEFAULT_URL,
     as_json: AsJson = False,
 ) -> None:
     """Submit a job: from flags, or from a job file (the REST body, as YAML or JSON;
-    --name then overrides its name)."""
+    --name then overrides its name). `gangway submit --workdir . -- python train.py`
+    ships the directory and runs the command on every rank."""
     if file is not None:
         spec = _spec_from_file(file, name)
-    elif name is None:
+    elif name is None and not command:
         typer.echo("error: give --name, or a job file with --file", err=True)
         raise typer.Exit(2)
     else:
-        entrypoint: Builtin | Function = (
-            Function(target=function, kwargs=json.loads(kwargs))
+        entrypoint: Builtin | Function | Command = (
+            Command(argv=command)
+            if command
+            else Function(target=function, kwargs=json.loads(kwargs))
             if function
             else Builtin(model=model, steps=steps)
         )
         spec = JobSubmit(
-            name=name,
+            name=name or (workdir or Path.cwd()).resolve().name,
             priority=priority,
             queue=queue,
             parallelism=Parallelism(dp=dp, tp=tp, pp=pp),
@@ -107,11 +130,46 @@ def submit(
             entrypoint=entrypoint,
             max_restarts=max_restarts,
         )
+    spec = _with_fields(spec, _code_fields(spec, requirements, env or []))
     with cli_shared.connect(url) as client:
+        if workdir is not None:
+            shipped = run(lambda: client.ship(workdir))
+            sent = (
+                f"{shipped.bytes_sent} bytes uploaded" if shipped.bytes_sent else "nothing uploaded"
+            )
+            typer.echo(f"working directory {shipped.sha256[:12]}: {sent}", err=True)
+            spec = spec.model_copy(update={"package": shipped.sha256})
         job: JobInfo = run(lambda: client.submit(spec, idempotency_key=idempotency_key))
         if wait:
             job = _wait(client, job, show_progress=not as_json)
     _print_job(job, as_json)
+
+
+def _with_fields(spec: JobSubmit, fields: dict[str, Any]) -> JobSubmit:
+    """The spec with `fields` replaced, validated again (a bad --env name is an error)."""
+    if not fields:
+        return spec
+    try:
+        return JobSubmit.model_validate({**spec.model_dump(exclude_unset=True), **fields})
+    except ValidationError as exc:
+        typer.echo(f"error: {validation_failed(exc)}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def _code_fields(spec: JobSubmit, requirements: Path | None, env: list[str]) -> dict[str, Any]:
+    """--requirements and --env on top of what a job file says."""
+    fields: dict[str, Any] = {}
+    if requirements is not None:
+        lines = [line.strip() for line in requirements.read_text().splitlines()]
+        fields["requirements"] = [line for line in lines if line and not line.startswith("#")]
+    if env:
+        pairs = [item.partition("=") for item in env]
+        bad = [item for item, (_, sep, _) in zip(env, pairs, strict=True) if not sep]
+        if bad:
+            typer.echo(f"error: --env takes K=V, not {bad[0]!r}", err=True)
+            raise typer.Exit(2)
+        fields["env"] = {**spec.env, **{k: v for k, _, v in pairs}}
+    return fields
 
 
 def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:
@@ -159,7 +217,7 @@ def cluster(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
         health = "alive" if node.alive else "down"
         jobs = ", ".join(str(j) for j in node.jobs) or "-"
         typer.echo(
-            f"{node.name:<16} {health:<7} {node.gpus_total:>4} {node.gpus_allocated:>4} "
+            f"{printable(node.name):<16} {health:<7} {node.gpus_total:>4} {node.gpus_allocated:>4} "
             f"{node.gpus_free:>4}  {jobs}"
         )
     typer.echo(
@@ -195,7 +253,7 @@ def jobs(
         step = f"{job.progress.step}/{total}" if total else str(job.progress.step)
         typer.echo(
             f"{job.id:>5}  {job.state.value:<10} {job.num_gpus:>4}  {job.priority:>4}  "
-            f"{step:>10}  {job.name}"
+            f"{step:>10}  {printable(job.name)}"
         )
 
 
@@ -415,7 +473,8 @@ def _print_job(job: JobInfo, as_json: bool) -> None:
     if as_json:
         typer.echo(job.model_dump_json(indent=2))
         return
-    typer.echo(f"job {job.id} {job.name!r}: {job.state.value}  ({job.status_reason})")
+    reason = printable(job.status_reason)
+    typer.echo(f"job {job.id} {printable(job.name)!r}: {job.state.value}  ({reason})")
     progress = job.progress
     loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
     typer.echo(f"  step {progress.step}/{progress.total_steps or '?'}  loss {loss}")

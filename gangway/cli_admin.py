@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import typer
 
 from gangway import cli_shared
-from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
+from gangway.cli_shared import DEFAULT_URL, AsJson, Url, printable, run
 from gangway.models import ApiKeyInfo, QueueInfo
 
 queues_app = typer.Typer(help="Queues: list them; admins set and delete quotas.")
@@ -70,7 +70,8 @@ def delete_queue(name: str, url: Url = DEFAULT_URL) -> None:
 def _print_queue(q: QueueInfo) -> None:
     limit = "any" if q.borrow_limit_gpus is None else str(q.borrow_limit_gpus)
     typer.echo(
-        f"{q.name:<16} {q.guaranteed_gpus:>5} {limit:>6} {q.weight:>6g} {q.gpus_in_use:>5} "
+        f"{printable(q.name):<16} {q.guaranteed_gpus:>5} {limit:>6} {q.weight:>6g} "
+        f"{q.gpus_in_use:>5} "
         f"{q.gpus_borrowed:>8} {q.jobs_pending:>5} {q.jobs_holding_gpus:>4}"
     )
 
@@ -83,7 +84,9 @@ def list_users(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
         typer.echo(json.dumps([u.model_dump(mode="json") for u in users], indent=2))
         return
     for user in users:
-        typer.echo(f"{user.name:<24} {user.role:<6} since {user.created_at:%Y-%m-%d %H:%M}")
+        typer.echo(
+            f"{printable(user.name):<24} {user.role:<6} since {user.created_at:%Y-%m-%d %H:%M}"
+        )
 
 
 @users_app.command("create")
@@ -98,7 +101,7 @@ def create_user(
     """Create a user, and (unless --no-key) their first API key, printed once."""
     with cli_shared.connect(url) as client:
         user = run(lambda: client.create_user(name, role=role))
-        typer.echo(f"created {user.name} ({user.role})")
+        typer.echo(f"created {printable(user.name)} ({user.role})")
         if key:
             issued = run(lambda: client.issue_key(name))
             typer.echo(f"API key {issued.id}: {issued.secret}  (shown once; keep it secret)")
@@ -133,7 +136,7 @@ def revoke_key(key_id: int, url: Url = DEFAULT_URL) -> None:
 
 def _print_key(key: ApiKeyInfo) -> None:
     state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "live"
-    typer.echo(f"{key.id:>5}  {key.prefix}...  {key.user:<20} {state}")
+    typer.echo(f"{key.id:>5}  {key.prefix}...  {printable(key.user):<20} {state}")
 
 
 def whoami(url: Url = DEFAULT_URL) -> None:
@@ -141,4 +144,4 @@ def whoami(url: Url = DEFAULT_URL) -> None:
     with cli_shared.connect(url) as client:
         me = run(client.whoami)
     auth = "auth on" if me.auth_enabled else "auth off: everyone is an admin"
-    typer.echo(f"{me.name} ({me.role}; {auth})")
+    typer.echo(f"{printable(me.name)} ({me.role}; {auth})")

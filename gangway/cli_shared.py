@@ -4,6 +4,7 @@ the API key from GANGWAY_API_KEY) and turning SDK errors into one line and exit 
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections.abc import Callable
 from typing import Annotated, TypeVar
 
@@ -30,3 +31,10 @@ def run(call: Callable[[], T]) -> T:
     except GangwayError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
+
+
+def printable(text: str) -> str:
+    """`text` without control and format characters: a name someone else chose must not
+    move the cursor, recolour or retitle the terminal (ESC sequences) or reorder the line
+    (bidi overrides)."""
+    return "".join(ch for ch in text if unicodedata.category(ch) not in ("Cc", "Cf"))

@@ -40,6 +40,15 @@ class Package:
     files: int
 
 
+@dataclass(frozen=True)
+class Shipped:
+    """A working directory on the service: its package id and the bytes this client sent
+    for it (0: the service had it already)."""
+
+    sha256: str
+    bytes_sent: int
+
+
 def _ignore_spec(root: Path) -> pathspec.GitIgnoreSpec:
     lines = [".git/"]
     for name in IGNORE_FILES:

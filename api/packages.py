@@ -60,7 +60,7 @@ def _not_found(sha256: str) -> Response:
 
 
 @router.get(PREFIX + "{sha256}", response_model=PackageInfo, responses=RESPONSES)
-@router.head(PREFIX + "{sha256}", responses=RESPONSES)
+@router.head(PREFIX + "{sha256}", response_model=None, responses=RESPONSES)
 def get_package(sha256: Sha256, store: Packages) -> PackageInfo | Response:
     record = store.get(sha256)
     return _info(record) if record is not None else _not_found(sha256)

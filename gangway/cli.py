@@ -150,7 +150,10 @@ def _with_fields(spec: JobSubmit, fields: dict[str, Any]) -> JobSubmit:
     if not fields:
         return spec
     try:
-        return JobSubmit.model_validate({**spec.model_dump(exclude_unset=True), **fields})
+        body = spec.model_dump()
+        if "user" not in spec.model_fields_set:
+            del body["user"]  # the server fills in the caller
+        return JobSubmit.model_validate({**body, **fields})
     except ValidationError as exc:
         typer.echo(f"error: {validation_failed(exc)}", err=True)
         raise typer.Exit(2) from exc

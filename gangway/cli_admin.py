@@ -7,12 +7,13 @@ GANGWAY_API_KEY holding an admin's key, or the bootstrap GANGWAY_ADMIN_KEY's val
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import typer
 
 from gangway import cli_shared
-from gangway.cli_shared import DEFAULT_URL, AsJson, Url, printable, run
+from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
 from gangway.models import ApiKeyInfo, QueueInfo
 
 queues_app = typer.Typer(help="Queues: list them; admins set and delete quotas.")
@@ -29,12 +30,7 @@ def queues(ctx: typer.Context, url: Url = DEFAULT_URL, as_json: AsJson = False) 
     if as_json:
         typer.echo(json.dumps([q.model_dump() for q in infos], indent=2))
         return
-    typer.echo(
-        f"{'QUEUE':<16} {'GUAR':>5} {'BORROW':>6} {'WEIGHT':>6} {'USED':>5} {'BORROWED':>8} "
-        f"{'PEND':>5} {'RUN':>4}"
-    )
-    for q in infos:
-        _print_queue(q)
+    _print_queues(infos)
 
 
 @queues_app.command("set")
@@ -56,7 +52,7 @@ def set_queue(
                 name, guaranteed_gpus=guaranteed, borrow_limit_gpus=borrow_limit, weight=weight
             )
         )
-    _print_queue(info)
+    _print_queues([info])
 
 
 @queues_app.command("delete")
@@ -67,12 +63,22 @@ def delete_queue(name: str, url: Url = DEFAULT_URL) -> None:
     typer.echo(f"queue {name}: quota deleted")
 
 
-def _print_queue(q: QueueInfo) -> None:
-    limit = "any" if q.borrow_limit_gpus is None else str(q.borrow_limit_gpus)
-    typer.echo(
-        f"{printable(q.name):<16} {q.guaranteed_gpus:>5} {limit:>6} {q.weight:>6g} "
-        f"{q.gpus_in_use:>5} "
-        f"{q.gpus_borrowed:>8} {q.jobs_pending:>5} {q.jobs_holding_gpus:>4}"
+def _print_queues(infos: Sequence[QueueInfo]) -> None:
+    cli_shared.print_table(
+        ["QUEUE", ">GUAR", ">BORROW", ">WEIGHT", ">USED", ">BORROWED", ">PEND", ">RUN"],
+        (
+            [
+                q.name,
+                q.guaranteed_gpus,
+                "any" if q.borrow_limit_gpus is None else q.borrow_limit_gpus,
+                f"{q.weight:g}",
+                q.gpus_in_use,
+                q.gpus_borrowed,
+                q.jobs_pending,
+                q.jobs_holding_gpus,
+            ]
+            for q in infos
+        ),
     )
 
 
@@ -83,10 +89,10 @@ def list_users(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     if as_json:
         typer.echo(json.dumps([u.model_dump(mode="json") for u in users], indent=2))
         return
-    for user in users:
-        typer.echo(
-            f"{printable(user.name):<24} {user.role:<6} since {user.created_at:%Y-%m-%d %H:%M}"
-        )
+    cli_shared.print_table(
+        ["USER", "ROLE", "SINCE"],
+        ([u.name, u.role, f"{u.created_at:%Y-%m-%d %H:%M}"] for u in users),
+    )
 
 
 @users_app.command("create")
@@ -101,7 +107,7 @@ def create_user(
     """Create a user, and (unless --no-key) their first API key, printed once."""
     with cli_shared.connect(url) as client:
         user = run(lambda: client.create_user(name, role=role))
-        typer.echo(f"created {printable(user.name)} ({user.role})")
+        typer.echo(f"created {user.name} ({user.role})")
         if key:
             issued = run(lambda: client.issue_key(name))
             typer.echo(f"API key {issued.id}: {issued.secret}  (shown once; keep it secret)")
@@ -136,7 +142,7 @@ def revoke_key(key_id: int, url: Url = DEFAULT_URL) -> None:
 
 def _print_key(key: ApiKeyInfo) -> None:
     state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "live"
-    typer.echo(f"{key.id:>5}  {key.prefix}...  {printable(key.user):<20} {state}")
+    typer.echo(f"{key.id:>5}  {key.prefix}...  {key.user:<20} {state}")
 
 
 def whoami(url: Url = DEFAULT_URL) -> None:
@@ -144,4 +150,4 @@ def whoami(url: Url = DEFAULT_URL) -> None:
     with cli_shared.connect(url) as client:
         me = run(client.whoami)
     auth = "auth on" if me.auth_enabled else "auth off: everyone is an admin"
-    typer.echo(f"{printable(me.name)} ({me.role}; {auth})")
+    typer.echo(f"{me.name} ({me.role}; {auth})")

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from gangway.packaging import pack
-from scheduler.runtime.executor import runtime_env
+from scheduler.model import CodeSpec
+from scheduler.runtime.launch import runtime_env
 from tests.integration.test_ray_runtime import run_to_end, spec
 from workers.group import GroupPhase, GroupSpec, GroupStatus, WorkerGroup
 
@@ -92,8 +93,8 @@ def with_code(
     root: Path,
     wheel: Path | None = None,
 ) -> GroupSpec:
-    requirements = ["--no-index", str(wheel)] if wheel else []
-    env = runtime_env({"package": sha, "requirements": requirements}, root)
+    requirements = ("--no-index", str(wheel)) if wheel else ()
+    env = runtime_env(CodeSpec(package=sha, requirements=requirements), root)
     assert env is not None
     env["env_vars"] = SECRETS
     entry = {**entrypoint, "env": {"JOB_FLAG": "on"}, "shipped": True}
@@ -150,7 +151,7 @@ def test_requirements_are_installed_for_the_ranks(gpu_node_ids: list[str], tmp_p
 def test_a_job_whose_working_directory_is_missing_fails_saying_so(
     gpu_node_ids: list[str], tmp_path: Path
 ) -> None:
-    env = runtime_env({"package": "f" * 64}, tmp_path)
+    env = runtime_env(CodeSpec(package="f" * 64), tmp_path)
     command = {"kind": "command", "argv": ["true"], "shipped": True}
     base = spec(304, gpu_node_ids[:1], command)
     status = run_to_end(replace(base, runtime_env=env))

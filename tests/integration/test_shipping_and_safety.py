@@ -19,7 +19,6 @@ from api.policy import SubmitPolicy, policy_from_settings
 from api.server import UnsafeBind, check_bind
 from api.settings import Settings
 from gangway import Client
-from gangway.cli_shared import printable
 from gangway.errors import ValidationFailed
 from gangway.packaging import pack
 from scheduler.model import Node
@@ -362,10 +361,6 @@ def test_a_revoke_refusal_names_no_owner_and_reserved_names_are_refused(
     for name in ("admin", "default", "Admin"):
         answer = auth_api.post("/v1/users", json={"name": name}, headers=bearer(ADMIN_KEY))
         assert (answer.status_code, answer.json()["error"]["field"]) == (422, "name"), name
-
-
-def test_the_cli_strips_control_characters_from_names() -> None:
-    assert printable("job\x1b]0;pwned\x07\x1b[31mred\u202e") == "job]0;pwned[31mred"
 
 
 def test_sdk_checks_env_names_before_sending() -> None:

@@ -21,6 +21,7 @@ from api.convert import (
     job_info,
     queue_infos,
 )
+from api.errors import FieldError
 from api.validation import validate_submission
 from gangway.models import (
     ClusterInfo,
@@ -42,6 +43,7 @@ from gangway.models import (
 )
 from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.store import JobRepository, NewJob, QueueRepository
+from scheduler.store.packages import PackageStore
 from scheduler.store.specs import spec_from_json
 
 # Every /v1 route needs a caller (auth on) or lets everyone in (auth off): see api.auth.
@@ -108,12 +110,15 @@ def submit_job(
     ] = None,
 ) -> JobInfo:
     submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
+    request.app.state.submit_policy.check(submit, caller)
     nodes = repo.nodes()
     spec = submit.model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
     job_spec = spec_from_json(spec)
     validate_submission(submit, job_spec, nodes)
-    if isinstance(submit.entrypoint, Script):  # ranks may start in another directory
+    if submit.package is not None:
+        _use_package(request.app.state.packages, submit.package)
+    elif isinstance(submit.entrypoint, Script):  # ranks may start in another directory
         spec["entrypoint"]["path"] = str(Path(submit.entrypoint.path).resolve())
     record, created = repo.create_once(
         NewJob(
@@ -133,6 +138,16 @@ def submit_job(
     else:
         response.headers["Idempotent-Replayed"] = "true"
     return job_info(record, {n.id: n.name for n in nodes})
+
+
+def _use_package(packages: PackageStore, sha256: str) -> None:
+    if packages.get(sha256) is None:
+        raise FieldError(
+            "package",
+            f"working directory {sha256} was not uploaded: PUT /v1/packages/{sha256} first "
+            "(the SDK and `gangway submit --workdir` do this)",
+        )
+    packages.touch(sha256)
 
 
 def _who(caller: Principal, request: Request) -> str:

@@ -21,6 +21,7 @@ from gangway.client import Client
 from gangway.errors import validation_failed
 from gangway.models import (
     Builtin,
+    Command,
     Function,
     JobInfo,
     JobState,
@@ -95,24 +96,46 @@ def submit(
     idempotency_key: Annotated[
         str | None, typer.Option(help="retry-safe: the same key returns the same job")
     ] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            help="ship this directory (minus .gitignore/.gangwayignore); ranks run in it",
+        ),
+    ] = None,
+    requirements: Annotated[
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, help="pip requirements file for the ranks"),
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option(help="K=V for the ranks' environment; repeatable")
+    ] = None,
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(help="after --: the command every rank runs (torchrun-style)"),
+    ] = None,
     url: Url = DEFAULT_URL,
     as_json: AsJson = False,
 ) -> None:
     """Submit a job: from flags, or from a job file (the REST body, as YAML or JSON;
-    --name then overrides its name)."""
+    --name then overrides its name). `gangway submit --workdir . -- python train.py`
+    ships the directory and runs the command on every rank."""
     if file is not None:
         spec = _spec_from_file(file, name)
-    elif name is None:
+    elif name is None and not command:
         typer.echo("error: give --name, or a job file with --file", err=True)
         raise typer.Exit(2)
     else:
-        entrypoint: Builtin | Function = (
-            Function(target=function, kwargs=json.loads(kwargs))
+        entrypoint: Builtin | Function | Command = (
+            Command(argv=command)
+            if command
+            else Function(target=function, kwargs=json.loads(kwargs))
             if function
             else Builtin(model=model, steps=steps)
         )
         spec = JobSubmit(
-            name=name,
+            name=name or (workdir or Path.cwd()).resolve().name,
             priority=priority,
             queue=queue,
             parallelism=Parallelism(dp=dp, tp=tp, pp=pp),
@@ -120,11 +143,49 @@ def submit(
             entrypoint=entrypoint,
             max_restarts=max_restarts,
         )
+    spec = _with_fields(spec, _code_fields(spec, requirements, env or []))
     with cli_shared.connect(url) as client:
+        if workdir is not None:
+            shipped = run(lambda: client.ship(workdir))
+            sent = (
+                f"{shipped.bytes_sent} bytes uploaded" if shipped.bytes_sent else "nothing uploaded"
+            )
+            typer.echo(f"working directory {shipped.sha256[:12]}: {sent}", err=True)
+            spec = spec.model_copy(update={"package": shipped.sha256})
         job: JobInfo = run(lambda: client.submit(spec, idempotency_key=idempotency_key))
         if wait:
             job = _wait(client, job, show_progress=not as_json)
     _print_job(job, as_json)
+
+
+def _with_fields(spec: JobSubmit, fields: dict[str, Any]) -> JobSubmit:
+    """The spec with `fields` replaced, validated again (a bad --env name is an error)."""
+    if not fields:
+        return spec
+    try:
+        body = spec.model_dump()
+        if "user" not in spec.model_fields_set:
+            del body["user"]  # the server fills in the caller
+        return JobSubmit.model_validate({**body, **fields})
+    except ValidationError as exc:
+        typer.echo(f"error: {validation_failed(exc)}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def _code_fields(spec: JobSubmit, requirements: Path | None, env: list[str]) -> dict[str, Any]:
+    """--requirements and --env on top of what a job file says."""
+    fields: dict[str, Any] = {}
+    if requirements is not None:
+        lines = [line.strip() for line in requirements.read_text().splitlines()]
+        fields["requirements"] = [line for line in lines if line and not line.startswith("#")]
+    if env:
+        pairs = [item.partition("=") for item in env]
+        bad = [item for item, (_, sep, _) in zip(env, pairs, strict=True) if not sep]
+        if bad:
+            typer.echo(f"error: --env takes K=V, not {bad[0]!r}", err=True)
+            raise typer.Exit(2)
+        fields["env"] = {**spec.env, **{k: v for k, _, v in pairs}}
+    return fields
 
 
 def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:

@@ -26,12 +26,13 @@ from scheduler.model import (
 )
 from scheduler.runtime import metrics
 from scheduler.runtime.cluster import ClusterSource
-from scheduler.runtime.executor import Executor
-from scheduler.runtime.lease import LeaderLease
+from scheduler.runtime.executor import Executor, GuardedExecutor
+from scheduler.runtime.leadership import Leadership
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.runtime.views import gang_shape, job_view, run_info
-from scheduler.store import JobRecord, JobRepository, ProgressPoint, StaleState
+from scheduler.store import Fence, Fenced, JobRecord, JobRepository, ProgressPoint, StaleState
 from scheduler.store.repository import utcnow
+from workers import faults
 from workers.group import GroupPhase, GroupStatus
 
 log = logging.getLogger(__name__)
@@ -60,11 +61,14 @@ class SchedulerLoop:
         hang_min_s: float = 300.0,
         suspect_s: float = 300.0,
         stragglers: StragglerWatch | None = None,
-        lease: LeaderLease | None = None,
+        lease: Leadership | None = None,
+        sweep_every: int = 30,
     ) -> None:
-        self._repo = repo
+        # While it leads, the loop writes through fenced views of these two (`_lead_as`).
+        self._unfenced_repo = self._repo = repo
+        self._unfenced_executor: Executor = executor
+        self._executor: Executor = executor
         self._cluster = cluster
-        self._executor = executor
         self._clock = clock
         self._policy = policy or PolicyConfig()
         self._queues = queues  # read every pass: admins change quotas while it runs
@@ -80,13 +84,29 @@ class SchedulerLoop:
         self._stragglers = stragglers or StragglerWatch()
         self._node_names: dict[str, str] = {}
         self._lease = lease
+        self._fence: Fence | None = None
         self._leading = False
+        # Every `sweep_every` passes Ray is swept for gangs no active (job, attempt) owns.
+        self._sweep_every = sweep_every
+        self._passes = 0
 
     # -- start-up ---------------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Match every active job in the store with what Ray runs: reattach or requeue."""
+        """Match every active job in the store with what Ray runs: reattach the running
+        gangs, requeue the rest (reaping by name what Ray still runs for them: a previous
+        leader's handles are gone), then sweep Ray for anything no active job owns."""
+        alive = {node.id for node in self._cluster.nodes() if node.alive}
         for job in self._repo.in_states(RESOURCE_HOLDING_STATES):
+            lost = sorted(set(job.placement or ()) - alive)
+            if lost:
+                self._executor.reap(job)
+                self._requeue(
+                    job,
+                    f"placed on node(s) {', '.join(lost)}, which Ray no longer reports "
+                    "alive; requeued (not counted as a failure)",
+                )
+                continue
             if job.state is JobState.RESIZING:
                 # The store holds the new placement; the old gang cannot be attached by
                 # it, so it goes, and the job resumes from its newest checkpoint.
@@ -97,10 +117,20 @@ class SchedulerLoop:
             if running and self._executor.attach(job):
                 log.info("job %s: reattached to its running ranks", job.id)
                 continue
+            self._executor.reap(job)
             self._requeue(
                 job,
                 f"the service restarted and found no live ranks for attempt {job.attempt}; "
                 "requeued (not counted as a failure)",
+            )
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Tear down every Gangway gang on Ray that no active (job, attempt) owns."""
+        active = {(job.id, job.attempt) for job in self._repo.in_states(RESOURCE_HOLDING_STATES)}
+        for job_id, attempt in self._executor.sweep(active):
+            log.warning(
+                "reaped job %s attempt %s: Ray ran it, no active job owns it", job_id, attempt
             )
 
     # -- one pass ---------------------------------------------------------------------
@@ -109,6 +139,9 @@ class SchedulerLoop:
         """One pass; each step is one call (principle 3). True while some gang is on
         its way somewhere (starting, stopping, resizing): the next pass should come soon."""
         with metrics.PASS_SECONDS.time():
+            self._passes += 1
+            if self._passes % self._sweep_every == 0:
+                self._sweep()
             nodes = self._refresh_nodes()
             self._release_inactive_groups()
             jobs = self._repo.in_states(_SCHEDULED_STATES)
@@ -134,29 +167,55 @@ class SchedulerLoop:
             try:
                 if self.lead():
                     busy = self.tick()
+            except Fenced as exc:
+                log.warning("fenced: %s", exc)
+                self._step_down()
             except Exception:
                 log.exception("scheduling pass failed; retrying next interval")
             wake.wait(busy_interval_s if busy and busy_interval_s else interval_s)
             wake.clear()
-        if self._lease is not None and self._leading:
-            self._lease.release()
 
     def lead(self) -> bool:
-        """Hold the leader lease (always true without one). A loop that has just become
-        the leader reconciles first: the gangs the previous leader ran are reattached."""
+        """True while this loop leads (always without a lease). A loop that has just
+        become the leader (a new lease generation) reconciles first: the gangs the
+        previous leader ran are reattached or reaped."""
         if self._lease is None:
             if not self._leading:
                 self.reconcile()
                 self._leading = True
             return True
-        held = self._lease.hold()
-        if held and not self._leading:
-            log.info("scheduler lease taken by %s; reconciling", self._lease.holder)
+        fence = self._lease.current()
+        if fence is None:
+            if self._leading:
+                log.warning("scheduler lease lost; standing by")
+                self._step_down()
+            return False
+        if fence != self._fence:
+            self._lead_as(fence)
+            log.info(
+                "scheduler lease taken by %s (generation %d); reconciling",
+                fence.holder,
+                fence.generation,
+            )
             self.reconcile()
-        elif self._leading and not held:
-            log.warning("scheduler lease lost; standing by")
-        self._leading = held
-        return held
+        return True
+
+    def _lead_as(self, fence: Fence) -> None:
+        """Write and act only under `fence` from now on."""
+        lease = self._lease
+        assert lease is not None
+        self._executor.forget()  # handles of an older generation are another's now
+        self._fence = fence
+        self._repo = self._unfenced_repo.fenced(fence)
+        self._executor = GuardedExecutor(self._unfenced_executor, lambda: lease.guard(fence))
+        self._leading = True
+
+    def _step_down(self) -> None:
+        """Stop acting: drop every handle without touching Ray (the gangs are the next
+        leader's) and write nothing until the lease is ours again."""
+        self._executor.forget()
+        self._fence = None
+        self._leading = False
 
     def _refresh_nodes(self) -> list[Node]:
         now = self._clock()
@@ -185,6 +244,7 @@ class SchedulerLoop:
         now = self._clock()
         usage = self._recent_usage(now)
         decisions = schedule(snapshot, views, now, self._policy, queues=self._queues(), usage=usage)
+        faults.inject("scheduler.decided")  # a pass stalled between deciding and writing
         # Waits come in queue order (schedule's contract): number them.
         waiting = (d.job_id for d in decisions if isinstance(d, Wait))
         positions = {job_id: position for position, job_id in enumerate(waiting, start=1)}
@@ -252,6 +312,7 @@ class SchedulerLoop:
                 job.id,
                 JobState.ADMITTED,
                 expected=JobState.PENDING,
+                expected_attempt=job.attempt,
                 reason=decision.reason,
                 placement=list(decision.placement.node_ids),
                 num_gpus=_gpus(job, decision.placement.node_ids),
@@ -509,7 +570,12 @@ class SchedulerLoop:
         """Transition from the state we saw; if someone else moved the job, they win."""
         try:
             return self._repo.transition(
-                job.id, new_state, reason=reason, expected=job.state, **fields
+                job.id,
+                new_state,
+                reason=reason,
+                expected=job.state,
+                expected_attempt=job.attempt,
+                **fields,
             )
         except StaleState as exc:
             log.info("job %s: %s; leaving it to the newer state", job.id, exc)

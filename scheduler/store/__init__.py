@@ -1,5 +1,6 @@
 """SQL persistence. The repositories here are the only code in Gangway that speaks SQL:
-`JobRepository` (jobs, events, logs, metrics, nodes, leases), `AccountRepository` (users
+`JobRepository` (jobs, events, logs, metrics, nodes), `LeaseStore` (leader leases
+and their fences), `AccountRepository` (users
 and API keys), `QueueRepository` (queue quotas)."""
 
 from scheduler.store.accounts import (
@@ -11,6 +12,7 @@ from scheduler.store.accounts import (
     UserNotFound,
 )
 from scheduler.store.db import make_engine
+from scheduler.store.leases import Fence, Fenced, LeaseStore
 from scheduler.store.migrate import upgrade_to_head
 from scheduler.store.queues import QueueNotFound, QueueRepository
 from scheduler.store.repository import (
@@ -33,12 +35,15 @@ __all__ = [
     "ApiKey",
     "ApiKeyNotFound",
     "EventRecord",
+    "Fence",
+    "Fenced",
     "IllegalTransition",
     "JobEnded",
     "JobNotFound",
     "JobRecord",
     "JobRepository",
     "KeyReused",
+    "LeaseStore",
     "LogLine",
     "MetricPoint",
     "NewJob",

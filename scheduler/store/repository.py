@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, select, update
@@ -19,12 +19,12 @@ from sqlalchemy.orm import Session, aliased
 
 from scheduler.core.fairshare import UsageInterval
 from scheduler.model import JobState, Node, is_legal_transition
+from scheduler.store.leases import Fence, check_fence
 from scheduler.store.tables import (
     JobEventRow,
     JobLogRow,
     JobMetricRow,
     JobRow,
-    LeaseRow,
     NodeRow,
 )
 
@@ -65,8 +65,8 @@ class KeyReused(ValueError):
 class StaleState(RuntimeError):
     """The job's state changed under us (another writer won); re-read and decide again."""
 
-    def __init__(self, job_id: int, expected: JobState, actual: JobState) -> None:
-        super().__init__(f"job {job_id}: expected state {expected}, found {actual}")
+    def __init__(self, job_id: int, expected: JobState, actual: JobState, detail: str = "") -> None:
+        super().__init__(f"job {job_id}: expected state {expected}, found {actual}{detail}")
         self.job_id, self.expected, self.actual = job_id, expected, actual
 
 
@@ -190,11 +190,20 @@ def _scheduling_history(row: JobRow, old: JobState, new: JobState, now: datetime
 
 
 class JobRepository:
-    """`clock` stamps every row; the simulator and tests pass their own."""
+    """`clock` stamps every row; the simulator and tests pass their own. A repository
+    with a `fence` (the scheduler leader's, see `fenced`) checks it in the transaction of
+    every write it makes, so a leader that lost its lease changes nothing."""
 
-    def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        fence: Fence | None = None,
+    ) -> None:
         self._engine = engine
         self._clock = clock
+        self._fence = fence
 
     @property
     def engine(self) -> Engine:
@@ -206,7 +215,15 @@ class JobRepository:
         return self._clock()
 
     def with_clock(self, clock: Callable[[], datetime]) -> JobRepository:
-        return JobRepository(self._engine, clock=clock)
+        return JobRepository(self._engine, clock=clock, fence=self._fence)
+
+    def fenced(self, fence: Fence) -> JobRepository:
+        """This repository, writing only while `fence` holds (`Fenced` otherwise)."""
+        return JobRepository(self._engine, clock=self._clock, fence=fence)
+
+    def _guard(self, session: Session) -> None:
+        if self._fence is not None:
+            check_fence(session, self._fence)
 
     # -- jobs -------------------------------------------------------------------------
 
@@ -326,19 +343,25 @@ class JobRepository:
         *,
         reason: str,
         expected: JobState | None = None,
+        expected_attempt: int | None = None,
         **fields: Any,
     ) -> JobRecord:
         """Move a job to `new_state`, writing an event row; the only way state changes.
 
-        `expected` pins the old state (raise `StaleState` if it is something else).
-        `fields` are other columns to set in the same UPDATE (placement, error, ...).
+        `expected` pins the old state and `expected_attempt` the attempt (raise
+        `StaleState` if either is something else: a move meant for one attempt never
+        lands on the next). `fields` are other columns to set in the same UPDATE.
         """
         now = self._clock()
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             row = _job_row(session, job_id)
             old = JobState(row.state)
             if expected is not None and old is not expected:
                 raise StaleState(job_id, expected, old)
+            if expected_attempt is not None and row.attempt != expected_attempt:
+                detail = f" at attempt {row.attempt}, not {expected_attempt}"
+                raise StaleState(job_id, old, old, detail)
             if not is_legal_transition(old, new_state):
                 raise IllegalTransition(job_id, old, new_state)
             values: dict[str, Any] = {"state": new_state.value, "updated_at": now, **fields}
@@ -353,6 +376,7 @@ class JobRepository:
             result = session.execute(
                 update(JobRow)
                 .where(JobRow.id == job_id, JobRow.state == old.value)
+                .where(JobRow.attempt == row.attempt)
                 .values(**values)
                 .execution_options(synchronize_session=False)
             )
@@ -365,6 +389,7 @@ class JobRepository:
                     from_state=old.value,
                     to_state=new_state.value,
                     reason=reason,
+                    generation=self._fence.generation if self._fence else None,
                 )
             )
             session.flush()
@@ -385,6 +410,7 @@ class JobRepository:
         state change). A job no longer pending keeps what it has. The caller skips calls
         that would change nothing."""
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             session.execute(
                 update(JobRow)
                 .where(JobRow.id == job_id, JobRow.state == JobState.PENDING.value)
@@ -403,6 +429,7 @@ class JobRepository:
         the first one it ever saw, to show the trend across restarts."""
         now = self._clock()
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             row = _job_row(session, job_id)
             if row.first_loss is None:
                 row.first_loss = point.first_loss
@@ -480,6 +507,7 @@ class JobRepository:
         owner should find in its timeline. A job that already ended is not changed: 409."""
         now = self._clock()
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             row = _job_row(session, job_id)
             state = JobState(row.state)
             if state.is_terminal:
@@ -487,8 +515,16 @@ class JobRepository:
             for name, value in fields.items():
                 setattr(row, name, value)
             row.updated_at = now
+            generation = self._fence.generation if self._fence else None
             session.add(
-                JobEventRow(job_id=job_id, at=now, from_state=state, to_state=state, reason=reason)
+                JobEventRow(
+                    job_id=job_id,
+                    at=now,
+                    from_state=state,
+                    to_state=state,
+                    reason=reason,
+                    generation=generation,
+                )
             )
             session.flush()
             return _job_record(row)
@@ -500,6 +536,7 @@ class JobRepository:
         if not lines:
             return 0
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             newest = dict(
                 session.execute(
                     select(JobLogRow.rank, func.max(JobLogRow.seq))
@@ -567,6 +604,7 @@ class JobRepository:
         """Store the cluster snapshot the scheduler just took (the API reads it)."""
         now = self._clock()
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             session.execute(delete(NodeRow))
             session.add_all(
                 NodeRow(
@@ -584,41 +622,6 @@ class JobRepository:
         with Session(self._engine) as session:
             rows = session.scalars(select(NodeRow).order_by(NodeRow.name, NodeRow.id))
             return [Node(r.id, r.name, r.num_gpus, r.num_cpus, r.alive) for r in rows]
-
-    # -- leases ---------------------------------------------------------------------------
-
-    def hold_lease(self, name: str, holder: str, ttl_s: float) -> bool:
-        """Take or renew lease `name` for `holder` until now + `ttl_s`; False while another
-        holder's is unexpired. One conditional UPDATE (or the very first INSERT), so two
-        services racing for it cannot both win, on SQLite or PostgreSQL."""
-        now = self._clock()
-        until = now + timedelta(seconds=ttl_s)
-        with Session(self._engine) as session, session.begin():
-            result = session.execute(
-                update(LeaseRow)
-                .where(
-                    LeaseRow.name == name,
-                    (LeaseRow.holder == holder) | (LeaseRow.expires_at < now),
-                )
-                .values(holder=holder, expires_at=until)
-            )
-            if result.rowcount == 1:  # type: ignore[attr-defined]
-                return True
-            if session.get(LeaseRow, name) is not None:
-                return False
-        try:
-            with Session(self._engine) as session, session.begin():
-                session.add(LeaseRow(name=name, holder=holder, expires_at=until))
-        except IntegrityError:  # another holder inserted it first
-            return False
-        return True
-
-    def release_lease(self, name: str, holder: str) -> None:
-        """Give the lease up now (if `holder` has it), so a standby need not wait it out."""
-        with Session(self._engine) as session, session.begin():
-            session.execute(
-                delete(LeaseRow).where(LeaseRow.name == name, LeaseRow.holder == holder)
-            )
 
     @staticmethod
     def _current_state(session: Session, job_id: int) -> str:

@@ -289,6 +289,7 @@ class SchedulerLoop:
         if preempting.state is JobState.PREEMPTING:
             metrics.PREEMPTIONS.labels(job.queue).inc()
             self._executor.stop(job.id)
+            faults.inject("scheduler.preempted")
 
     def _resize(self, job: JobRecord, decision: Resize) -> None:
         """Take the new placement in the store at once (the core counts it from now on)
@@ -305,6 +306,7 @@ class SchedulerLoop:
         if resizing.state is JobState.RESIZING:
             metrics.RESIZES.labels(job.queue).inc()
             self._executor.stop(job.id)
+            faults.inject("scheduler.resizing")
 
     def _admit(self, job: JobRecord, decision: Admit) -> None:
         try:
@@ -343,12 +345,16 @@ class SchedulerLoop:
             self._launch(admitted)
 
     def _launch(self, admitted: JobRecord) -> None:
+        faults.inject("scheduler.launch")  # a leader paused between admitting and launching
         try:
             self._executor.launch(admitted)
+        except Fenced:
+            raise
         except Exception as exc:
             log.exception("job %s: launch failed", admitted.id)
             self._requeue(admitted, f"could not launch on Ray: {exc}")
             return
+        faults.inject("scheduler.launched")  # the gang requested, the store not told yet
         ranks = len(admitted.placement or ())
         self._transition(
             admitted, JobState.STARTING, f"placement group requested; starting {ranks} ranks"

@@ -114,9 +114,11 @@ def test_a_takeover_waits_for_the_old_leaders_write_in_flight(postgres_url: str)
     with Session(engine) as session, session.begin():
         check_fence(session, old)  # the old leader's write transaction, still open
         thread = threading.Thread(
-            target=lambda: taken.append(time.monotonic())
-            if leases.hold("scheduler", "new", ttl_s=15)
-            else None
+            target=lambda: (
+                taken.append(time.monotonic())
+                if leases.hold("scheduler", "new", ttl_s=15)
+                else None
+            )
         )
         thread.start()
         time.sleep(0.5)

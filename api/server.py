@@ -18,13 +18,12 @@ from api.auth import AuthConfig
 from api.settings import Settings
 from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.executor import RayExecutor
-from scheduler.runtime.leadership import Leadership
+from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster, start_watchdog
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import (
     JobRepository,
-    LeaseStore,
     QueueRepository,
     make_engine,
     upgrade_to_head,
@@ -44,19 +43,18 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._local_cluster: Any = None
         self._watchdog: subprocess.Popen[bytes] | None = None
-        self._leadership = Leadership(LeaseStore(repo.engine), ttl_s=settings.lease_ttl_s)
+        self._lease = LeaderLease(repo, ttl_s=settings.lease_ttl_s)
 
     def start(self) -> None:
         with _keep_signal_handlers():
             self._connect_ray()
-        self._leadership.start()
         loop = SchedulerLoop(
             repo=self._repo,
             cluster=RayClusterSource(),
             executor=RayExecutor(
                 placement_timeout_s=self._settings.placement_timeout_s,
                 checkpoint_root=self._settings.checkpoint_root(),
-                call_timeout_s=self._leadership.action_bound_s,
+                call_timeout_s=self._lease.action_bound_s,
             ),
             policy=self._settings.policy(),
             queues=QueueRepository(self._repo.engine).quotas,
@@ -66,7 +64,7 @@ class Runtime:
             stragglers=StragglerWatch(
                 factor=self._settings.straggler_factor, window=self._settings.straggler_window
             ),
-            lease=self._leadership,
+            lease=self._lease,
             sweep_every=self._settings.sweep_every_passes,
         )
         self._thread = threading.Thread(
@@ -88,7 +86,6 @@ class Runtime:
         self.wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        self._leadership.stop()
         ray.shutdown()
         if self._local_cluster is not None:
             self._local_cluster.shutdown()

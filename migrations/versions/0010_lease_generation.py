@@ -1,7 +1,7 @@
 """fencing: the lease's generation, and the generation each event was written under
 
 Revision ID: 0010
-Revises: 0009
+Revises: 0015
 Create Date: 2026-12-01 15:40:00
 """
 
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 
 revision = '0010'
-down_revision = '0009'
+down_revision = '0015'
 branch_labels = None
 depends_on = None
 

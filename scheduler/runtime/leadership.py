@@ -1,97 +1,143 @@
-"""Leadership: one scheduling loop acts per database, and only while it provably leads.
+"""Leadership: hold the lease, act only under its current generation, and on taking over
+reconcile the store with Ray.
 
-Two `gangway serve` processes on one PostgreSQL would both admit the same job and launch
-it twice. Each holds for a lease row (`scheduler.store.leases`); the one that has it is
-the leader, the others stand by (a hot standby) and take over once it has expired (`ttl_s`
-after the leader's last renewal, by the database's clock, or at once when the leader
-stops cleanly). Every takeover raises the lease's generation.
-
-The leader renews from a heartbeat thread of its own, every `ttl_s / 3`, so a long pass
-(a slow reconcile, many hung jobs) never lets the lease lapse. A leader that is paused
-anyway (a frozen process) is fenced: its store writes check the generation inside their
-transaction, and each executor action first checks that the lease is still its own for
-at least `ttl_s / 3`, the bound on any one Ray call the loop makes.
+While it leads, the loop's repository and executor write and act under a `FenceSlot`
+holding this leader's fence (`scheduler.store.fencing`): a write or Ray action of a
+leader that lost the lease raises `Fenced`, after which the loop drops its gang handles
+(the gangs are the new leader's now) and stands by. Taking over (a new generation) is
+followed by `reconcile`, which also sweeps Ray for gangs no active (job, attempt) owns,
+and so does every `sweep_every`-th pass.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import threading
-import time
-import uuid
-from dataclasses import dataclass, field
 
-from scheduler.store import Fence, LeaseStore
-from workers import faults
+from scheduler.model import RESOURCE_HOLDING_STATES, JobState
+from scheduler.runtime.applier import Applier
+from scheduler.runtime.executor import Executor
+from scheduler.runtime.lease import LeaderLease
+from scheduler.runtime.lifecycle import relaunch
+from scheduler.runtime.nodes import NodeWatch
+from scheduler.store import Fenced, FenceSlot, JobRepository
 
 log = logging.getLogger(__name__)
 
 
-def holder_id() -> str:
-    """Host, process and a random part: unique even for two processes in one container."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-@dataclass
 class Leadership:
-    leases: LeaseStore
-    ttl_s: float = 15.0
-    name: str = "scheduler"
-    holder: str = field(default_factory=holder_id)
-    _fence: Fence | None = field(default=None, init=False)
-    _renewed_at: float = field(default=0.0, init=False)  # monotonic, of the last success
-    _thread: threading.Thread | None = field(default=None, init=False)
-    _stop: threading.Event = field(default_factory=threading.Event, init=False)
-
-    @property
-    def action_bound_s(self) -> float:
-        """How long one action outside the database (a Ray call) may take: a third of the
-        TTL, so a check made before it still holds when it ends."""
-        return self.ttl_s / 3
-
-    def renew(self) -> Fence | None:
-        """Take or renew the lease once; the fence to write with, or None."""
-        faults.inject("lease.renew")
-        try:
-            fence = self.leases.hold(self.name, self.holder, self.ttl_s)
-        except Exception:
-            log.exception("could not renew the scheduler lease")
-            return self.current()
+    def __init__(
+        self,
+        repo: JobRepository,
+        executor: Executor,
+        applier: Applier,
+        lease: LeaderLease | None,
+        *,
+        nodes: NodeWatch,
+        fence: FenceSlot,
+        sweep_every: int = 30,
+    ) -> None:
+        self._repo = repo
+        self._executor = executor
+        self._applier = applier
+        self._lease = lease
+        self._nodes = nodes
         self._fence = fence
-        if fence is not None:
-            self._renewed_at = time.monotonic()
-        return fence
-
-    def current(self) -> Fence | None:
-        """The fence while this process leads: without a heartbeat thread (tests), renew
-        now; with one, the last renewal's, unless it is older than the TTL."""
-        if self._thread is None:
-            return self.renew()
-        if self._fence is not None and time.monotonic() - self._renewed_at > self.ttl_s:
-            return None
-        return self._fence
-
-    def guard(self, fence: Fence) -> None:
-        """Raise `Fenced` unless `fence` leads for at least `action_bound_s` more."""
-        self.leases.check(fence, valid_for_s=self.action_bound_s)
+        self._sweep_every = sweep_every
+        self._passes = 0
+        self.leading = False
 
     def start(self) -> None:
-        """Renew from a thread of its own from now on."""
-        self.renew()
-        self._thread = threading.Thread(target=self._heartbeat, name="gangway-lease", daemon=True)
-        self._thread.start()
+        """Renew the lease from its own heartbeat thread from now on."""
+        if self._lease is not None:
+            self._lease.start()
 
-    def stop(self) -> None:
-        """Stop renewing and give the lease up, so a standby need not wait out the TTL."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.ttl_s)
-        if self._fence is not None:
-            self.leases.release(self._fence)
-            self._fence = None
+    def lead(self) -> bool:
+        """True while this loop leads (always without a lease). A loop that has just
+        become the leader (a new lease generation) reconciles first."""
+        if self._lease is None:
+            if not self.leading:
+                self.reconcile()
+                self.leading = True
+            return True
+        fence = self._lease.current()
+        if fence is None:
+            if self.leading:
+                log.warning("scheduler lease lost; standing by")
+                self.stand_by()
+            return False
+        if fence != self._fence.current:
+            self._executor.forget()  # handles of an older generation are another's now
+            self._fence.current = fence
+            self.leading = True
+            log.info(
+                "scheduler lease taken by %s (generation %d); reconciling",
+                fence.holder,
+                fence.generation,
+            )
+            self.reconcile()
+        return True
 
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(self.ttl_s / 3):
-            self.renew()
+    def fenced(self, error: Fenced) -> None:
+        """A write or action was refused: another leader took over."""
+        log.warning("fenced, standing by: %s", error)
+        self.stand_by()
+
+    def stand_by(self) -> None:
+        """Stop acting: drop every handle without touching Ray (the gangs are the next
+        leader's to reattach) and write nothing until the lease is this loop's again."""
+        self._executor.forget()
+        self._fence.current = None
+        self.leading = False
+
+    def step_down(self) -> None:
+        """Stop renewing and give the lease up at once, so a standby need not wait."""
+        if self._lease is not None:
+            self._lease.stop()
+            self.stand_by()
+
+    def reconcile(self) -> None:
+        """Match every active job in the store with what Ray runs: reattach the running
+        gangs; requeue the rest, reaping by name whatever Ray still runs for them (the
+        previous leader's handles are gone with it); then sweep Ray for the rest."""
+        alive = {node.id for node in self._nodes.refresh() if node.alive}
+        for job in self._repo.in_states(RESOURCE_HOLDING_STATES):
+            lost = sorted(set(job.placement or ()) - alive)
+            if lost:
+                self._executor.reap(job)
+                self._applier.requeue(
+                    job,
+                    f"placed on node(s) {', '.join(lost)}, which Ray does not report alive; "
+                    "requeued (not counted as a failure)",
+                )
+            elif job.state is JobState.RESIZING:
+                # The store holds the new placement; the old gang cannot be attached by
+                # it, so it goes, and the job resumes from its newest checkpoint.
+                self._executor.reap(job)
+                self._applier.apply(job, relaunch(job, "the service restarted during the resize"))
+            elif job.state in (JobState.RUNNING, JobState.PREEMPTING) and self._executor.attach(
+                job
+            ):
+                log.info("job %s: reattached to its running ranks", job.id)
+            else:
+                self._executor.reap(job)
+                self._applier.requeue(
+                    job,
+                    f"the service restarted and found no live ranks for attempt "
+                    f"{job.attempt}; requeued (not counted as a failure)",
+                )
+        self.sweep()
+
+    def after_pass(self) -> None:
+        """Every `sweep_every` passes, sweep (gangs can be orphaned while leading too:
+        a launch interrupted by a Ray error, a teardown that did not reach Ray)."""
+        self._passes += 1
+        if self._passes % self._sweep_every == 0:
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Tear down every Gangway gang on Ray that no active (job, attempt) owns."""
+        active = {(job.id, job.attempt) for job in self._repo.in_states(RESOURCE_HOLDING_STATES)}
+        for job_id, attempt in self._executor.sweep(active):
+            log.warning(
+                "reaped job %s attempt %s: Ray ran it and no active job owns it", job_id, attempt
+            )

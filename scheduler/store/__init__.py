@@ -1,6 +1,7 @@
 """SQL persistence. The repositories here are the only code in Gangway that speaks SQL:
-`JobRepository` (jobs, events, logs, metrics, nodes), `LeaseStore` (leader leases
-and their fences), `AccountRepository` (users
+`JobRepository` (one store per aggregate: jobs.py for jobs, events and idempotency,
+telemetry.py for logs and metrics, nodes.py, leases.py; fencing.py checks a
+leader's lease generation in its writes), `AccountRepository` (users
 and API keys), `QueueRepository` (queue quotas)."""
 
 from scheduler.store.accounts import (
@@ -12,16 +13,15 @@ from scheduler.store.accounts import (
     UserNotFound,
 )
 from scheduler.store.db import make_engine
-from scheduler.store.leases import Fence, Fenced, LeaseStore
+from scheduler.store.fencing import Fence, Fenced, FenceSlot
 from scheduler.store.migrate import upgrade_to_head
 from scheduler.store.queues import QueueNotFound, QueueRepository
-from scheduler.store.repository import (
+from scheduler.store.records import (
     EventRecord,
     IllegalTransition,
     JobEnded,
     JobNotFound,
     JobRecord,
-    JobRepository,
     KeyReused,
     LogLine,
     MetricPoint,
@@ -29,6 +29,7 @@ from scheduler.store.repository import (
     ProgressPoint,
     StaleState,
 )
+from scheduler.store.repository import JobRepository
 
 __all__ = [
     "AccountRepository",
@@ -36,6 +37,7 @@ __all__ = [
     "ApiKeyNotFound",
     "EventRecord",
     "Fence",
+    "FenceSlot",
     "Fenced",
     "IllegalTransition",
     "JobEnded",
@@ -43,7 +45,6 @@ __all__ = [
     "JobRecord",
     "JobRepository",
     "KeyReused",
-    "LeaseStore",
     "LogLine",
     "MetricPoint",
     "NewJob",

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from scheduler.model import JobState, Node
-from scheduler.store import Fenced, JobRepository, LeaseStore, NewJob, StaleState
-from scheduler.store.leases import check_fence
+from scheduler.store import Fenced, FenceSlot, JobRepository, NewJob, StaleState
+from scheduler.store.fencing import check_fence
 
 
 def new_job() -> NewJob:
@@ -20,41 +20,41 @@ def new_job() -> NewJob:
 
 
 def test_one_holder_at_a_time_and_every_takeover_a_new_generation(repo: JobRepository) -> None:
-    leases = LeaseStore(repo.engine)
-    a = leases.hold("scheduler", "a", ttl_s=0.6)
+    leases = repo
+    a = leases.hold_lease("scheduler", "a", ttl_s=0.6)
     assert a is not None and a.generation == 1
-    assert leases.hold("scheduler", "b", ttl_s=0.6) is None
-    assert leases.hold("scheduler", "a", ttl_s=0.6) == a  # a renewal keeps the generation
+    assert leases.hold_lease("scheduler", "b", ttl_s=0.6) is None
+    assert leases.hold_lease("scheduler", "a", ttl_s=0.6) == a  # a renewal keeps the generation
     time.sleep(0.8)  # a stopped renewing: expired by the database's clock
-    b = leases.hold("scheduler", "b", ttl_s=15)
+    b = leases.hold_lease("scheduler", "b", ttl_s=15)
     assert b is not None and b.generation == 2
-    assert leases.hold("scheduler", "a", ttl_s=15) is None
-    leases.release(a)  # not a's to give: nothing happens
-    assert leases.hold("scheduler", "a", ttl_s=15) is None
-    leases.release(b)
-    again = leases.hold("scheduler", "a", ttl_s=15)  # at once, no expiry wait
+    assert leases.hold_lease("scheduler", "a", ttl_s=15) is None
+    leases.release_lease(a)  # not a's to give: nothing happens
+    assert leases.hold_lease("scheduler", "a", ttl_s=15) is None
+    leases.release_lease(b)
+    again = leases.hold_lease("scheduler", "a", ttl_s=15)  # at once, no expiry wait
     assert again is not None and again.generation == 3
 
 
 def test_expiry_is_judged_by_the_database_clock_not_the_hosts(repo: JobRepository) -> None:
     """A host whose clock runs an hour ahead stamps its rows with it; the lease does not
     care, since no host clock goes into it."""
-    leases = LeaseStore(repo.with_clock(lambda: datetime.now(UTC) + timedelta(hours=1)).engine)
-    assert leases.hold("scheduler", "a", ttl_s=15) is not None
-    assert leases.hold("scheduler", "b", ttl_s=15) is None
+    leases = repo.with_clock(lambda: datetime.now(UTC) + timedelta(hours=1))
+    assert leases.hold_lease("scheduler", "a", ttl_s=15) is not None
+    assert leases.hold_lease("scheduler", "b", ttl_s=15) is None
 
 
 def test_a_stale_leader_writes_nothing_after_a_takeover(repo: JobRepository) -> None:
-    leases = LeaseStore(repo.engine)
-    old = leases.hold("scheduler", "old", ttl_s=0.3)
+    leases = repo
+    old = leases.hold_lease("scheduler", "old", ttl_s=0.3)
     assert old is not None
-    stale = repo.fenced(old)
+    stale = repo.fenced(FenceSlot(old))
     job = repo.create(new_job())
     admitted = stale.transition(
         job.id, JobState.ADMITTED, reason="old admits", placement=["n"], attempt=1
     )
     time.sleep(0.5)
-    new = leases.hold("scheduler", "new", ttl_s=15)
+    new = leases.hold_lease("scheduler", "new", ttl_s=15)
     assert new is not None and new.generation == old.generation + 1
     writes = [
         lambda: stale.transition(job.id, JobState.STARTING, reason="old starts"),
@@ -68,18 +68,22 @@ def test_a_stale_leader_writes_nothing_after_a_takeover(repo: JobRepository) -> 
             write()
     assert repo.get(job.id) == admitted
     assert repo.logs(job.id) == []
-    current = repo.fenced(new).transition(job.id, JobState.PENDING, reason="new requeues")
+    current = repo.fenced(FenceSlot(new)).transition(
+        job.id, JobState.PENDING, reason="new requeues"
+    )
     assert current.state is JobState.PENDING
     assert [e.reason for e in repo.events(job.id)] == ["submitted", "old admits", "new requeues"]
+    with pytest.raises(Fenced, match="does not lead"):  # a loop standing by
+        repo.fenced(FenceSlot()).explain_wait(job.id, "standby explains")
 
 
 def test_an_action_needs_the_lease_for_its_whole_bound(repo: JobRepository) -> None:
-    leases = LeaseStore(repo.engine)
-    fence = leases.hold("scheduler", "a", ttl_s=2)
+    leases = repo
+    fence = leases.hold_lease("scheduler", "a", ttl_s=2)
     assert fence is not None
-    leases.check(fence, valid_for_s=1)
+    leases.check_lease(fence, valid_for_s=1)
     with pytest.raises(Fenced, match="expires in"):
-        leases.check(fence, valid_for_s=5)
+        leases.check_lease(fence, valid_for_s=5)
 
 
 def test_a_transition_meant_for_one_attempt_never_lands_on_the_next(repo: JobRepository) -> None:
@@ -106,8 +110,8 @@ def test_a_takeover_waits_for_the_old_leaders_write_in_flight(postgres_url: str)
 
     upgrade_to_head(postgres_url)
     engine = make_engine(postgres_url)
-    leases = LeaseStore(engine)
-    old = leases.hold("scheduler", "old", ttl_s=0.2)
+    leases = JobRepository(engine)
+    old = leases.hold_lease("scheduler", "old", ttl_s=0.2)
     assert old is not None
     time.sleep(0.3)
     taken: list[float] = []
@@ -116,7 +120,7 @@ def test_a_takeover_waits_for_the_old_leaders_write_in_flight(postgres_url: str)
         thread = threading.Thread(
             target=lambda: (
                 taken.append(time.monotonic())
-                if leases.hold("scheduler", "new", ttl_s=15)
+                if leases.hold_lease("scheduler", "new", ttl_s=15)
                 else None
             )
         )

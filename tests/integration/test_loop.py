@@ -13,10 +13,10 @@ import pytest
 from scheduler.model import JobState, Node, QueueQuota
 from scheduler.runtime import metrics
 from scheduler.runtime.executor import group_spec
-from scheduler.runtime.leadership import Leadership
+from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
-from scheduler.store import JobRecord, JobRepository, LeaseStore, NewJob, QueueRepository
+from scheduler.store import JobRecord, JobRepository, NewJob, QueueRepository
 from workers.group import GroupPhase, GroupStatus
 
 NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
@@ -317,12 +317,11 @@ def test_only_the_lease_holder_schedules_and_a_standby_takes_over(
     repo: JobRepository, clock: Clock
 ) -> None:
     leader_executor, standby_executor = FakeExecutor(), FakeExecutor()
-    leases = LeaseStore(repo.engine)
     leader = make_loop(
-        repo, leader_executor, clock, lease=Leadership(leases, ttl_s=1, holder="leader")
+        repo, leader_executor, clock, lease=LeaderLease(repo, ttl_s=1, holder="leader")
     )
     standby = make_loop(
-        repo, standby_executor, clock, lease=Leadership(leases, ttl_s=1, holder="standby")
+        repo, standby_executor, clock, lease=LeaderLease(repo, ttl_s=1, holder="standby")
     )
     assert leader.lead() and not standby.lead()
     job = submit(repo)

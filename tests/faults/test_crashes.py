@@ -14,7 +14,7 @@ import ray
 from gangway import JobState
 from gangway.models import ElasticDP
 from tests.e2e.service import Service
-from tests.faults.conftest import (
+from tests.faults.harness import (
     EVERY,
     killed_by_fault,
     submit_counter,

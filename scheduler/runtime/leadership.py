@@ -118,6 +118,8 @@ class Leadership:
                 job
             ):
                 log.info("job %s: reattached to its running ranks", job.id)
+                if job.state is JobState.PREEMPTING:
+                    self._executor.stop(job.id)  # the notice may have died with the old leader
             else:
                 self._executor.reap(job)
                 self._applier.requeue(

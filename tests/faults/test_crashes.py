@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from gangway import JobState
+from gangway import JobState, Resources
 from gangway.models import ElasticDP
 from tests.e2e.service import Service
 from tests.faults.harness import (
@@ -23,7 +23,7 @@ from tests.faults.harness import (
 )
 from tests.faults.invariants import check, finished
 
-pytestmark = [pytest.mark.ray, pytest.mark.faults]
+pytestmark = pytest.mark.ray
 
 
 def restart_and_finish(service: Service, tmp_path: Path, job_ids: list[int]) -> None:
@@ -36,6 +36,7 @@ def restart_and_finish(service: Service, tmp_path: Path, job_ids: list[int]) -> 
     check(client, job_ids, checkpoints=tmp_path / "checkpoints", every=EVERY)
 
 
+@pytest.mark.faults
 def test_kill9_while_admitted(service: Service, tmp_path: Path) -> None:
     """Killed right after the placement group was requested, before the store says
     STARTING: the restarted service requeues the job and reaps that group by name."""
@@ -46,6 +47,7 @@ def test_kill9_while_admitted(service: Service, tmp_path: Path) -> None:
     restart_and_finish(service, tmp_path, [job.id])
 
 
+@pytest.mark.faults
 def test_kill9_while_starting(service: Service, tmp_path: Path) -> None:
     """Killed while the rank actors start: they are detached and keep starting, so the
     restarted service must reap them by name before it starts attempt 2."""
@@ -56,6 +58,7 @@ def test_kill9_while_starting(service: Service, tmp_path: Path) -> None:
     restart_and_finish(service, tmp_path, [job.id])
 
 
+@pytest.mark.faults
 def test_kill9_while_running(service: Service, tmp_path: Path) -> None:
     client = service.start()
     job = submit_counter(client, steps=40)
@@ -64,18 +67,22 @@ def test_kill9_while_running(service: Service, tmp_path: Path) -> None:
     restart_and_finish(service, tmp_path, [job.id])
 
 
+@pytest.mark.faults
 def test_kill9_while_preempting(service: Service, tmp_path: Path) -> None:
-    """Killed right after the stop notice: the victim saves and exits meanwhile; the
-    restarted service reattaches it, requeues it, and both jobs finish."""
+    """Killed right after sending the stop notice (which may die with it): the restarted
+    service reattaches the victim, sends the notice again, requeues it once it has saved,
+    and both jobs finish. Two GPUs per rank: the whole cluster in four actors."""
     service.env["GANGWAY_FAULTS"] = "scheduler.preempted:kill@1"
     client = service.start()
-    low = submit_counter(client, name="victim", dp=8, steps=60)
+    two = Resources(gpus_per_rank=2)
+    low = submit_counter(client, name="victim", dp=4, steps=300, step_s=0.05, resources=two)
     wait_state(client, low.id, "stepping")
-    high = submit_counter(client, name="urgent", dp=4, steps=10, priority=10)
+    high = submit_counter(client, name="urgent", dp=1, steps=10, priority=10, resources=two)
     killed_by_fault(service)
     restart_and_finish(service, tmp_path, [low.id, high.id])
 
 
+@pytest.mark.faults_slow
 def test_kill9_while_resizing(service: Service, tmp_path: Path) -> None:
     """An elastic job grows onto GPUs a finished job freed; the service is killed right
     after the resize notice. The restart reaps the old gang by name and relaunches."""
@@ -88,6 +95,7 @@ def test_kill9_while_resizing(service: Service, tmp_path: Path) -> None:
     restart_and_finish(service, tmp_path, [blocker.id, elastic.id])
 
 
+@pytest.mark.faults
 def test_rank_sigkill_restarts_from_the_checkpoint(service: Service, tmp_path: Path) -> None:
     client = service.start()
     job = submit_counter(client, steps=30, max_restarts=1)
@@ -100,6 +108,7 @@ def test_rank_sigkill_restarts_from_the_checkpoint(service: Service, tmp_path: P
     check(client, [job.id], checkpoints=tmp_path / "checkpoints", every=EVERY)
 
 
+@pytest.mark.faults
 def test_rank_killed_mid_checkpoint_save(service: Service, tmp_path: Path) -> None:
     """Rank 0 dies while writing its second save (the count is written, not renamed):
     the next attempt resumes from the first save, which the crash left intact."""

@@ -25,7 +25,8 @@ _PROC = Path("/proc")
 
 
 def session_processes(session_dir: str) -> set[int]:
-    """Pids of the Ray session's processes and all their descendants (not this one)."""
+    """Pids of the Ray session's live processes and all their descendants (not this
+    one); zombies (exited, not yet reaped) are not counted."""
     parents: dict[int, int] = {}
     roots: set[int] = set()
     for entry in _PROC.iterdir():
@@ -37,7 +38,10 @@ def session_processes(session_dir: str) -> set[int]:
             stat = (entry / "stat").read_text()
         except OSError:  # gone meanwhile
             continue
-        parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]
+        if state == "Z":  # exited already, waiting to be reaped by its parent
+            continue
+        parents[pid] = int(parent)
         if session_dir in cmdline and "ray_watchdog" not in cmdline:
             roots.add(pid)
     found = set(roots)

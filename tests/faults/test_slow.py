@@ -22,7 +22,16 @@ pytestmark = pytest.mark.faults_slow
 
 
 def alive(pids: set[int]) -> set[int]:
-    return {pid for pid in pids if Path(f"/proc/{pid}").exists()}
+    """Those still running (a zombie has exited; only its parent's reaping is left)."""
+    running = set()
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            running.add(pid)
+    return running
 
 
 def test_kill9_of_the_embedded_service_takes_its_ray_along(tmp_path: Path) -> None:

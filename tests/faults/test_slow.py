@@ -44,7 +44,7 @@ def test_kill9_of_the_embedded_service_takes_its_ray_along(tmp_path: Path) -> No
         job = submit_counter(client, steps=30)
         wait_state(client, job.id, "stepping")
         session = re.findall(r"\(session (\S+)\)", service.log_tail(50_000))[-1]
-        pids = session_processes(session)
+        pids = set(session_processes(session))
         assert len(pids) >= 4, pids  # GCS, raylets, agents, rank workers
         service.stop(signal.SIGKILL)
         deadline = time.monotonic() + 30

@@ -3,7 +3,6 @@ it), the leader killed with a standby waiting out the TTL, and a node's raylet k
 
 from __future__ import annotations
 
-import re
 import signal
 import time
 from pathlib import Path
@@ -19,6 +18,22 @@ from tests.faults.harness import EVERY, make_service, submit_counter, wait_state
 from tests.faults.invariants import check, finished, ledger_violations
 
 pytestmark = pytest.mark.faults_slow
+
+
+def ray_session_of(pid: int) -> str:
+    """The session directory of the Ray whose GCS process `pid` started."""
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid and cmdline[0].endswith("gcs_server"):
+            for arg in cmdline:
+                if arg.startswith("--session-dir="):
+                    return arg.split("=", 1)[1]
+    raise AssertionError(f"no Ray GCS started by pid {pid}")
 
 
 def alive(pids: set[int]) -> set[int]:
@@ -43,7 +58,8 @@ def test_kill9_of_the_embedded_service_takes_its_ray_along(tmp_path: Path) -> No
         client = service.start()
         job = submit_counter(client, steps=30)
         wait_state(client, job.id, "stepping")
-        session = re.findall(r"\(session (\S+)\)", service.log_tail(50_000))[-1]
+        assert service.process is not None
+        session = ray_session_of(service.process.pid)
         pids = set(session_processes(session))
         assert len(pids) >= 4, pids  # GCS, raylets, agents, rank workers
         service.stop(signal.SIGKILL)

@@ -17,7 +17,6 @@ from scheduler.model import JobState
 from scheduler.runtime import metrics
 from scheduler.runtime.executor import Executor
 from scheduler.runtime.lifecycle import Transition
-from scheduler.runtime.views import gang_shape
 from scheduler.store import Fenced, JobRecord, JobRepository, StaleState
 from workers import faults
 
@@ -199,4 +198,4 @@ class Applier:
 
 def _gpus(job: JobRecord, placement: Sequence[str]) -> int:
     """GPUs a placement of this job holds (an elastic job's count follows its dp)."""
-    return len(placement) * gang_shape(job.spec).gpus_per_rank
+    return len(placement) * job.spec.shape.gpus_per_rank

@@ -23,7 +23,8 @@ from tests.faults.harness import (
 )
 from tests.faults.invariants import check, finished
 
-pytestmark = pytest.mark.ray
+# Gangs start slowly on shared cores (each rank imports torch): more than the default.
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 
 def restart_and_finish(service: Service, tmp_path: Path, job_ids: list[int]) -> None:

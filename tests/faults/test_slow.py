@@ -17,7 +17,7 @@ from tests.e2e.service import Service
 from tests.faults.harness import EVERY, make_service, submit_counter, wait_state
 from tests.faults.invariants import check, finished, ledger_violations
 
-pytestmark = pytest.mark.faults_slow
+pytestmark = [pytest.mark.faults_slow, pytest.mark.timeout(900)]
 
 
 def ray_session_of(pid: int) -> str:

@@ -16,7 +16,8 @@ from scheduler.store.fencing import check_fence
 
 
 def new_job() -> NewJob:
-    return NewJob(name="j", queue="default", priority=0, spec={}, num_gpus=1, total_steps=None)
+    spec = {"parallelism": {"dp": 1, "tp": 1, "pp": 1}, "entrypoint": {"kind": "builtin"}}
+    return NewJob(name="j", queue="default", priority=0, spec=spec, num_gpus=1, total_steps=10)
 
 
 def test_one_holder_at_a_time_and_every_takeover_a_new_generation(repo: JobRepository) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -20,7 +21,7 @@ from api.settings import Settings
 from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.executor import RayExecutor
 from scheduler.runtime.lease import LeaderLease
-from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
+from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster, start_watchdog
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRepository, QueueRepository, make_engine, upgrade_to_head
@@ -39,6 +40,8 @@ class Runtime:
         self.wake = threading.Event()  # set by the API when a job arrives or is cancelled
         self._thread: threading.Thread | None = None
         self._local_cluster: Any = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._lease = LeaderLease(repo, ttl_s=settings.lease_ttl_s)
 
     def start(self) -> None:
         with _keep_signal_handlers():
@@ -50,6 +53,7 @@ class Runtime:
                 placement_timeout_s=self._settings.placement_timeout_s,
                 checkpoint_root=self._settings.checkpoint_root(),
                 packages_root=self._settings.packages_root(),
+                call_timeout_s=self._lease.action_bound_s,
             ),
             policy=self._settings.policy(),
             queues=QueueRepository(self._repo.engine).quotas,
@@ -59,7 +63,8 @@ class Runtime:
             stragglers=StragglerWatch(
                 factor=self._settings.straggler_factor, window=self._settings.straggler_window
             ),
-            lease=LeaderLease(self._repo, ttl_s=self._settings.lease_ttl_s),
+            lease=self._lease,
+            sweep_every=self._settings.sweep_every_passes,
         )
         self._thread = threading.Thread(
             target=loop.run,
@@ -95,6 +100,8 @@ class Runtime:
         ray.shutdown()
         if self._local_cluster is not None:
             self._local_cluster.shutdown()
+        if self._watchdog is not None:
+            self._watchdog.terminate()
 
     def _connect_ray(self) -> None:
         import ray
@@ -110,8 +117,12 @@ class Runtime:
             cpus_per_node=settings.local_cpus_per_node,
         )
         self._local_cluster = start_local_cluster(shape)
+        self._watchdog = start_watchdog(self._local_cluster)
         log.info(
-            "started a local Ray: %d nodes x %d logical GPUs", shape.num_nodes, shape.gpus_per_node
+            "started a local Ray: %d nodes x %d logical GPUs (session %s)",
+            shape.num_nodes,
+            shape.gpus_per_node,
+            self._local_cluster.head_node.get_session_dir_path(),
         )
 
 

@@ -76,7 +76,13 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     schedule_interval_s: float = Field(1.0, gt=0, le=60)
     lease_ttl_s: float = Field(
-        15.0, gt=0, description="a standby takes over this long after the leader's last pass"
+        15.0,
+        gt=0,
+        description="a standby takes over this long after the leader's last renewal (the "
+        "leader renews every third of it; no Ray call of a pass waits longer than a third)",
+    )
+    sweep_every_passes: int = Field(
+        30, ge=1, description="reap Gangway gangs on Ray that no active job owns, this often"
     )
     busy_interval_s: float = Field(
         0.1, gt=0, le=60, description="between passes while a gang starts, stops or resizes"

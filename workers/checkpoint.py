@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from workers import faults
 from workers.checkpoint_layout import PREFIX, completed
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -60,8 +61,10 @@ class Checkpointer:
         path = self.directory / f"{PREFIX}{step:08d}"
         models, optims = self._state_dicts()
         state = _merged(models, optims, step, counters)
+        faults.inject("checkpoint.save")
         with _single_process_is_intended():
             state_dict_saver.save(state, checkpoint_id=str(path), no_dist=_single_process())
+        faults.inject("checkpoint.saved")  # written, not yet pruned
         _barrier()
         if is_rank0():
             for old in completed(self.directory)[: -self.keep_last]:

@@ -6,10 +6,12 @@ Submit one with `{"kind": "function", "target": "workers.examples:allreduce_rank
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from workers import faults
 from workers.context import RankContext
 
 
@@ -63,3 +65,47 @@ def hang_at_step(ctx: RankContext, step: int = 3, step_s: float = 0.05) -> None:
         print(f"rank {ctx.rank} reached step {current}", flush=True)
     while True:
         time.sleep(1.0)
+
+
+def checkpointed_steps(
+    ctx: RankContext, steps: int = 100, step_s: float = 0.1, every: int = 5
+) -> None:
+    """Count steps like a trainer that checkpoints: rank 0 saves the count every `every`
+    steps and at a stop notice (written, then renamed: a crash mid-save leaves the
+    previous count) and a new attempt resumes from it. Rank 0 appends every resume and
+    step to `ledger` in the checkpoint directory, so a test can count the steps each
+    failure made the job do again. Fault points: `checkpoint.save` (before the rename)."""
+    directory = ctx.checkpoint_dir
+    if directory is None:
+        raise ValueError("checkpointed_steps needs a checkpoint directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    count = directory / "count"
+    saved = int(count.read_text()) if count.exists() else 0
+    lead = ctx.rank == 0
+    if lead:
+        _append(directory / "ledger", f"resume {saved}")
+
+    def save(step: int) -> int:
+        if lead:
+            partial = directory / "count.partial"
+            partial.write_text(str(step))
+            faults.inject("checkpoint.save")
+            partial.replace(count)
+        return step
+
+    for step in range(saved + 1, steps + 1):
+        if ctx.should_stop():
+            saved = save(step - 1)
+            ctx.report(step=step - 1, checkpoint_step=saved)
+            return
+        time.sleep(step_s)
+        if lead:
+            _append(directory / "ledger", f"step {step}")
+        if step % every == 0:
+            saved = save(step)
+        ctx.report(step=step, checkpoint_step=saved)
+
+
+def _append(path: Path, line: str) -> None:
+    with path.open("a") as ledger:
+        ledger.write(line + "\n")

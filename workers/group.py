@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from workers import faults
 from workers.context import RankInfo
 from workers.rank import FAILED, IDLE, SUCCEEDED, RankActor
 
@@ -125,9 +127,13 @@ class WorkerGroup:
         placement_timeout_s: float,
         actors: list[Any] | None = None,
         trouble_grace_s: float = 60.0,
+        call_timeout_s: float = 5.0,
     ) -> None:
         self.spec = spec
         self._trouble_grace_s = trouble_grace_s
+        # The longest any blocking Ray call of this group may wait (the loop keeps it
+        # under its lease's bound, so no call outlives the leadership it was made under).
+        self._call_timeout_s = call_timeout_s
         self._trouble_since: float | None = None
         self._pg = pg
         self._placement_timeout_s = placement_timeout_s
@@ -147,7 +153,9 @@ class WorkerGroup:
     # -- creation ---------------------------------------------------------------------
 
     @classmethod
-    def launch(cls, spec: GroupSpec, *, placement_timeout_s: float) -> WorkerGroup:
+    def launch(
+        cls, spec: GroupSpec, *, placement_timeout_s: float, call_timeout_s: float = 5.0
+    ) -> WorkerGroup:
         """Ask Ray for the pinned placement group; actors follow once it is ready."""
         bundle = {"GPU": float(spec.gpus_per_rank), "CPU": float(spec.cpus_per_rank)}
         pg = placement_group(
@@ -157,10 +165,10 @@ class WorkerGroup:
             lifetime="detached",
             bundle_label_selector=[{"ray.io/node-id": node_id} for node_id in spec.node_ids],
         )
-        return cls(spec, pg, placement_timeout_s=placement_timeout_s)
+        return cls(spec, pg, placement_timeout_s=placement_timeout_s, call_timeout_s=call_timeout_s)
 
     @classmethod
-    def attach(cls, spec: GroupSpec) -> WorkerGroup | None:
+    def attach(cls, spec: GroupSpec, *, call_timeout_s: float = 5.0) -> WorkerGroup | None:
         """Reattach to the group a previous service process started for this attempt.
 
         If only parts of it are left (the service died while launching, a rank is gone),
@@ -169,8 +177,11 @@ class WorkerGroup:
         pg = _lookup(lambda: get_placement_group(spec.name))
         found = [_named_actor(spec, rank) for rank in range(spec.world_size)]
         actors = [actor for actor in found if actor is not None]
-        if pg is not None and len(actors) == spec.world_size and _all_started(actors):
-            return cls(spec, pg, placement_timeout_s=0, actors=actors)
+        complete = pg is not None and len(actors) == spec.world_size
+        if complete and _all_started(actors, call_timeout_s):
+            return cls(
+                spec, pg, placement_timeout_s=0, actors=actors, call_timeout_s=call_timeout_s
+            )
         _teardown(pg, actors)
         return None
 
@@ -227,7 +238,9 @@ class WorkerGroup:
 
     def _create_actor(self, rank: int) -> Any:
         remote_cls = ray.remote(RankActor)
+        injected = faults.passthrough()  # a test's faults reach the ranks too
         return remote_cls.options(
+            **({"runtime_env": {"env_vars": injected}} if injected else {}),
             name=_actor_name(self.spec, rank),
             namespace=NAMESPACE,
             lifetime="detached",
@@ -289,7 +302,8 @@ class WorkerGroup:
         node can die long before Ray's health check calls it dead. The live ranks' last
         output comes back with the answer, so a failing gang's final lines are kept."""
         answers = self._ask_every_rank(
-            lambda rank, actor: actor.status.remote(self._log_cursor[rank]), timeout_s=5.0
+            lambda rank, actor: actor.status.remote(self._log_cursor[rank]),
+            timeout_s=self._call_timeout_s,
         )
         statuses = [a if isinstance(a, dict) else {} for a in answers]
         self._last = replace(self._last, logs=self._last.logs + self._new_lines(statuses))
@@ -348,10 +362,11 @@ class WorkerGroup:
         for actor in self._actors:
             actor.stop.remote()
 
-    def stacks(self, timeout_s: float = 10.0) -> str:
+    def stacks(self) -> str:
         """Every rank's Python stacks, rank by rank; a rank that does not answer within
-        `timeout_s` says so instead (a hung rank's actor still answers: the entrypoint
-        runs in its own thread)."""
+        the call timeout says so instead (a hung rank's actor still answers: the
+        entrypoint runs in its own thread)."""
+        timeout_s = self._call_timeout_s
         answers = self._ask_every_rank(
             lambda _rank, actor: actor.stacks.remote(), timeout_s=timeout_s
         )
@@ -374,6 +389,31 @@ class WorkerGroup:
 
 def group_name(job_id: int, attempt: int) -> str:
     return f"gangway-job{job_id}-attempt{attempt}"
+
+
+# What `group_name` and `_actor_name` make: the placement group, or one of its ranks.
+_OWNED_NAME = re.compile(r"gangway-job(\d+)-attempt(\d+)(?:-rank\d+)?")
+
+
+def attempts_on_ray() -> set[tuple[int, int]]:
+    """Every (job, attempt) Ray holds a Gangway placement group or rank actor for,
+    whatever process made it: found by name in the GCS (placement groups not yet
+    removed, named actors alive in Gangway's namespace), so no handle is needed."""
+    names = [
+        entry["name"]
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry["namespace"] == NAMESPACE
+    ]
+    names += [
+        entry["name"]
+        for entry in placement_group_table().values()
+        if entry.get("state") != "REMOVED"
+    ]
+    return {
+        (int(match[1]), int(match[2]))
+        for name in names
+        if (match := _OWNED_NAME.fullmatch(name or "")) is not None
+    }
 
 
 def reap(job_id: int, attempt: int) -> None:
@@ -414,9 +454,9 @@ def _named(actor_name: str) -> Any | None:
     return _lookup(lambda: ray.get_actor(actor_name, namespace=NAMESPACE))
 
 
-def _all_started(actors: list[Any]) -> bool:
+def _all_started(actors: list[Any], timeout_s: float) -> bool:
     try:
-        statuses = ray.get([a.status.remote() for a in actors], timeout=30)
+        statuses = ray.get([a.status.remote() for a in actors], timeout=timeout_s)
     except RayError:
         return False
     return all(s["phase"] != IDLE for s in statuses)

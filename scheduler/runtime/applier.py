@@ -17,7 +17,8 @@ from scheduler.model import JobState
 from scheduler.runtime import metrics
 from scheduler.runtime.executor import Executor
 from scheduler.runtime.lifecycle import Transition
-from scheduler.store import JobRecord, JobRepository, StaleState
+from scheduler.store import Fenced, JobRecord, JobRepository, StaleState
+from workers import faults
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class Applier:
         if preempting.state is JobState.PREEMPTING:
             metrics.PREEMPTIONS.labels(job.queue).inc()
             self._executor.stop(job.id)
+            faults.inject("scheduler.preempted")
 
     def _resize(self, job: JobRecord, decision: Resize) -> None:
         """Take the new placement in the store at once (the core counts it from now on)
@@ -98,6 +100,7 @@ class Applier:
         if resizing.state is JobState.RESIZING:
             metrics.RESIZES.labels(job.queue).inc()
             self._executor.stop(job.id)
+            faults.inject("scheduler.resizing")
 
     def _admit(self, job: JobRecord, decision: Admit) -> None:
         try:
@@ -105,6 +108,7 @@ class Applier:
                 job.id,
                 JobState.ADMITTED,
                 expected=JobState.PENDING,
+                expected_attempt=job.attempt,
                 reason=decision.reason,
                 placement=list(decision.placement.node_ids),
                 num_gpus=_gpus(job, decision.placement.node_ids),
@@ -154,12 +158,16 @@ class Applier:
     # -- acting on Ray ------------------------------------------------------------------
 
     def launch(self, admitted: JobRecord) -> None:
+        faults.inject("scheduler.launch")  # a leader paused between admitting and launching
         try:
             self._executor.launch(admitted)
+        except Fenced:
+            raise
         except Exception as exc:
             log.exception("job %s: launch failed", admitted.id)
             self.requeue(admitted, f"could not launch on Ray: {exc}")
             return
+        faults.inject("scheduler.launched")  # the gang requested, the store not told yet
         ranks = len(admitted.placement or ())
         self.transition(
             admitted, JobState.STARTING, f"placement group requested; starting {ranks} ranks"
@@ -175,7 +183,12 @@ class Applier:
         """Transition from the state we saw; if someone else moved the job, they win."""
         try:
             return self._repo.transition(
-                job.id, new_state, reason=reason, expected=job.state, **fields
+                job.id,
+                new_state,
+                reason=reason,
+                expected=job.state,
+                expected_attempt=job.attempt,
+                **fields,
             )
         except StaleState as exc:
             log.info("job %s: %s; leaving it to the newer state", job.id, exc)

@@ -1,17 +1,20 @@
 """The executor: turns admitted jobs into worker groups on Ray, and reports on them.
 
 It keeps only handles; everything it needs to rebuild them lives in the store (placement,
-attempt, spec), which is why `attach` can find a group again after a service restart.
+attempt, spec), which is why `attach` can find a group again after a service restart,
+and why `sweep` can find what no handle points at: Ray's objects are named per (job,
+attempt).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Set
 from pathlib import Path
 from typing import Protocol
 
 from scheduler.runtime.launch import rank_entrypoint, runtime_env
 from scheduler.store import JobRecord
-from workers.group import GroupSpec, GroupStatus, WorkerGroup, reap
+from workers.group import GroupSpec, GroupStatus, WorkerGroup, attempts_on_ray, reap
 
 
 class Executor(Protocol):
@@ -23,6 +26,8 @@ class Executor(Protocol):
     def job_ids(self) -> set[int]: ...
     def stacks(self, job_id: int) -> str: ...
     def reap(self, job: JobRecord) -> None: ...
+    def sweep(self, active: Set[tuple[int, int]]) -> list[tuple[int, int]]: ...
+    def forget(self) -> None: ...
 
 
 def group_spec(
@@ -52,10 +57,12 @@ class RayExecutor:
         placement_timeout_s: float,
         checkpoint_root: Path | None = None,
         packages_root: Path | None = None,
+        call_timeout_s: float = 5.0,
     ) -> None:
         self._placement_timeout_s = placement_timeout_s
         self._checkpoint_root = checkpoint_root
         self._packages_root = packages_root
+        self._call_timeout_s = call_timeout_s  # bound on any one blocking Ray call
         self._groups: dict[int, WorkerGroup] = {}
 
     def launch(self, job: JobRecord) -> None:
@@ -63,11 +70,15 @@ class RayExecutor:
         self._groups[job.id] = WorkerGroup.launch(
             group_spec(job, self._checkpoint_root, self._packages_root),
             placement_timeout_s=self._placement_timeout_s,
+            call_timeout_s=self._call_timeout_s,
         )
 
     def attach(self, job: JobRecord) -> bool:
         group = (
-            WorkerGroup.attach(group_spec(job, self._checkpoint_root, self._packages_root))
+            WorkerGroup.attach(
+                group_spec(job, self._checkpoint_root, self._packages_root),
+                call_timeout_s=self._call_timeout_s,
+            )
             if job.placement
             else None
         )
@@ -100,3 +111,67 @@ class RayExecutor:
         """Tear down what Ray runs for the job's current attempt, without attaching."""
         self.release(job.id)
         reap(job.id, job.attempt)
+
+    def sweep(self, active: Set[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Tear down every Gangway placement group and rank actor on Ray whose (job,
+        attempt) is not in `active`, handle or not; the attempts reaped."""
+        orphans = sorted(attempts_on_ray() - set(active))
+        for job_id, attempt in orphans:
+            group = self._groups.get(job_id)
+            if group is not None and group.spec.attempt == attempt:
+                self.release(job_id)
+            reap(job_id, attempt)
+        return orphans
+
+    def forget(self) -> None:
+        """Drop every handle without touching Ray: the gangs now belong to another
+        leader, which reattaches them."""
+        self._groups.clear()
+
+
+class GuardedExecutor:
+    """An executor whose every Ray action first passes `guard` (the leader's fence check,
+    which raises `Fenced` for a leader that lost its lease). Bookkeeping without Ray
+    (`job_ids`, `forget`) is not guarded."""
+
+    def __init__(self, inner: Executor, guard: Callable[[], None]) -> None:
+        self._inner = inner
+        self._guard = guard
+
+    def launch(self, job: JobRecord) -> None:
+        self._guard()
+        self._inner.launch(job)
+
+    def attach(self, job: JobRecord) -> bool:
+        self._guard()
+        return self._inner.attach(job)
+
+    def stop(self, job_id: int) -> None:
+        self._guard()
+        self._inner.stop(job_id)
+
+    def poll(self) -> dict[int, GroupStatus]:
+        self._guard()  # a poll creates the rank actors of a group whose placement is ready
+        return self._inner.poll()
+
+    def release(self, job_id: int) -> None:
+        self._guard()
+        self._inner.release(job_id)
+
+    def job_ids(self) -> set[int]:
+        return self._inner.job_ids()
+
+    def stacks(self, job_id: int) -> str:
+        self._guard()
+        return self._inner.stacks(job_id)
+
+    def reap(self, job: JobRecord) -> None:
+        self._guard()
+        self._inner.reap(job)
+
+    def sweep(self, active: Set[tuple[int, int]]) -> list[tuple[int, int]]:
+        self._guard()
+        return self._inner.sweep(active)
+
+    def forget(self) -> None:
+        self._inner.forget()

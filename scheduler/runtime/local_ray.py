@@ -8,6 +8,9 @@ environment only: raylets hand theirs to every worker, and the service's holds s
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from scheduler.runtime.cluster import NODE_NAME_LABEL
@@ -40,3 +43,14 @@ def start_local_cluster(shape: LocalClusterShape) -> object:
     ray.init(address=cluster.address, namespace="gangway", log_to_driver=False)
     cluster.wait_for_nodes()
     return cluster
+
+
+def start_watchdog(cluster: object) -> subprocess.Popen[bytes]:
+    """Start `ray_watchdog` for this process and the cluster's session: if this process
+    dies without stopping the cluster (SIGKILL), the watchdog kills the cluster. In a
+    session of its own, so a signal to the service's process group leaves it running."""
+    session_dir = cluster.head_node.get_session_dir_path()  # type: ignore[attr-defined]
+    return subprocess.Popen(
+        [sys.executable, "-m", "scheduler.runtime.ray_watchdog", str(os.getpid()), session_dir],
+        start_new_session=True,
+    )

@@ -30,7 +30,7 @@ from scheduler.model import (
 from scheduler.runtime import metrics
 from scheduler.runtime.applier import Applier
 from scheduler.runtime.cluster import ClusterSource
-from scheduler.runtime.executor import Executor
+from scheduler.runtime.executor import Executor, GuardedExecutor
 from scheduler.runtime.ingest import ProgressIngest
 from scheduler.runtime.leadership import Leadership
 from scheduler.runtime.lease import LeaderLease
@@ -38,8 +38,9 @@ from scheduler.runtime.lifecycle import LifecycleConfig, next_transition
 from scheduler.runtime.nodes import NodeWatch
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.runtime.views import job_view
-from scheduler.store import JobRecord, JobRepository
+from scheduler.store import Fenced, FenceSlot, JobRecord, JobRepository
 from scheduler.store.base import utcnow
+from workers import faults
 from workers.group import GroupStatus
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,13 @@ class SchedulerLoop:
         suspect_s: float = 300.0,
         stragglers: StragglerWatch | None = None,
         lease: LeaderLease | None = None,
+        sweep_every: int = 30,
     ) -> None:
+        # With a lease, every write and Ray action is fenced by the lease's generation.
+        fence = FenceSlot()
+        if lease is not None:
+            repo = repo.fenced(fence)
+            executor = GuardedExecutor(executor, lambda: lease.guard(fence))
         self._repo = repo
         self._executor = executor
         self._clock = clock
@@ -83,7 +90,15 @@ class SchedulerLoop:
         self._nodes = NodeWatch(repo, cluster, clock, suspect_s)
         self._applier = Applier(repo, executor, clock, self._policy, self._nodes.suspect)
         self._ingest = ProgressIngest(repo, stragglers or StragglerWatch())
-        self._leadership = Leadership(repo, executor, self._applier, lease)
+        self._leadership = Leadership(
+            repo,
+            executor,
+            self._applier,
+            lease,
+            nodes=self._nodes,
+            fence=fence,
+            sweep_every=sweep_every,
+        )
 
     def reconcile(self) -> None:
         """Match every active job in the store with what Ray runs: reattach or requeue."""
@@ -103,7 +118,9 @@ class SchedulerLoop:
             self._release_inactive_groups()  # 2. gangs whose job ended in the store
             jobs = self._repo.in_states(_SCHEDULED_STATES)  # 3. what the core decides on
             self._schedule(nodes, jobs)  # 4. decide, write, act
-            return self._poll_groups()  # 5. what the gangs report
+            busy = self._poll_groups()  # 5. what the gangs report
+            self._leadership.after_pass()  # 6. now and then, reap what no job owns
+            return busy
 
     def run(
         self,
@@ -119,11 +136,14 @@ class SchedulerLoop:
         transition (each step of a launch waits for a pass: admit, placement, rendezvous,
         start), and at once when `wake` is set (the API sets it on submit and cancel)."""
         wake = wake or threading.Event()
+        self._leadership.start()
         while not stop.is_set():
             busy = False
             try:
                 if self.lead():
                     busy = self.tick()
+            except Fenced as exc:
+                self._leadership.fenced(exc)
             except Exception:
                 log.exception("scheduling pass failed; retrying next interval")
             wake.wait(busy_interval_s if busy and busy_interval_s else interval_s)
@@ -145,6 +165,7 @@ class SchedulerLoop:
             queues=self._queues(),
             usage=self._recent_usage(now),
         )
+        faults.inject("scheduler.decided")  # a pass stalled between deciding and writing
         self._applier.decisions({job.id: job for job in jobs}, decisions)
 
     def _recent_usage(self, now: datetime) -> dict[tuple[str, str], float]:

@@ -1,6 +1,7 @@
 """SQL persistence. The repositories here are the only code in Gangway that speaks SQL:
 `JobRepository` (one store per aggregate: jobs.py for jobs, events and idempotency,
-telemetry.py for logs and metrics, nodes.py, leases.py), `AccountRepository` (users
+telemetry.py for logs and metrics, nodes.py, leases.py; fencing.py checks a
+leader's lease generation in its writes), `AccountRepository` (users
 and API keys), `QueueRepository` (queue quotas)."""
 
 from scheduler.store.accounts import (
@@ -12,6 +13,7 @@ from scheduler.store.accounts import (
     UserNotFound,
 )
 from scheduler.store.db import make_engine
+from scheduler.store.fencing import Fence, Fenced, FenceSlot
 from scheduler.store.migrate import upgrade_to_head
 from scheduler.store.queues import QueueNotFound, QueueRepository
 from scheduler.store.records import (
@@ -34,6 +36,9 @@ __all__ = [
     "ApiKey",
     "ApiKeyNotFound",
     "EventRecord",
+    "Fence",
+    "FenceSlot",
+    "Fenced",
     "IllegalTransition",
     "JobEnded",
     "JobNotFound",

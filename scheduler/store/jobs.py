@@ -177,19 +177,25 @@ class JobStore(Repository):
         *,
         reason: str,
         expected: JobState | None = None,
+        expected_attempt: int | None = None,
         **fields: Any,
     ) -> JobRecord:
         """Move a job to `new_state`, writing an event row; the only way state changes.
 
-        `expected` pins the old state (raise `StaleState` if it is something else).
-        `fields` are other columns to set in the same UPDATE (placement, error, ...).
+        `expected` pins the old state and `expected_attempt` the attempt (raise
+        `StaleState` if either is something else: a move meant for one attempt never
+        lands on the next). `fields` are other columns to set in the same UPDATE.
         """
         now = self._clock()
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             row = job_row(session, job_id)
             old = JobState(row.state)
             if expected is not None and old is not expected:
                 raise StaleState(job_id, expected, old)
+            if expected_attempt is not None and row.attempt != expected_attempt:
+                detail = f" at attempt {row.attempt}, not {expected_attempt}"
+                raise StaleState(job_id, old, old, detail)
             if not is_legal_transition(old, new_state):
                 raise IllegalTransition(job_id, old, new_state)
             values: dict[str, Any] = {"state": new_state.value, "updated_at": now, **fields}
@@ -204,6 +210,7 @@ class JobStore(Repository):
             result = session.execute(
                 update(JobRow)
                 .where(JobRow.id == job_id, JobRow.state == old.value)
+                .where(JobRow.attempt == row.attempt)
                 .values(**values)
                 .execution_options(synchronize_session=False)
             )
@@ -216,6 +223,7 @@ class JobStore(Repository):
                     from_state=old.value,
                     to_state=new_state.value,
                     reason=reason,
+                    generation=self.generation,
                 )
             )
             session.flush()
@@ -236,6 +244,7 @@ class JobStore(Repository):
         state change). A job no longer pending keeps what it has. The caller skips calls
         that would change nothing."""
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             session.execute(
                 update(JobRow)
                 .where(JobRow.id == job_id, JobRow.state == JobState.PENDING.value)
@@ -253,6 +262,7 @@ class JobStore(Repository):
         owner should find in its timeline. A job that already ended is not changed: 409."""
         now = self._clock()
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             row = job_row(session, job_id)
             state = JobState(row.state)
             if state.is_terminal:
@@ -261,7 +271,14 @@ class JobStore(Repository):
                 setattr(row, name, value)
             row.updated_at = now
             session.add(
-                JobEventRow(job_id=job_id, at=now, from_state=state, to_state=state, reason=reason)
+                JobEventRow(
+                    job_id=job_id,
+                    at=now,
+                    from_state=state,
+                    to_state=state,
+                    reason=reason,
+                    generation=self.generation,
+                )
             )
             session.flush()
             return job_record(row)

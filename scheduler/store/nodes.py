@@ -17,6 +17,7 @@ class NodeStore(Repository):
         """Store the cluster snapshot the scheduler just took (the API reads it)."""
         now = self._clock()
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             session.execute(delete(NodeRow))
             session.add_all(
                 NodeRow(

@@ -50,8 +50,8 @@ class KeyReused(ValueError):
 class StaleState(RuntimeError):
     """The job's state changed under us (another writer won); re-read and decide again."""
 
-    def __init__(self, job_id: int, expected: JobState, actual: JobState) -> None:
-        super().__init__(f"job {job_id}: expected state {expected}, found {actual}")
+    def __init__(self, job_id: int, expected: JobState, actual: JobState, detail: str = "") -> None:
+        super().__init__(f"job {job_id}: expected state {expected}, found {actual}{detail}")
         self.job_id, self.expected, self.actual = job_id, expected, actual
 
 

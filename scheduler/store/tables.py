@@ -110,6 +110,8 @@ class JobEventRow(Base):
     from_state: Mapped[str | None] = mapped_column(String(20), nullable=True)
     to_state: Mapped[str] = mapped_column(String(20))
     reason: Mapped[str] = mapped_column(Text)
+    # The scheduler lease generation the change was written under (None: not the loop).
+    generation: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class JobLogRow(Base):
@@ -149,6 +151,8 @@ class LeaseRow(Base):
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
     holder: Mapped[str] = mapped_column(String(200))
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # One more on every change of holder: a write fenced with an older one is refused.
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class NodeRow(Base):

@@ -21,6 +21,7 @@ class TelemetryStore(Repository):
         the first one it ever saw, to show the trend across restarts."""
         now = self._clock()
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             row = job_row(session, job_id)
             if row.first_loss is None:
                 row.first_loss = point.first_loss
@@ -99,6 +100,7 @@ class TelemetryStore(Repository):
         if not lines:
             return 0
         with Session(self._engine) as session, session.begin():
+            self._guard(session)
             newest = dict(
                 session.execute(
                     select(JobLogRow.rank, func.max(JobLogRow.seq))

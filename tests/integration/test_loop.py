@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -38,10 +40,20 @@ class FakeExecutor:
     stopped: list[int] = field(default_factory=list)
     attachable: set[int] = field(default_factory=set)
     reaped: list[tuple[int, int]] = field(default_factory=list)
+    on_ray: set[tuple[int, int]] = field(default_factory=set)  # what sweep finds
 
     def reap(self, job: JobRecord) -> None:
         self.release(job.id)
         self.reaped.append((job.id, job.attempt))
+
+    def sweep(self, active: Set[tuple[int, int]]) -> list[tuple[int, int]]:
+        orphans = sorted(self.on_ray - set(active))
+        self.reaped.extend(orphans)
+        self.on_ray -= set(orphans)
+        return orphans
+
+    def forget(self) -> None:
+        self.statuses.clear()
 
     def stop(self, job_id: int) -> None:
         self.stopped.append(job_id)
@@ -306,10 +318,10 @@ def test_only_the_lease_holder_schedules_and_a_standby_takes_over(
 ) -> None:
     leader_executor, standby_executor = FakeExecutor(), FakeExecutor()
     leader = make_loop(
-        repo, leader_executor, clock, lease=LeaderLease(repo, ttl_s=15, holder="leader")
+        repo, leader_executor, clock, lease=LeaderLease(repo, ttl_s=1, holder="leader")
     )
     standby = make_loop(
-        repo, standby_executor, clock, lease=LeaderLease(repo, ttl_s=15, holder="standby")
+        repo, standby_executor, clock, lease=LeaderLease(repo, ttl_s=1, holder="standby")
     )
     assert leader.lead() and not standby.lead()
     job = submit(repo)
@@ -319,7 +331,7 @@ def test_only_the_lease_holder_schedules_and_a_standby_takes_over(
     assert repo.get(job.id).state is JobState.RUNNING
     assert not standby.lead() and standby_executor.launched == []
 
-    clock.now += timedelta(seconds=16)  # the leader stopped renewing
+    time.sleep(1.1)  # the leader stopped renewing (expiry is by the database's clock)
     standby_executor.attachable.add(job.id)
     assert standby.lead()  # took over: reconciled, so the running gang is reattached
     assert standby_executor.job_ids() == {job.id}

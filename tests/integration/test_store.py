@@ -187,24 +187,6 @@ def test_logs_are_kept_per_attempt_and_rank_without_repeats(repo: JobRepository)
         repo.logs(job.id + 100)
 
 
-def test_one_holder_at_a_time_holds_a_lease_until_it_expires(repo: JobRepository) -> None:
-    now = [datetime(2026, 1, 1, tzinfo=UTC)]
-    clocked = repo.with_clock(lambda: now[0])
-    assert clocked.hold_lease("scheduler", "a", ttl_s=15)
-    assert not clocked.hold_lease("scheduler", "b", ttl_s=15)
-    now[0] += timedelta(seconds=10)
-    assert clocked.hold_lease("scheduler", "a", ttl_s=15)  # renewed until t=25
-    now[0] += timedelta(seconds=14)
-    assert not clocked.hold_lease("scheduler", "b", ttl_s=15)
-    now[0] += timedelta(seconds=2)  # a stopped renewing: expired at t=25
-    assert clocked.hold_lease("scheduler", "b", ttl_s=15)
-    assert not clocked.hold_lease("scheduler", "a", ttl_s=15)
-    clocked.release_lease("scheduler", "a")  # not a's to give: nothing happens
-    assert not clocked.hold_lease("scheduler", "a", ttl_s=15)
-    clocked.release_lease("scheduler", "b")
-    assert clocked.hold_lease("scheduler", "a", ttl_s=15)  # at once, no expiry wait
-
-
 def test_create_once_returns_the_first_job_for_a_key(repo: JobRepository) -> None:
     keyed = replace(new_job(), idempotency_key="k1", request_digest="d1")
     first, created = repo.create_once(keyed)

@@ -12,6 +12,8 @@ from fastapi.staticfiles import StaticFiles
 from api.admin import router as admin_router
 from api.auth import AuthConfig
 from api.errors import install_error_handlers
+from api.limits import Limits, RequestLimits
+from api.logstream import StreamSlots
 from api.logstream import router as logstream_router
 from api.metrics import router as metrics_router
 from api.metrics import store_registry
@@ -31,13 +33,15 @@ def create_app(
     on_change: Callable[[], None] = lambda: None,
     checkpoint_root: Path | None = None,
     auth: AuthConfig | None = None,
+    limits: Limits | None = None,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
     the next instant instead of the next interval. `checkpoint_root` is where the ranks
     write checkpoints (shared storage in production), listed per job. `auth` off (the
     default) lets every caller in as an admin; users, keys and queue quotas live in the
-    repository's database."""
+    repository's database. `limits` bound what a request may send and a response
+    return (see api.limits)."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -50,6 +54,9 @@ def create_app(
     app.state.accounts = AccountRepository(repo.engine)
     app.state.queue_store = QueueRepository(repo.engine)
     app.state.checkpoint_root = checkpoint_root
+    app.state.limits = limits or Limits()
+    app.state.streams = StreamSlots(app.state.limits.streams_per_caller)
+    app.add_middleware(RequestLimits, limits=app.state.limits)
     app.state.metrics_registry = store_registry(repo)
     install_error_handlers(app)
     app.include_router(api_router)

@@ -21,6 +21,7 @@ from api.convert import (
     job_info,
     queue_infos,
 )
+from api.pages import page_response
 from api.validation import validate_submission
 from gangway.models import (
     ClusterInfo,
@@ -155,6 +156,7 @@ def _on_behalf_of(submit: JobSubmit, caller: Principal, auth_required: bool) -> 
 @router.get("/v1/jobs", response_model=JobPage, responses=ERROR_RESPONSES)
 def list_jobs(
     repo: Repo,
+    request: Request,
     *,
     state: Annotated[list[JobState] | None, Query(description="filter; repeat for several")] = None,
     queue: Annotated[str | None, Query(max_length=100, description="only this queue")] = None,
@@ -166,8 +168,9 @@ def list_jobs(
     cursor: Annotated[
         int | None, Query(ge=1, le=MAX_ID, description="next_cursor of the previous page")
     ] = None,
-) -> JobPage:
-    """Newest first."""
+) -> Response:
+    """Newest first. A page also ends early (with a `next_cursor`) once it holds
+    GANGWAY_MAX_PAGE_BYTES of JSON, so no `limit` makes a response unboundedly large."""
     records = repo.page(
         states=state or (),
         queue=queue,
@@ -176,11 +179,10 @@ def list_jobs(
         limit=limit + 1,
         before_id=cursor,
     )
-    page, more = records[:limit], len(records) > limit
     names = _node_names(repo)
-    return JobPage(
-        items=[job_info(r, names) for r in page], next_cursor=page[-1].id if more else None
-    )
+    items = (job_info(r, names) for r in records[:limit])
+    budget: int = request.app.state.limits.max_page_bytes
+    return page_response(items, more=len(records) > limit, max_bytes=budget)
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobInfo, responses=ERROR_RESPONSES)

@@ -7,6 +7,7 @@ import signal
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import astuple
 from typing import Any
 
 import uvicorn
@@ -22,6 +23,8 @@ from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRepository, QueueRepository, make_engine, upgrade_to_head
+from scheduler.store.repository import utcnow
+from scheduler.store.retention import TelemetrySweeper
 
 log = logging.getLogger("gangway")
 
@@ -66,6 +69,13 @@ class Runtime:
         )
         self._thread.start()
         log.info("scheduler loop running")
+        sweeper = TelemetrySweeper(self._repo.engine, self._settings.retention(), utcnow)
+        threading.Thread(
+            target=_sweep_telemetry,
+            args=(sweeper, self._stop, self._settings.retention_interval_s),
+            name="gangway-retention",
+            daemon=True,
+        ).start()
 
     def stop(self) -> None:
         """Stop scheduling. Ranks keep running on an external Ray (they are reattached on
@@ -97,6 +107,19 @@ class Runtime:
         log.info(
             "started a local Ray: %d nodes x %d logical GPUs", shape.num_nodes, shape.gpus_per_node
         )
+
+
+def _sweep_telemetry(sweeper: TelemetrySweeper, stop: threading.Event, interval_s: float) -> None:
+    """Delete old logs and metrics every `interval_s` until the service stops; a failed
+    sweep is logged and tried again next time (it only deletes)."""
+    while not stop.wait(interval_s):
+        try:
+            pruned = sweeper.sweep()
+        except Exception:
+            log.exception("telemetry retention sweep failed")
+            continue
+        if pruned.log_lines or pruned.metric_points:
+            log.info("retention: deleted %d log lines, %d metric points", *astuple(pruned))
 
 
 @contextmanager
@@ -140,6 +163,7 @@ def build_app(settings: Settings) -> FastAPI:
         on_change=runtime.wake.set,
         checkpoint_root=settings.checkpoint_root(),
         auth=auth,
+        limits=settings.limits(),
     )
 
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, aliased
 
 from scheduler.core.fairshare import UsageInterval
 from scheduler.model import JobState, Node, is_legal_transition
+from scheduler.store.retention import newest_log_seqs
 from scheduler.store.tables import (
     JobEventRow,
     JobLogRow,
@@ -27,6 +28,7 @@ from scheduler.store.tables import (
     LeaseRow,
     NodeRow,
 )
+from scheduler.store.text_limits import MAX_REASON_CHARS, bounded_fields, keep_tail
 
 
 class JobNotFound(LookupError):
@@ -334,6 +336,7 @@ class JobRepository:
         `fields` are other columns to set in the same UPDATE (placement, error, ...).
         """
         now = self._clock()
+        reason, fields = keep_tail(reason, MAX_REASON_CHARS), bounded_fields(fields)
         with Session(self._engine) as session, session.begin():
             row = _job_row(session, job_id)
             old = JobState(row.state)
@@ -389,7 +392,7 @@ class JobRepository:
                 update(JobRow)
                 .where(JobRow.id == job_id, JobRow.state == JobState.PENDING.value)
                 .values(
-                    status_reason=reason,
+                    status_reason=keep_tail(reason, MAX_REASON_CHARS),
                     explanation=explanation,
                     estimated_start_at=estimated_start_at,
                     updated_at=self._clock(),
@@ -479,6 +482,7 @@ class JobRepository:
         state change (a priority change, a straggler flagged), but something the job's
         owner should find in its timeline. A job that already ended is not changed: 409."""
         now = self._clock()
+        reason, fields = keep_tail(reason, MAX_REASON_CHARS), bounded_fields(fields)
         with Session(self._engine) as session, session.begin():
             row = _job_row(session, job_id)
             state = JobState(row.state)
@@ -500,13 +504,7 @@ class JobRepository:
         if not lines:
             return 0
         with Session(self._engine) as session, session.begin():
-            newest = dict(
-                session.execute(
-                    select(JobLogRow.rank, func.max(JobLogRow.seq))
-                    .where(JobLogRow.job_id == job_id, JobLogRow.attempt == attempt)
-                    .group_by(JobLogRow.rank)
-                ).all()
-            )
+            newest = newest_log_seqs(session, job_id, attempt, {rank for rank, _, _ in lines})
             fresh = [
                 JobLogRow(job_id=job_id, attempt=attempt, rank=rank, seq=seq, line=line)
                 for rank, seq, line in lines

@@ -59,6 +59,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
         "model": ErrorBody,
         "description": "the job's state does not allow this, or an Idempotency-Key reused",
     },
+    413: {"model": ErrorBody, "description": "the body is over GANGWAY_MAX_BODY_BYTES"},
     422: {"model": ErrorBody, "description": "invalid input; `error.field` names the field"},
 }
 

@@ -249,19 +249,18 @@ class JobRepository:
     def create_once(self, new: NewJob) -> tuple[JobRecord, bool]:
         """`create`, unless a job was already submitted with `new.idempotency_key`: then
         that job, and False. A key sent again with another body raises `KeyReused`.
-        Two requests racing with one key make one job: the unique index lets one insert
-        win, and the other finds it."""
+        The insert comes first (a fresh key, the common case, costs no lookup): the
+        unique index refuses a key seen before, or the loser of two racing requests, and
+        that one then finds the job that won."""
         key = new.idempotency_key
         if key is None:
             return self.create(new), True
-        found = self._by_idempotency_key(key)
-        if found is None:
-            try:
-                return self.create(new), True
-            except IntegrityError:
-                found = self._by_idempotency_key(key)
-                if found is None:
-                    raise
+        try:
+            return self.create(new), True
+        except IntegrityError:
+            found = self._by_idempotency_key(key)
+            if found is None:
+                raise
         record, digest = found
         if digest != new.request_digest:
             raise KeyReused(key, record.id)

@@ -40,7 +40,7 @@ import httpx
 import sqlalchemy as sa
 
 ADMIN_KEY = "bench-submit-load-admin-key"
-HOLDER = {
+HOLDER: dict[str, object] = {
     "name": "holder",
     "parallelism": {"dp": 8},
     "entrypoint": {"kind": "builtin", "steps": 10_000_000},
@@ -121,7 +121,9 @@ def serve(database_url: str, port: int) -> None:
     thread.start()
     app = create_app(repo, on_change=wake.set, auth=AuthConfig(required=True, admin_key=ADMIN_KEY))
     try:
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+        # keep-alive as a proxy in front would hold it (uvicorn's 5 s closes connections
+        # that a slow moment left idle just as a client reuses them)
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", timeout_keep_alive=60)
     finally:
         stop.set()
         wake.set()
@@ -231,6 +233,28 @@ async def http(url: str, key: str, clients: int) -> AsyncIterator[httpx.AsyncCli
         yield client
 
 
+TRANSPORT_ERROR = -1  # counted as an error: a reset or refused connection
+
+
+async def send(
+    client: httpx.AsyncClient,
+    method: str,
+    path: str,
+    body: dict[str, object] | None = None,
+    idempotency_key: str | None = None,
+) -> httpx.Response | None:
+    """One request; None when the connection failed (the run goes on and counts it). A
+    submit is retried once with its Idempotency-Key, as a client would: a retry returns
+    the job the first try made, never a second one."""
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    for _ in range(2 if idempotency_key else 1):
+        try:
+            return await client.request(method, path, json=body, headers=headers)
+        except httpx.TransportError:
+            continue
+    return None
+
+
 async def submit_phase(url: str, key: str, clients: int, seconds: float) -> Run:
     run = Run()
     deadline = time.monotonic() + seconds
@@ -239,13 +263,12 @@ async def submit_phase(url: str, key: str, clients: int, seconds: float) -> Run:
     async def worker(client: httpx.AsyncClient) -> None:
         while time.monotonic() < deadline:
             i = next(counter)
+            key = f"{uuid.uuid4()}"
             started = time.perf_counter()
-            response = await client.post(
-                "/v1/jobs", json=submit_body(i), headers={"Idempotency-Key": f"{uuid.uuid4()}"}
-            )
+            response = await send(client, "POST", "/v1/jobs", submit_body(i), key)
             run.latencies_s.append(time.perf_counter() - started)
-            run.statuses[response.status_code] += 1
-            if response.status_code == 201:
+            run.statuses[response.status_code if response else TRANSPORT_ERROR] += 1
+            if response is not None and response.status_code == 201:
                 run.ids.append(response.json()["id"])
 
     started = time.monotonic()
@@ -262,9 +285,9 @@ async def read_phase(url: str, key: str, paths: list[str], clients: int) -> Run:
     async def worker(client: httpx.AsyncClient) -> None:
         for path in queue:
             started = time.perf_counter()
-            response = await client.get(path)
+            response = await send(client, "GET", path)
             run.latencies_s.append(time.perf_counter() - started)
-            run.statuses[response.status_code] += 1
+            run.statuses[response.status_code if response else TRANSPORT_ERROR] += 1
 
     started = time.monotonic()
     async with http(url, key, clients) as client:

@@ -167,7 +167,7 @@ def seed(database_url: str, *, finished: int) -> None:
 
 
 def add_finished(engine: sa.Engine, count: int, batch: int = 5000) -> None:
-    from scheduler.store.repository import utcnow
+    from scheduler.store.base import utcnow
     from scheduler.store.tables import JobEventRow, JobRow
 
     spec = stored_spec(submit_body(0))

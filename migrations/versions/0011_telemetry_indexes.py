@@ -1,7 +1,7 @@
 """telemetry indexes: job logs by (job_id, id) and (job_id, attempt, rank, seq); metrics by at
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0015
 Create Date: 2026-12-01 16:00:00
 """
 

@@ -9,7 +9,7 @@ from alembic import op
 
 
 revision = "0011"
-down_revision = "0009"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

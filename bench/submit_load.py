@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -171,8 +171,6 @@ def add_finished(engine: sa.Engine, count: int) -> None:
     INSERT ... SELECT statements: 100,000 rows in seconds, not minutes)."""
     import json
 
-    from scheduler.store.base import utcnow
-
     jobs = sa.text(
         """
         INSERT INTO jobs (name, queue, "user", priority, state, spec, num_gpus,
@@ -191,7 +189,7 @@ def add_finished(engine: sa.Engine, count: int) -> None:
         WHERE state = 'SUCCEEDED' AND id >= :first
         """
     )
-    done = utcnow() - timedelta(hours=1)
+    done = datetime.now(UTC) - timedelta(hours=1)
     spec = json.dumps(stored_spec(submit_body(0)))
     with engine.begin() as conn:
         ids = conn.execute(jobs, {"spec": spec, "done": done, "count": count}).scalars().all()

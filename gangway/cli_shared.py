@@ -4,10 +4,15 @@ the API key from GANGWAY_API_KEY) and turning SDK errors into one line and exit 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, TypeVar
 
 import typer
+from rich import box
+from rich.console import Console
+from rich.control import strip_control_codes
+from rich.table import Table
+from rich.text import Text
 
 from gangway.client import Client
 from gangway.errors import GangwayError
@@ -22,6 +27,19 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 def connect(url: str) -> Client:
     """A client for `url`; with auth on, GANGWAY_API_KEY holds the caller's key."""
     return Client(url, api_key=os.environ.get("GANGWAY_API_KEY") or None)
+
+
+def print_table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+    """An aligned table through rich. A column whose name starts with '>' is right-aligned
+    (numbers). Cells are plain text: control characters a user put in a job name (terminal
+    escape sequences) are stripped and rich markup is not interpreted."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in columns:
+        right = column.startswith(">")
+        table.add_column(column.lstrip(">"), justify="right" if right else "left")
+    for row in rows:
+        table.add_row(*(Text(strip_control_codes(str(cell))) for cell in row))
+    Console(soft_wrap=True).print(table)
 
 
 def run(call: Callable[[], T]) -> T:

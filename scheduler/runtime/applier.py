@@ -17,7 +17,6 @@ from scheduler.model import JobState
 from scheduler.runtime import metrics
 from scheduler.runtime.executor import Executor
 from scheduler.runtime.lifecycle import Transition
-from scheduler.runtime.views import gang_shape
 from scheduler.store import JobRecord, JobRepository, StaleState
 
 log = logging.getLogger(__name__)
@@ -186,4 +185,4 @@ class Applier:
 
 def _gpus(job: JobRecord, placement: Sequence[str]) -> int:
     """GPUs a placement of this job holds (an elastic job's count follows its dp)."""
-    return len(placement) * gang_shape(job.spec).gpus_per_rank
+    return len(placement) * job.spec.shape.gpus_per_rank

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from scheduler.model import JobState
-from scheduler.runtime.views import gang_shape, run_info
+from scheduler.runtime.views import run_info
 from scheduler.store import JobRecord
 from workers.group import GroupPhase, GroupStatus
 
@@ -93,8 +93,7 @@ def _overrun(
     if (hang := _hang(job, status, now, config)) is not None:
         return replace(fail_or_restart(job, hang, status), with_stacks=True)
     if _over_time_limit(job, now):
-        limit = job.spec.get("time_limit_s")
-        reason = f"time limit of {limit} s exceeded"
+        reason = f"time limit of {job.spec.time_limit_s:g} s exceeded"
         return Transition(JobState.FAILED, reason, {"error": "time limit exceeded"})
     return None
 
@@ -130,7 +129,7 @@ def _resizing(job: JobRecord, status: GroupStatus, now: datetime) -> Transition 
 
 def relaunch(job: JobRecord, why: str, *, lost: int = 0) -> Transition:
     """A resized job's next attempt, on the placement the store already holds."""
-    dp = gang_shape(job.spec, job.placement).parallelism.dp
+    dp = job.spec.placed(job.placement).parallelism.dp
     return Transition(
         JobState.ADMITTED,
         f"{why}; relaunching at dp={dp}",
@@ -142,7 +141,7 @@ def relaunch(job: JobRecord, why: str, *, lost: int = 0) -> Transition:
 
 def fail_or_restart(job: JobRecord, error: str, status: GroupStatus) -> Transition:
     """FAILED once the restart budget is spent, else RESTARTING then PENDING."""
-    max_restarts = int(job.spec.get("max_restarts", 0))
+    max_restarts = job.spec.max_restarts
     last_line = error.splitlines()[-1] if error else error
     if job.restarts >= max_restarts:
         reason = f"failed after {job.restarts} restart(s): {last_line}"
@@ -220,7 +219,7 @@ def _hang(
 
 
 def _over_time_limit(job: JobRecord, now: datetime) -> bool:
-    limit = job.spec.get("time_limit_s")
+    limit = job.spec.time_limit_s
     if limit is None or job.started_at is None or job.state is not JobState.RUNNING:
         return False
-    return (now - job.started_at).total_seconds() > float(limit)
+    return (now - job.started_at).total_seconds() > limit

@@ -3,13 +3,14 @@ its writes raise."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from scheduler.model import JobState
+from scheduler.model import JobSpec, JobState
+from scheduler.store.specs import spec_from_json
 from scheduler.store.tables import JobEventRow, JobRow
 
 
@@ -75,7 +76,7 @@ class JobRecord:
     user: str
     priority: int
     state: JobState
-    spec: dict[str, Any]
+    spec: JobSpec
     num_gpus: int
     submitted_at: datetime
     updated_at: datetime
@@ -100,6 +101,8 @@ class JobRecord:
     waited_s: float = 0.0
     attained_gpu_s: float = 0.0
     stragglers: tuple[dict[str, Any], ...] = ()
+    # The body as submitted (JobSubmit's JSON): what the API shows back.
+    spec_json: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,8 @@ def job_record(row: JobRow) -> JobRecord:
         user=row.user,
         priority=row.priority,
         state=JobState(row.state),
-        spec=row.spec,
+        spec=spec_from_json(row.spec),
+        spec_json=row.spec,
         num_gpus=row.num_gpus,
         submitted_at=row.submitted_at,
         updated_at=row.updated_at,

@@ -24,7 +24,7 @@ from scheduler.store.tables import Base
 
 
 def new_job(name: str = "j", priority: int = 0) -> NewJob:
-    spec = {"parallelism": {"dp": 1, "tp": 1, "pp": 1}}
+    spec = {"parallelism": {"dp": 1, "tp": 1, "pp": 1}, "entrypoint": {"kind": "builtin"}}
     return NewJob(
         name=name, queue="default", priority=priority, spec=spec, num_gpus=1, total_steps=10
     )

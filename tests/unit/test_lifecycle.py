@@ -10,6 +10,7 @@ import pytest
 from scheduler.model import JobState
 from scheduler.runtime.lifecycle import LifecycleConfig, Transition, next_transition
 from scheduler.store import JobRecord
+from scheduler.store.specs import spec_from_json
 from workers.group import GroupPhase, GroupStatus
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -19,6 +20,7 @@ SPEC = {
     "max_restarts": 1,
     "parallelism": {"dp": 2, "tp": 1, "pp": 1},
     "resources": {"gpus_per_rank": 1, "cpus_per_rank": 1.0},
+    "entrypoint": {"kind": "builtin"},
 }
 
 
@@ -30,7 +32,7 @@ def job(state: JobState, **changes: object) -> JobRecord:
         user="u",
         priority=0,
         state=state,
-        spec=SPEC,
+        spec=spec_from_json(SPEC),
         num_gpus=2,
         submitted_at=T0,
         updated_at=T0,
@@ -87,7 +89,7 @@ CASES: list[tuple[str, JobRecord, GroupStatus, JobState | None, str]] = [
     ("hung", job(JobState.RUNNING, **HUNG), RUNNING, JobState.RESTARTING, "hung: no progress"),
     (
         "over its time limit",
-        job(JobState.RUNNING, spec={**SPEC, "time_limit_s": 60}),
+        job(JobState.RUNNING, spec=spec_from_json({**SPEC, "time_limit_s": 60})),
         RUNNING,
         JobState.FAILED,
         "time limit of 60 s exceeded",

@@ -15,6 +15,8 @@ from api.admin import router as admin_router
 from api.auth import AuthConfig
 from api.browser import CrossSiteGuard
 from api.errors import install_error_handlers
+from api.limits import Limits, RequestLimits
+from api.logstream import StreamSlots
 from api.logstream import router as logstream_router
 from api.metrics import router as metrics_router
 from api.metrics import store_registry
@@ -42,6 +44,7 @@ def create_app(
     packages_root: Path | None = None,
     package_max_bytes: int = DEFAULT_MAX_BYTES,
     allowed_hosts: Collection[str] | None = None,
+    limits: Limits | None = None,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
@@ -51,7 +54,8 @@ def create_app(
     repository's database. `submit_policy` (default: anything) is the admins' say on
     entrypoints; uploaded working directories live in `packages_root` (default: a new
     temporary directory). With auth off, cross-site state changes are refused, and so is
-    a Host header not in `allowed_hosts` when given (see api.browser)."""
+    a Host header not in `allowed_hosts` when given (see api.browser). `limits` bound what
+    a request may send and a response return (see api.limits)."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -64,6 +68,9 @@ def create_app(
     app.state.accounts = AccountRepository(repo.engine)
     app.state.queue_store = QueueRepository(repo.engine)
     app.state.checkpoint_root = checkpoint_root
+    app.state.limits = limits or Limits()
+    app.state.streams = StreamSlots(app.state.limits.streams_per_caller)
+    app.add_middleware(RequestLimits, limits=app.state.limits)
     app.state.metrics_registry = store_registry(repo)
     app.state.submit_policy = submit_policy or SubmitPolicy()
     root = packages_root or Path(tempfile.mkdtemp(prefix="gangway-packages-"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from gangway.models import (
@@ -27,7 +27,7 @@ from scheduler.core.quotas import NO_QUOTA, borrowing_jobs, gpus_by_queue
 from scheduler.model import JobState, Node, Parallelism, QueueQuota
 from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
-from workers.checkpoint_layout import completed, job_directory, step_of
+from workers.checkpoint_layout import job_directory, listing
 
 
 def job_checkpoints(root: Path | None, job_id: int) -> JobCheckpoints:
@@ -37,13 +37,8 @@ def job_checkpoints(root: Path | None, job_id: int) -> JobCheckpoints:
     return JobCheckpoints(
         directory=str(directory),
         checkpoints=[
-            CheckpointInfo(
-                step=step_of(path),
-                path=str(path),
-                bytes=sum(f.stat().st_size for f in path.rglob("*") if f.is_file()),
-                saved_at=datetime.fromtimestamp((path / ".metadata").stat().st_mtime, UTC),
-            )
-            for path in completed(directory)
+            CheckpointInfo(step=c.step, path=str(c.path), bytes=c.bytes, saved_at=c.saved_at)
+            for c in listing(directory)
         ],
     )
 

@@ -43,6 +43,12 @@ class FieldError(ValueError):
         self.field, self.message = field, message
 
 
+class TooManyRequests(RuntimeError):
+    """The caller holds as much of something as it may (a 429); the message says what."""
+
+    retry_after_s = 5
+
+
 def error_response(
     status_code: int, details: Sequence[ErrorDetail], headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
@@ -99,6 +105,11 @@ def install_error_handlers(app: FastAPI) -> None:
             code="idempotency_key_reused", message=str(exc), field="Idempotency-Key"
         )
         return error_response(409, [detail])
+
+    @app.exception_handler(TooManyRequests)
+    async def _too_many(_: Request, exc: TooManyRequests) -> JSONResponse:
+        detail = ErrorDetail(code="too_many_requests", message=str(exc))
+        return error_response(429, [detail], headers={"Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

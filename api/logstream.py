@@ -4,23 +4,29 @@ Each stored line is one `line` event whose `id` is the line's cursor, so a clien
 reconnects with `Last-Event-ID` reads on without a gap or a repeat; when the job has
 ended and every line is out, an `end` event carries its final state and the stream
 closes. The store is polled (it is the only place lines arrive: the scheduler loop writes
-them), twice a second, with a comment line every 15 s so proxies keep the connection.
+them) every `stream_poll_s`; sse-starlette does the framing, keep-alive pings and
+disconnect handling. Each caller (API key, or client address without auth) may hold
+`streams_per_caller` streams at once: one more is a 429, so a runaway client cannot
+turn streams into a poll storm on the database.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import StreamingResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
-from api.auth import current_caller
+from api.auth import Caller, current_caller
+from api.errors import TooManyRequests
+from api.limits import Limits
 from api.routes import ERROR_RESPONSES, MAX_ID, JobId, Repo
 from scheduler.store import JobRepository, LogLine
 
@@ -40,16 +46,55 @@ _EVENT_SCHEMA = {
     },
 }
 
-POLL_S = 0.5
 KEEPALIVE_S = 15.0
 BATCH = 1000
 
 
+def _too_many(caller: str, limit: int) -> TooManyRequests:
+    return TooManyRequests(
+        f"{caller} already has {limit} log streams open (GANGWAY_STREAMS_PER_CALLER); "
+        "close one, or read /logs with `after=` instead"
+    )
+
+
+class StreamSlots:
+    """Open streams per caller. The event loop is the only user: no lock needed."""
+
+    def __init__(self, per_caller: int) -> None:
+        self.per_caller = per_caller
+        self._open: Counter[str] = Counter()
+
+    def take(self, caller: str) -> None:
+        if self._open[caller] >= self.per_caller:
+            raise _too_many(caller, self.per_caller)
+        self._open[caller] += 1
+
+    def give_back(self, caller: str) -> None:
+        self._open[caller] -= 1
+        if self._open[caller] <= 0:
+            del self._open[caller]
+
+
+class _HeldStream(EventSourceResponse):
+    """An event stream that gives its caller's slot back however it ends."""
+
+    def __init__(self, events: AsyncIterator[ServerSentEvent], slots: StreamSlots, who: str):
+        super().__init__(events, ping=KEEPALIVE_S, headers={"Cache-Control": "no-cache"})
+        self._slots, self._who = slots, who
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._slots.give_back(self._who)
+
+
 @router.get(
     "/v1/jobs/{job_id}/logs/stream",
-    response_class=StreamingResponse,
+    response_class=EventSourceResponse,
     responses={
         **ERROR_RESPONSES,
+        429: {"description": "the caller holds GANGWAY_STREAMS_PER_CALLER streams already"},
         200: {
             "content": {"text/event-stream": {"schema": _EVENT_SCHEMA}},
             "description": "`line` events (data: a LogLine as JSON; id: its cursor), then "
@@ -61,6 +106,7 @@ async def stream_logs(
     job_id: JobId,
     repo: Repo,
     request: Request,
+    caller: Caller,
     *,
     rank: Annotated[int | None, Query(ge=0, le=MAX_ID, description="one rank only")] = None,
     tail: Annotated[int, Query(ge=0, le=10_000, description="start with the last N lines")] = 200,
@@ -68,23 +114,32 @@ async def stream_logs(
         int | None,
         Header(alias="Last-Event-ID", ge=0, le=2**63 - 1, description="resume after it"),
     ] = None,
-) -> StreamingResponse:
+) -> EventSourceResponse:
     await run_in_threadpool(repo.get, job_id)  # a 404 before the stream starts
-    events = _events(repo, request, job_id, rank=rank, tail=tail, after=last_event_id)
-    return StreamingResponse(
-        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    limits: Limits = request.app.state.limits
+    slots: StreamSlots = request.app.state.streams
+    who = caller.name if request.app.state.auth.required else _address(request)
+    slots.take(who)
+    events = _events(
+        repo, job_id, rank=rank, tail=tail, after=last_event_id, poll_s=limits.stream_poll_s
     )
+    return _HeldStream(events, slots, who)
+
+
+def _address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
 
 
 async def _events(
     repo: JobRepository,
-    request: Request,
     job_id: int,
     *,
     rank: int | None,
     tail: int,
     after: int | None,
-) -> AsyncIterator[str]:
+    poll_s: float,
+) -> AsyncIterator[ServerSentEvent]:
+    """Disconnects end this generator from outside (sse-starlette cancels it)."""
     if after is None:
         backlog = await run_in_threadpool(repo.logs, job_id, rank=rank, tail=tail)
         for line in backlog:
@@ -92,8 +147,7 @@ async def _events(
         after = (
             backlog[-1].id if backlog else await run_in_threadpool(_newest_id, repo, job_id, rank)
         )
-    quiet_since = time.monotonic()
-    while not await request.is_disconnected():
+    while True:
         # The state first, the lines second: every line stored before the job ended is
         # read by the fetch that follows, so the end event never cuts one off.
         job = await run_in_threadpool(repo.get, job_id)
@@ -101,15 +155,12 @@ async def _events(
         for line in lines:
             yield _line_event(line)
         if lines:
-            after, quiet_since = lines[-1].id, time.monotonic()
+            after = lines[-1].id
             continue
         if job.state.is_terminal:
-            yield f"event: end\ndata: {json.dumps({'state': job.state.value})}\n\n"
+            yield ServerSentEvent(event="end", data=json.dumps({"state": job.state.value}))
             return
-        if time.monotonic() - quiet_since > KEEPALIVE_S:
-            yield ": keep-alive\n\n"
-            quiet_since = time.monotonic()
-        await asyncio.sleep(POLL_S)
+        await asyncio.sleep(poll_s)
 
 
 def _newest_id(repo: JobRepository, job_id: int, rank: int | None) -> int:
@@ -117,5 +168,5 @@ def _newest_id(repo: JobRepository, job_id: int, rank: int | None) -> int:
     return newest[-1].id if newest else 0
 
 
-def _line_event(line: LogLine) -> str:
-    return f"id: {line.id}\nevent: line\ndata: {json.dumps(asdict(line))}\n\n"
+def _line_event(line: LogLine) -> ServerSentEvent:
+    return ServerSentEvent(id=str(line.id), event="line", data=json.dumps(asdict(line)))

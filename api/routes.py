@@ -22,6 +22,7 @@ from api.convert import (
     queue_infos,
 )
 from api.errors import FieldError
+from api.pages import page_response
 from api.validation import validate_submission
 from gangway.models import (
     ClusterInfo,
@@ -60,6 +61,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
         "model": ErrorBody,
         "description": "the job's state does not allow this, or an Idempotency-Key reused",
     },
+    413: {"model": ErrorBody, "description": "the body is over GANGWAY_MAX_BODY_BYTES"},
     422: {"model": ErrorBody, "description": "invalid input; `error.field` names the field"},
 }
 
@@ -170,6 +172,7 @@ def _on_behalf_of(submit: JobSubmit, caller: Principal, auth_required: bool) -> 
 @router.get("/v1/jobs", response_model=JobPage, responses=ERROR_RESPONSES)
 def list_jobs(
     repo: Repo,
+    request: Request,
     *,
     state: Annotated[list[JobState] | None, Query(description="filter; repeat for several")] = None,
     queue: Annotated[str | None, Query(max_length=100, description="only this queue")] = None,
@@ -181,8 +184,9 @@ def list_jobs(
     cursor: Annotated[
         int | None, Query(ge=1, le=MAX_ID, description="next_cursor of the previous page")
     ] = None,
-) -> JobPage:
-    """Newest first."""
+) -> Response:
+    """Newest first. A page also ends early (with a `next_cursor`) once it holds
+    GANGWAY_MAX_PAGE_BYTES of JSON, so no `limit` makes a response unboundedly large."""
     records = repo.page(
         states=state or (),
         queue=queue,
@@ -191,11 +195,10 @@ def list_jobs(
         limit=limit + 1,
         before_id=cursor,
     )
-    page, more = records[:limit], len(records) > limit
     names = _node_names(repo)
-    return JobPage(
-        items=[job_info(r, names) for r in page], next_cursor=page[-1].id if more else None
-    )
+    items = (job_info(r, names) for r in records[:limit])
+    budget: int = request.app.state.limits.max_page_bytes
+    return page_response(items, more=len(records) > limit, max_bytes=budget)
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobInfo, responses=ERROR_RESPONSES)

@@ -8,6 +8,7 @@ import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import astuple
 from typing import Any
 
 import uvicorn
@@ -26,6 +27,8 @@ from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRepository, QueueRepository, make_engine, upgrade_to_head
 from scheduler.store.packages import PackageStore
+from scheduler.store.base import utcnow
+from scheduler.store.retention import TelemetrySweeper
 
 log = logging.getLogger("gangway")
 
@@ -78,6 +81,13 @@ class Runtime:
             target=self._collect_packages, name="gangway-package-gc", daemon=True
         ).start()
         log.info("scheduler loop running")
+        sweeper = TelemetrySweeper(self._repo.engine, self._settings.retention(), utcnow)
+        threading.Thread(
+            target=_sweep_telemetry,
+            args=(sweeper, self._stop, self._settings.retention_interval_s),
+            name="gangway-retention",
+            daemon=True,
+        ).start()
 
     def _collect_packages(self) -> None:
         """Delete uploaded working directories no unfinished job needs, now and then."""
@@ -124,6 +134,19 @@ class Runtime:
             shape.gpus_per_node,
             self._local_cluster.head_node.get_session_dir_path(),
         )
+
+
+def _sweep_telemetry(sweeper: TelemetrySweeper, stop: threading.Event, interval_s: float) -> None:
+    """Delete old logs and metrics every `interval_s` until the service stops; a failed
+    sweep is logged and tried again next time (it only deletes)."""
+    while not stop.wait(interval_s):
+        try:
+            pruned = sweeper.sweep()
+        except Exception:
+            log.exception("telemetry retention sweep failed")
+            continue
+        if pruned.log_lines or pruned.metric_points:
+            log.info("retention: deleted %d log lines, %d metric points", *astuple(pruned))
 
 
 @contextmanager
@@ -176,6 +199,7 @@ def build_app(settings: Settings) -> FastAPI:
         packages_root=settings.packages_root(),
         package_max_bytes=settings.package_max_bytes,
         allowed_hosts=allowed_hosts(settings.host, settings.allowed_hosts),
+        limits=settings.limits(),
     )
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.limits import Limits
 from scheduler.core import PolicyConfig
 from scheduler.model import QueueQuota
+from scheduler.store.retention import Retention
 
 
 class QueueSettings(BaseModel):
@@ -94,6 +97,26 @@ class Settings(BaseSettings):
         1.5, gt=1, description="a rank this many times slower than the gang's median is flagged"
     )
     straggler_window: int = Field(10, ge=3, description="polls with progress a flag looks at")
+    # Limits and retention (see README "Limits").
+    max_body_bytes: int = Field(
+        1024 * 1024, ge=1024, description="larger request bodies get a 413 (uploads exempt)"
+    )
+    max_page_bytes: int = Field(
+        2 * 1024 * 1024, ge=64 * 1024, description="a job listing ends its page at this size"
+    )
+    streams_per_caller: int = Field(
+        4, ge=1, le=1000, description="concurrent log streams per API key (or client address)"
+    )
+    stream_poll_s: float = Field(1.0, ge=0.1, le=60, description="a log stream checks for lines")
+    log_lines_per_job: int = Field(
+        100_000, ge=100, description="older lines of a job are deleted past this many"
+    )
+    telemetry_retention_days: float = Field(
+        30.0,
+        gt=0,
+        description="metric points older than this, and logs of jobs ended longer ago, are deleted",
+    )
+    retention_interval_s: float = Field(600.0, gt=0, description="between retention sweeps")
     # Scheduling policy (see scheduler.core.config.PolicyConfig for what each one bounds).
     aging_interval_s: float = Field(3600.0, gt=0)
     min_runtime_s: float = Field(600.0, ge=0)
@@ -126,6 +149,20 @@ class Settings(BaseSettings):
         """Uploaded working directories; ranks read them by `file://` URI, so on more than
         one host this must be shared storage, like the checkpoints."""
         return self.data_dir.expanduser() / "packages"
+
+    def limits(self) -> Limits:
+        return Limits(
+            max_body_bytes=self.max_body_bytes,
+            max_page_bytes=self.max_page_bytes,
+            streams_per_caller=self.streams_per_caller,
+            stream_poll_s=self.stream_poll_s,
+        )
+
+    def retention(self) -> Retention:
+        return Retention(
+            log_lines_per_job=self.log_lines_per_job,
+            telemetry_age=timedelta(days=self.telemetry_retention_days),
+        )
 
     def quotas(self) -> dict[str, QueueQuota]:
         return {

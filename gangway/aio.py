@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import httpx
+from httpx_sse import aconnect_sse
 from pydantic import PrivateAttr
 
 from gangway import calls
 from gangway.calls import Call
-from gangway.client import ServerSentEvents, api_error, auth_headers, has_ended, read_answer
+from gangway.client import api_error, auth_headers, has_ended, read_answer
 from gangway.errors import NotFound, TransportError
+from gangway.logfollow import END, LogCursor
 from gangway.models import (
     JobCheckpoints,
     JobEvent,
@@ -126,26 +128,41 @@ class AsyncClient:
     revoke_key = _sends(calls.revoke_key)
 
     async def follow_logs(
-        self, job_id: int, *, rank: int | None = None, tail: int = 200
+        self,
+        job_id: int,
+        *,
+        rank: int | None = None,
+        tail: int = 200,
+        max_reconnects: int = 5,
+        backoff_s: float = 0.5,
     ) -> AsyncIterator[LogLine]:
-        """The last `tail` lines, then each new one as it is printed, until the job ends."""
+        """The last `tail` lines, then each new one as it is printed, until the job ends;
+        a dropped connection resumes after the last line seen (see `Client.follow_logs`)."""
         call = calls.log_stream(job_id, rank=rank, tail=tail)
-        events = ServerSentEvents()
-        try:
-            async with self._http.stream(
-                call.method, call.path, params=call.params, timeout=None
-            ) as response:
-                if response.is_error:
-                    await response.aread()
-                    raise api_error(response)
-                async for line in response.aiter_lines():
-                    log_line = events.feed(line)
-                    if log_line is ServerSentEvents.END:
-                        return
-                    if isinstance(log_line, LogLine):
-                        yield log_line
-        except httpx.TransportError as exc:
-            raise TransportError(f"lost the log stream from {self._http.base_url}: {exc}") from exc
+        cursor = LogCursor(max_reconnects=max_reconnects, backoff_s=backoff_s)
+        while True:
+            cause: Exception | None = None
+            try:
+                async with aconnect_sse(
+                    self._http,
+                    call.method,
+                    call.path,
+                    params=call.params,
+                    headers=cursor.headers(),
+                    timeout=None,
+                ) as source:
+                    if source.response.is_error:
+                        await source.response.aread()
+                        raise api_error(source.response)
+                    async for event in source.aiter_sse():
+                        item = cursor.take(event)
+                        if item is END:
+                            return
+                        if isinstance(item, LogLine):
+                            yield item
+            except httpx.TransportError as exc:
+                cause = exc
+            await asyncio.sleep(cursor.dropped(str(self._http.base_url), cause))
 
     async def wait(
         self,

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 import httpx
+from httpx_sse import connect_sse
 from pydantic import PrivateAttr
 
 from gangway import calls
 from gangway.calls import Call
 from gangway.errors import JobFailed, NotFound, TransportError, WaitTimeout, error_for_status
+from gangway.logfollow import END, LogCursor
 from gangway.models import (
     JobCheckpoints,
     JobEvent,
@@ -126,27 +128,42 @@ class Client:
     revoke_key = _sends(calls.revoke_key)
 
     def follow_logs(
-        self, job_id: int, *, rank: int | None = None, tail: int = 200
+        self,
+        job_id: int,
+        *,
+        rank: int | None = None,
+        tail: int = 200,
+        max_reconnects: int = 5,
+        backoff_s: float = 0.5,
     ) -> Iterator[LogLine]:
         """The last `tail` lines, then each new one as the ranks print it, until the job
-        ends (Server-Sent Events from `/logs/stream`)."""
+        ends (Server-Sent Events from `/logs/stream`). A dropped connection is resumed
+        after the last line seen (`Last-Event-ID`), `max_reconnects` times in a row."""
         call = calls.log_stream(job_id, rank=rank, tail=tail)
-        events = ServerSentEvents()
-        try:
-            with self._http.stream(
-                call.method, call.path, params=call.params, timeout=None
-            ) as response:
-                if response.is_error:
-                    response.read()
-                    raise api_error(response)
-                for line in response.iter_lines():
-                    log_line = events.feed(line)
-                    if log_line is ServerSentEvents.END:
-                        return
-                    if isinstance(log_line, LogLine):
-                        yield log_line
-        except httpx.TransportError as exc:
-            raise TransportError(f"lost the log stream from {self._http.base_url}: {exc}") from exc
+        cursor = LogCursor(max_reconnects=max_reconnects, backoff_s=backoff_s)
+        while True:
+            cause: Exception | None = None
+            try:
+                with connect_sse(
+                    self._http,
+                    call.method,
+                    call.path,
+                    params=call.params,
+                    headers=cursor.headers(),
+                    timeout=None,
+                ) as source:
+                    if source.response.is_error:
+                        source.response.read()
+                        raise api_error(source.response)
+                    for event in source.iter_sse():
+                        item = cursor.take(event)
+                        if item is END:
+                            return
+                        if isinstance(item, LogLine):
+                            yield item
+            except httpx.TransportError as exc:
+                cause = exc
+            time.sleep(cursor.dropped(str(self._http.base_url), cause))
 
     def wait(
         self,
@@ -265,33 +282,6 @@ def has_ended(job: JobInfo, deadline: float, timeout_s: float) -> bool:
     if time.monotonic() >= deadline:
         raise WaitTimeout(f"job {job.id} still {job.state} after {timeout_s} s")
     return False
-
-
-class ServerSentEvents:
-    """Reads a log stream (text/event-stream) one line at a time: `feed` returns a
-    `LogLine` when a `line` event completes, `END` when the `end` event does, else None.
-    Comments and ids are skipped (the SDK does not resume a broken stream)."""
-
-    END = object()
-
-    def __init__(self) -> None:
-        self._event, self._data = "message", list[str]()
-
-    def feed(self, line: str) -> LogLine | object | None:
-        if line.startswith("event:"):
-            self._event = line[6:].strip()
-        elif line.startswith("data:"):
-            self._data.append(line[5:].removeprefix(" "))
-        elif not line and self._data:
-            event, data = self._event, "\n".join(self._data)
-            self._event, self._data = "message", []
-            if event == "end":
-                return self.END
-            if event == "line":
-                return LogLine.model_validate_json(data)
-        elif not line:
-            self._event = "message"
-        return None
 
 
 def api_error(response: httpx.Response) -> Exception:

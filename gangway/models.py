@@ -6,6 +6,7 @@ with the very same classes. Unknown fields are errors, so a typo never silently 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -17,6 +18,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    field_validator,
     model_validator,
 )
 
@@ -118,12 +120,26 @@ class Builtin(_Strict):
     )
 
 
+# A function's kwargs travel in the job's stored spec and in every listing of it.
+MAX_KWARGS_BYTES = 16 * 1024
+
+
 class Function(_Strict):
     """A Python function `package.module:function(ctx, **kwargs)` run on every rank."""
 
     kind: Literal["function"] = "function"
     target: str = Field(min_length=3, max_length=300)
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description=f"at most {MAX_KWARGS_BYTES} bytes as JSON"
+    )
+
+    @field_validator("kwargs")
+    @classmethod
+    def _kwargs_fit(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(kwargs, separators=(",", ":")).encode())
+        if size > MAX_KWARGS_BYTES:
+            raise ValueError(f"kwargs is {size} bytes as JSON; at most {MAX_KWARGS_BYTES}")
+        return kwargs
 
 
 # No operating system takes a NUL byte in a path or an argument.
@@ -138,7 +154,9 @@ class Script(_Strict):
 
     kind: Literal["script"] = "script"
     path: str = Field(min_length=1, max_length=4096, pattern=NO_NUL)
-    args: list[Annotated[str, Field(pattern=NO_NUL)]] = Field(default_factory=list, max_length=1000)
+    args: list[Annotated[str, Field(max_length=4096, pattern=NO_NUL)]] = Field(
+        default_factory=list, max_length=1000, description="at most 1000, each <= 4096 chars"
+    )
 
 
 class Command(_Strict):

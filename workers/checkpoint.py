@@ -34,7 +34,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from workers import faults
-from workers.checkpoint_layout import PREFIX, completed
+from workers.checkpoint_layout import (
+    PARTIAL,
+    checkpoint_path,
+    completed,
+    is_complete,
+    partial_path,
+)
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -55,22 +61,34 @@ class Checkpointer:
         self.counters: dict[str, int] = {}  # what the newest load restored besides the step
 
     def save(self, step: int, **counters: int) -> Path | None:
-        """Save at `step`, with integer `counters` the caller wants back on resume."""
+        """Save at `step`, with integer `counters` the caller wants back on resume.
+
+        A complete checkpoint at `step` is kept as it is (a job stopped right after it
+        resumed has nothing new to save). Otherwise every rank writes into the partial
+        directory and rank 0 renames it once all have: a kill at any moment leaves either
+        no new checkpoint or a whole one (see workers.checkpoint_layout)."""
         if self.directory is None:
             return None
-        path = self.directory / f"{PREFIX}{step:08d}"
+        final = checkpoint_path(self.directory, step)
+        if is_complete(final):
+            return final
+        partial = partial_path(self.directory, step)
+        if is_rank0():
+            shutil.rmtree(partial, ignore_errors=True)  # a save killed at this step before
+        _barrier()
         models, optims = self._state_dicts()
         state = _merged(models, optims, step, counters)
         faults.inject("checkpoint.save")
         with _single_process_is_intended():
-            state_dict_saver.save(state, checkpoint_id=str(path), no_dist=_single_process())
-        faults.inject("checkpoint.saved")  # written, not yet pruned
+            state_dict_saver.save(state, checkpoint_id=str(partial), no_dist=_single_process())
+        faults.inject("checkpoint.saved")  # written, not yet renamed or pruned
         _barrier()
         if is_rank0():
-            for old in completed(self.directory)[: -self.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(final, ignore_errors=True)  # never complete: junk from an old crash
+            partial.rename(final)
+            _prune(self.directory, self.keep_last)
         _barrier()
-        return path
+        return final
 
     def load_latest(self, *counters: str) -> int:
         """Restore the newest complete checkpoint; the step it was taken at (0: none).
@@ -103,6 +121,14 @@ class Checkpointer:
             for part, opt in zip(self.parts, self.optimizers, strict=True)
         ]
         return models, optims
+
+
+def _prune(directory: Path, keep_last: int) -> None:
+    """Keep the newest `keep_last`; drop partial saves of earlier, killed attempts."""
+    for old in completed(directory)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in directory.glob(f"{PARTIAL}*"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _merged(

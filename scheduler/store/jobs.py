@@ -32,6 +32,7 @@ from scheduler.store.records import (
     job_row,
 )
 from scheduler.store.tables import JobEventRow, JobRow
+from scheduler.store.text_limits import MAX_REASON_CHARS, bounded_fields, keep_tail
 
 _TIMESTAMP_ON_ENTRY = {
     JobState.ADMITTED: "admitted_at",
@@ -96,19 +97,18 @@ class JobStore(Repository):
     def create_once(self, new: NewJob) -> tuple[JobRecord, bool]:
         """`create`, unless `new.user` already submitted a job with `new.idempotency_key`: then
         that job, and False. A key sent again with another body raises `KeyReused`.
-        Two requests racing with one key make one job: the unique index lets one insert
-        win, and the other finds it."""
+        The insert comes first (a fresh key, the common case, costs no lookup): the
+        unique index refuses a key seen before, or the loser of two racing requests, and
+        that one then finds the job that won."""
         key = new.idempotency_key
         if key is None:
             return self.create(new), True
-        found = self._by_idempotency_key(new.user, key)
-        if found is None:
-            try:
-                return self.create(new), True
-            except IntegrityError:
-                found = self._by_idempotency_key(new.user, key)
-                if found is None:
-                    raise
+        try:
+            return self.create(new), True
+        except IntegrityError:
+            found = self._by_idempotency_key(new.user, key)
+            if found is None:
+                raise
         record, digest = found
         if digest != new.request_digest:
             raise KeyReused(key, record.id)
@@ -187,6 +187,7 @@ class JobStore(Repository):
         lands on the next). `fields` are other columns to set in the same UPDATE.
         """
         now = self._clock()
+        reason, fields = keep_tail(reason, MAX_REASON_CHARS), bounded_fields(fields)
         with Session(self._engine) as session, session.begin():
             self._guard(session)
             row = job_row(session, job_id)
@@ -249,7 +250,7 @@ class JobStore(Repository):
                 update(JobRow)
                 .where(JobRow.id == job_id, JobRow.state == JobState.PENDING.value)
                 .values(
-                    status_reason=reason,
+                    status_reason=keep_tail(reason, MAX_REASON_CHARS),
                     explanation=explanation,
                     estimated_start_at=estimated_start_at,
                     updated_at=self._clock(),
@@ -261,6 +262,7 @@ class JobStore(Repository):
         state change (a priority change, a straggler flagged), but something the job's
         owner should find in its timeline. A job that already ended is not changed: 409."""
         now = self._clock()
+        reason, fields = keep_tail(reason, MAX_REASON_CHARS), bounded_fields(fields)
         with Session(self._engine) as session, session.begin():
             self._guard(session)
             row = job_row(session, job_id)

@@ -115,12 +115,19 @@ class JobEventRow(Base):
 
 
 class JobLogRow(Base):
-    """One line a rank printed. `seq` numbers a rank's lines within an attempt."""
+    """One line a rank printed. `seq` numbers a rank's lines within an attempt.
+
+    (job_id, id) serves readers (a tail, or the lines after a cursor) and retention;
+    (job_id, attempt, rank, seq) finds a rank's newest line with one index probe."""
 
     __tablename__ = "job_logs"
+    __table_args__ = (
+        Index("ix_job_logs_job_id_id", "job_id", "id"),
+        Index("ix_job_logs_job_id_attempt_rank_seq", "job_id", "attempt", "rank", "seq"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int] = mapped_column(Integer)
     seq: Mapped[int] = mapped_column(Integer)
@@ -136,7 +143,7 @@ class JobMetricRow(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     attempt: Mapped[int] = mapped_column(Integer)
     step: Mapped[int] = mapped_column(Integer)
-    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)  # retention by age
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, aliased
 
 from scheduler.store.base import Repository
 from scheduler.store.records import LogLine, MetricPoint, ProgressPoint, job_row
+from scheduler.store.retention import newest_log_seqs
 from scheduler.store.tables import JobLogRow, JobMetricRow
 
 
@@ -101,13 +102,7 @@ class TelemetryStore(Repository):
             return 0
         with Session(self._engine) as session, session.begin():
             self._guard(session)
-            newest = dict(
-                session.execute(
-                    select(JobLogRow.rank, func.max(JobLogRow.seq))
-                    .where(JobLogRow.job_id == job_id, JobLogRow.attempt == attempt)
-                    .group_by(JobLogRow.rank)
-                ).all()
-            )
+            newest = newest_log_seqs(session, job_id, attempt, {rank for rank, _, _ in lines})
             fresh = [
                 JobLogRow(job_id=job_id, attempt=attempt, rank=rank, seq=seq, line=line)
                 for rank, seq, line in lines

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from httpx_sse import EventSource
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import create_app
@@ -421,14 +422,9 @@ def test_the_committed_openapi_document_is_the_apps() -> None:
     assert render(document()) == committed, "the API changed: run `python -m api.openapi`"
 
 
-def sse_events(text: str) -> list[tuple[str, str, str]]:
-    """(event, id, data) per Server-Sent Event."""
-    events = []
-    for block in text.strip().split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "event" in fields:
-            events.append((fields["event"], fields.get("id", ""), fields.get("data", "")))
-    return events
+def sse_events(response: Any) -> list[tuple[str, str, str]]:
+    """(event, id, data) per Server-Sent Event of a read response, decoded by httpx-sse."""
+    return [(e.event, e.id, e.data) for e in EventSource(response).iter_sse()]
 
 
 def test_the_log_stream_follows_new_lines_until_the_job_ends(
@@ -449,16 +445,16 @@ def test_the_log_stream_follows_new_lines_until_the_job_ends(
     writer.join()
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
-    events = sse_events(response.text)
+    events = sse_events(response)
     lines = [json.loads(data)["line"] for event, _, data in events if event == "line"]
     assert lines == ["before the stream", "rank 1 says hi", "while streaming"]
-    assert events[-1] == ("end", "", '{"state": "CANCELLED"}')
+    assert (events[-1][0], events[-1][2]) == ("end", '{"state": "CANCELLED"}')
 
     first_id = events[0][1]
     resumed = client.get(
         f"/v1/jobs/{job_id}/logs/stream", headers={"Last-Event-ID": first_id}, params={"rank": 0}
     )
-    assert [json.loads(d)["line"] for e, _, d in sse_events(resumed.text) if e == "line"] == [
+    assert [json.loads(d)["line"] for e, _, d in sse_events(resumed) if e == "line"] == [
         "while streaming"
     ]
     paged = client.get(f"/v1/jobs/{job_id}/logs", params={"after": first_id}).json()["lines"]

@@ -214,6 +214,61 @@ def test_follow_logs_raises_the_typed_error() -> None:
         list(client_for(handler).follow_logs(7))
 
 
+SSE = {"content-type": "text/event-stream"}
+
+
+def sse_line(cursor: int, text: str) -> str:
+    line = {"attempt": 1, "rank": 0, "seq": cursor, "line": text, "id": cursor}
+    return f"id: {cursor}\nevent: line\ndata: {json.dumps(line)}\n\n"
+
+
+def dropping_stream_handler(seen: list[str | None]) -> Callable[[httpx.Request], httpx.Response]:
+    """1st connection: one line, then the stream closes before the end event; 2nd: the
+    connection fails; 3rd: the next line and the end event."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("Last-Event-ID"))
+        if len(seen) == 1:
+            return httpx.Response(200, text=sse_line(5, "step 1"), headers=SSE)
+        if len(seen) == 2:
+            raise httpx.ReadError("connection reset by peer")
+        stream = sse_line(6, "step 2") + 'event: end\ndata: {"state": "SUCCEEDED"}\n\n'
+        return httpx.Response(200, text=stream, headers=SSE)
+
+    return handler
+
+
+def test_follow_logs_resumes_a_dropped_stream_after_the_last_line() -> None:
+    seen: list[str | None] = []
+    client = client_for(dropping_stream_handler(seen))
+    lines = list(client.follow_logs(7, backoff_s=0))
+    assert [(x.line, x.id) for x in lines] == [("step 1", 5), ("step 2", 6)]
+    assert seen == [None, "5", "5"]  # no gap, no repeat
+
+
+def test_the_async_client_resumes_a_dropped_stream_too() -> None:
+    seen: list[str | None] = []
+
+    async def scenario() -> list[int]:
+        async with async_client_for(dropping_stream_handler(seen)) as client:
+            return [x.id async for x in client.follow_logs(7, backoff_s=0)]
+
+    assert asyncio.run(scenario()) == [5, 6]
+    assert seen == [None, "5", "5"]
+
+
+def test_follow_logs_gives_up_after_repeated_drops_without_progress() -> None:
+    connections: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        connections.append(request)
+        raise httpx.ConnectError("connection refused")
+
+    with pytest.raises(TransportError, match="3 times in a row"):
+        list(client_for(handler).follow_logs(7, max_reconnects=2, backoff_s=0))
+    assert len(connections) == 3
+
+
 def test_a_job_handle_acts_on_its_job() -> None:
     states = iter(["RUNNING", "SUCCEEDED"])
     seen: list[str] = []
@@ -287,7 +342,7 @@ def test_the_async_client_follows_logs_and_types_its_errors() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/stream"):
-            return httpx.Response(200, text=stream)
+            return httpx.Response(200, text=stream, headers=SSE)
         error = {"code": "unauthorized", "message": "unknown key", "field": "Authorization"}
         return httpx.Response(401, json={"error": error, "errors": [error]})
 

@@ -1,0 +1,173 @@
+"""Request limits every route shares, enforced before a route runs.
+
+`RequestLimits` is one ASGI middleware: it counts a request body's bytes as they stream in
+(a missing or lying Content-Length does not get past it) and answers 413 above the limit,
+and it rejects text no database can store faithfully: a NUL byte (PostgreSQL refuses it in
+text, SQLite would silently keep it) or a lone UTF-16 surrogate (not encodable as UTF-8)
+in the path, the query or a JSON body, with a 422 naming the field. Doing this once, ahead
+of routing, covers every route and every free-form value (a function's `kwargs` too),
+identically on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.errors import error_response
+from gangway.models import ErrorDetail
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Sizes the service accepts and returns (see Settings for the GANGWAY_* names)."""
+
+    max_body_bytes: int = 1024 * 1024
+    exempt_prefixes: tuple[str, ...] = ("/v1/packages/",)  # uploads bound their own size
+    max_page_bytes: int = 2 * 1024 * 1024
+    streams_per_caller: int = 4
+    stream_poll_s: float = 1.0
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def invalid_text(value: str) -> str | None:
+    """Why `value` cannot be stored as text, or None when it can."""
+    if "\x00" in value:
+        return "contains a NUL byte (\\u0000), which text fields cannot hold"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone UTF-16 surrogate, which is not valid Unicode text"
+    return None
+
+
+def _strings(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Every string in a JSON document (keys included) with the path that leads to it."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield (*path, key), key
+            yield from _strings(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _strings(item, (*path, str(index)))
+
+
+def _first_invalid(pairs: Iterator[tuple[tuple[str, ...], str]]) -> ErrorDetail | None:
+    for path, text in pairs:
+        reason = invalid_text(text)
+        if reason is not None:
+            field = ".".join(path) or None
+            return ErrorDetail(code="validation_error", message=reason, field=field)
+    return None
+
+
+def _query_pairs(query_string: bytes) -> Iterator[tuple[tuple[str, ...], str]]:
+    for key, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
+        yield (key,), key
+        yield (key,), value
+
+
+def _is_json(scope: Scope) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            media: bytes = value.split(b";", 1)[0].strip().lower()
+            return media == b"application/json" or media.endswith(b"+json")
+    return False
+
+
+class RequestLimits:
+    """See the module docstring. Bodies under the limit are read whole (they are small by
+    then) and handed to the app unchanged; exempt prefixes stream straight through."""
+
+    def __init__(self, app: ASGIApp, *, limits: Limits) -> None:
+        self.app, self.limits = app, limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path.startswith(self.limits.exempt_prefixes):
+            await self.app(scope, receive, send)
+            return
+        problem = _first_invalid(iter([(("path",), path)])) or _first_invalid(
+            _query_pairs(scope.get("query_string", b""))
+        )
+        if problem is not None:
+            await error_response(422, [problem])(scope, receive, send)
+            return
+        try:
+            body = await self._read_body(scope, receive)
+        except _BodyTooLarge:
+            message = (
+                f"the request body is over {self.limits.max_body_bytes} bytes "
+                "(GANGWAY_MAX_BODY_BYTES)"
+            )
+            detail = ErrorDetail(code="payload_too_large", message=message)
+            await error_response(413, [detail], headers={"Connection": "close"})(
+                scope, receive, send
+            )
+            return
+        if body and _is_json(scope):
+            problem = self._json_problem(body)
+            if problem is not None:
+                await error_response(422, [problem])(scope, receive, send)
+                return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        declared = _content_length(scope)
+        if declared is not None and declared > self.limits.max_body_bytes:
+            raise _BodyTooLarge
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away; the app sees an empty body
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limits.max_body_bytes:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    @staticmethod
+    def _json_problem(body: bytes) -> ErrorDetail | None:
+        try:
+            document = json.loads(body)
+        except ValueError:
+            return None  # not JSON: the route answers that itself, as before
+        return _first_invalid(_strings(document))
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body once, as one message; then the real channel (for disconnects)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

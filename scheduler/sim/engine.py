@@ -55,12 +55,15 @@ class SimConfig:
     restore_s: float = 60.0
     time_limit_factor: float | None = None
     oracle: bool = False
+    placement: str = "consolidated"  # or "count": any free GPUs anywhere (Tiresias' sim)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ValueError("the cluster needs at least one node with one GPU")
         if min(self.checkpoint_interval_s, self.tick_s, self.wait_tick_s) <= 0:
             raise ValueError("checkpoint_interval_s, tick_s and wait_tick_s must be > 0")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
 
 
 class Phase(enum.Enum):
@@ -127,9 +130,15 @@ class _Event(enum.IntEnum):  # order of processing at one instant
     PASS = 3
 
 
-def shape_for(num_gpus: int, gpus_per_node: int) -> GangShape:
-    """A trace job of g GPUs: tensor-parallel groups of the largest of 8, 4, 2, 1 that
-    divides g and fits a node, data parallel across them."""
+PLACEMENTS = ("consolidated", "count")
+
+
+def shape_for(num_gpus: int, gpus_per_node: int, placement: str = "consolidated") -> GangShape:
+    """A trace job of g GPUs. Consolidated: tensor-parallel groups of the largest of 8, 4,
+    2, 1 that divides g and fits a node, data parallel across them. Count (the Tiresias
+    simulator's scheme, node boundaries ignored): g ranks of one GPU, each anywhere."""
+    if placement == "count":
+        return GangShape(Parallelism(dp=num_gpus))
     tp = max(t for t in (1, 2, 4, 8) if num_gpus % t == 0 and t <= gpus_per_node)
     return GangShape(Parallelism(dp=num_gpus // tp, tp=tp))
 
@@ -148,7 +157,9 @@ class Simulator:
             )
             for i in range(config.nodes)
         )
-        self.jobs = [SimJob(t, shape_for(t.num_gpus, config.gpus_per_node)) for t in trace]
+        self.jobs = [
+            SimJob(t, shape_for(t.num_gpus, config.gpus_per_node, config.placement)) for t in trace
+        ]
         self._events: list[tuple[float, int, int, int, int]] = []
         self._sequence = itertools.count()
         self._last_pass_s = -float("inf")

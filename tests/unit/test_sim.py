@@ -94,6 +94,20 @@ def test_gangs_span_nodes_and_racks() -> None:
     assert run([TraceJob(0, 0, 8, 10)], "gangway", config) == {0: (0, 10)}
 
 
+def test_count_placement_ignores_node_boundaries() -> None:
+    # Best fit packs jobs 0, 1 on one node and 2, 3 on the other; at 50 jobs 0 and 2 end,
+    # leaving 2 free GPUs on each node. Consolidated, job 4 is one tensor-parallel group
+    # of 4 and waits for a whole node; counted, it takes the 2 + 2 at once.
+    ends = (50, 100, 50, 100)
+    trace = [TraceJob(i, 0, 2, end) for i, end in enumerate(ends)] + [TraceJob(4, 60, 4, 10)]
+    two_nodes = SimConfig(nodes=2, gpus_per_node=4, tick_s=1.0)
+    assert run(trace, "fifo", two_nodes)[4] == (100, 110)
+    counted = replace(two_nodes, placement="count")
+    assert run(trace, "fifo", counted)[4] == (60, 70)
+    with pytest.raises(ValueError, match="placement"):
+        replace(two_nodes, placement="random")
+
+
 def test_metric_helpers() -> None:
     assert percentile([5, 1, 3, 2, 4], 50) == 3
     assert percentile([1, 2, 3, 4], 99) == 4

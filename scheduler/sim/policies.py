@@ -67,6 +67,34 @@ POLICIES: dict[str, SimPolicy] = {
             ),
         ),
         SimPolicy(
+            "gittins",
+            "Tiresias-style 2D-Gittins: the 2D-LAS bands, and within a band the higher "
+            "Gittins index of attained GPU-time under a prior learned from finished jobs",
+            PolicyConfig(
+                reservations=False,
+                elastic_resize=False,
+                aging_interval_s=NEVER_S,
+                min_runtime_s=0.0,
+                starvation_s=NEVER_S,
+                service_preemption_loss_s=NEVER_S,
+                service_order="gittins",
+            ),
+        ),
+        SimPolicy(
+            "srsf",
+            "shortest remaining GPU service first, preemptive, greedy backfill, on "
+            "predicted remaining run times (with --oracle: the true ones, a lower bound)",
+            PolicyConfig(
+                reservations=False,
+                elastic_resize=False,
+                aging_interval_s=NEVER_S,
+                min_runtime_s=0.0,
+                starvation_s=NEVER_S,
+                service_preemption_loss_s=NEVER_S,
+                service_order="srsf",
+            ),
+        ),
+        SimPolicy(
             "gangway",
             "Gangway's default: priority + aging, least attained service within a priority "
             "(preempting only near a checkpoint), starvation promotion, fair share, EASY "

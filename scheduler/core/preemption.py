@@ -90,8 +90,9 @@ def _eligible(
 def _pays_off(victim: JobView, job: JobView, now: datetime, config: PolicyConfig) -> bool:
     """Preempting `victim` for `job` pays when the victim would hold its GPUs longer than
     the newcomer needs them plus what the swap costs (stop, warm-up, lost work): running
-    the shorter job first then shortens the pair's total completion time. Unknown
-    predictions count as long (the victim) and as not short (the newcomer)."""
+    the shorter job first then shortens the pair's total completion time. A victim of
+    unknown length counts as long (so with no predictions at all, service order alone
+    decides); a newcomer of unknown length is not known to be short."""
     victim_left = victim.predicted_remaining_s
     if victim_left is None:
         return True

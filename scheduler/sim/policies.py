@@ -102,5 +102,15 @@ POLICIES: dict[str, SimPolicy] = {
             PolicyConfig(elastic_resize=False),
             fair_share=True,
         ),
+        SimPolicy(
+            "gangway-predicted",
+            "Gangway's default with run-time predictions: within a service band the least "
+            "predicted remaining GPU service first, and a preemption for service only when "
+            "it pays for itself",
+            PolicyConfig(
+                elastic_resize=False, shortest_predicted_first=True, preemption_payoff=True
+            ),
+            fair_share=True,
+        ),
     )
 }

@@ -108,6 +108,25 @@ def test_count_placement_ignores_node_boundaries() -> None:
         replace(two_nodes, placement="random")
 
 
+def test_srsf_with_the_oracle_runs_the_short_job_first() -> None:
+    trace = [TraceJob(0, 0, 1, 1000), TraceJob(1, 1, 1, 10)]
+    one_gpu = SimConfig(nodes=1, gpus_per_node=1, tick_s=1.0, wait_tick_s=1.0, oracle=True)
+    srsf = run(trace, "srsf", one_gpu)
+    assert srsf[1][1] < srsf[0][1]
+    fifo = run(trace, "fifo", one_gpu)
+    assert fifo[1][1] > fifo[0][1]
+
+
+def test_gittins_learns_its_prior_and_the_report_rates_the_predictor() -> None:
+    trace = [TraceJob(i, 40 * i, 1, 100 + i) for i in range(12)]
+    result = Simulator(trace, ONE_NODE, POLICIES["gittins"]).run()
+    metrics = compute(result)
+    assert metrics.jobs == 12
+    # The first jobs arrive before any has finished: unknown; later ones get a prediction.
+    assert 0 < metrics.predicted_jobs < 12
+    assert metrics.prediction_mdape is not None and metrics.prediction_mdape < 0.2
+
+
 def test_metric_helpers() -> None:
     assert percentile([5, 1, 3, 2, 4], 50) == 3
     assert percentile([1, 2, 3, 4], 99) == 4

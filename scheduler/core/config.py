@@ -56,7 +56,9 @@ class PolicyConfig:
         the victim's predicted remaining run time exceeds the newcomer's by more than the
         cost of stopping and resuming (`checkpoint_grace_s` + `restart_cost_s` + the work
         lost since its checkpoint). Unknown predictions count as long.
-    restart_cost_s: a resumed run's warm-up before it makes progress again.
+    restart_cost_s: a resumed (or resized) run's warm-up before it makes progress again.
+    resize_lookahead_s: an elastic job does not grow while other jobs are expected to
+        free GPUs within this window; it grows once, when they have (each grow restarts).
     gittins: the Gittins table for "gittins" order (rebuilt by the caller as jobs end).
     """
 
@@ -76,6 +78,7 @@ class PolicyConfig:
     shortest_predicted_first: bool = False
     preemption_payoff: bool = False
     restart_cost_s: float = 60.0
+    resize_lookahead_s: float = 120.0
     gittins: GittinsTable | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -92,8 +95,8 @@ class PolicyConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.service_order not in SERVICE_ORDERS:
             raise ValueError(f"service_order must be one of {', '.join(SERVICE_ORDERS)}")
-        if self.restart_cost_s < 0:
-            raise ValueError("restart_cost_s must be >= 0")
+        if self.restart_cost_s < 0 or self.resize_lookahead_s < 0:
+            raise ValueError("restart_cost_s and resize_lookahead_s must be >= 0")
         levels = self.service_levels_gpu_s
         if any(level <= 0 for level in levels) or list(levels) != sorted(set(levels)):
             raise ValueError("service_levels_gpu_s must be positive and strictly ascending")

@@ -1,6 +1,6 @@
 """How well the step-time model predicts configurations it was not calibrated on.
 
-    .venv/bin/python -m bench.steptime_accuracy --steps 6
+    .venv/bin/python -m bench.steptime_accuracy --steps 4
 
 Measures real step times of the built-in trainer (gloo CPU ranks, gpt-mini-sized models,
 through tests/engine_harness.run_engine) on a calibration set of models x plans, fits the
@@ -38,13 +38,11 @@ from workers.training import TrainSpec
 MODELS = {
     "bench-l4-e256": GPTConfig(vocab_size=8192, seq_len=128, n_layer=4, n_head=4, n_embd=256),
     "bench-l6-e384": GPTConfig(vocab_size=8192, seq_len=256, n_layer=6, n_head=8, n_embd=384),
-    "bench-l4-e384": GPTConfig(vocab_size=8192, seq_len=128, n_layer=4, n_head=8, n_embd=384),
     # held out
-    "bench-l8-e256": GPTConfig(vocab_size=8192, seq_len=128, n_layer=8, n_head=8, n_embd=256),
     "bench-l6-e320": GPTConfig(vocab_size=8192, seq_len=256, n_layer=6, n_head=8, n_embd=320),
 }
-CALIBRATION_MODELS = ("bench-l4-e256", "bench-l6-e384", "bench-l4-e384")
-HELD_OUT_MODELS = ("bench-l8-e256", "bench-l6-e320")
+CALIBRATION_MODELS = ("bench-l4-e256", "bench-l6-e384")
+HELD_OUT_MODELS = ("bench-l6-e320",)
 CALIBRATION_PLANS = (
     StepPlan(dp=1),
     StepPlan(dp=2),
@@ -56,7 +54,6 @@ HELD_OUT_PLANS = (
     StepPlan(dp=2, tp=2),
     StepPlan(pp=2, microbatches=4, schedule="gpipe"),
     StepPlan(dp=4),
-    StepPlan(dp=2, pp=2, microbatches=2),
 )
 
 
@@ -84,7 +81,7 @@ def measure(name: str, plan: StepPlan, steps: int, folder: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
     node = NodeType(
         "this machine (CPU, gloo)",

@@ -104,11 +104,15 @@ POLICIES: dict[str, SimPolicy] = {
         ),
         SimPolicy(
             "gangway-predicted",
-            "Gangway's default with run-time predictions: within a service band the least "
-            "predicted remaining GPU service first, and a preemption for service only when "
-            "it pays for itself",
+            "Gangway's default with run-time predictions, for one priority class: within a "
+            "service band the least predicted remaining GPU service first, a preemption for "
+            "service only when it pays for itself, and no aging (within one priority it "
+            "only reorders by wait; the 4 h starvation promotion bounds waits instead)",
             PolicyConfig(
-                elastic_resize=False, shortest_predicted_first=True, preemption_payoff=True
+                elastic_resize=False,
+                shortest_predicted_first=True,
+                preemption_payoff=True,
+                aging_interval_s=NEVER_S,
             ),
             fair_share=True,
         ),

@@ -75,8 +75,8 @@ class PolicyConfig:
     starvation_s: float = 4 * 3600.0
     service_preemption_loss_s: float = 300.0
     service_order: str = "las"
-    shortest_predicted_first: bool = False
-    preemption_payoff: bool = False
+    shortest_predicted_first: bool = True
+    preemption_payoff: bool = True
     restart_cost_s: float = 60.0
     resize_lookahead_s: float = 120.0
     gittins: GittinsTable | None = field(default=None, compare=False, repr=False)

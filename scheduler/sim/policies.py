@@ -97,23 +97,17 @@ POLICIES: dict[str, SimPolicy] = {
         SimPolicy(
             "gangway",
             "Gangway's default: priority + aging, least attained service within a priority "
-            "(preempting only near a checkpoint), starvation promotion, fair share, EASY "
-            "backfill behind one reservation",
+            "(then least predicted remaining service; preempting only near a checkpoint and "
+            "when the prediction says it pays), starvation promotion, fair share, EASY "
+            "backfill behind one reservation on predicted ends",
             PolicyConfig(elastic_resize=False),
             fair_share=True,
         ),
         SimPolicy(
-            "gangway-predicted",
-            "Gangway's default with run-time predictions, for one priority class: within a "
-            "service band the least predicted remaining GPU service first, a preemption for "
-            "service only when it pays for itself, and no aging (within one priority it "
+            "gangway-no-aging",
+            "Gangway's default without aging, for traces of one priority class (there aging "
             "only reorders by wait; the 4 h starvation promotion bounds waits instead)",
-            PolicyConfig(
-                elastic_resize=False,
-                shortest_predicted_first=True,
-                preemption_payoff=True,
-                aging_interval_s=NEVER_S,
-            ),
+            PolicyConfig(elastic_resize=False, aging_interval_s=NEVER_S),
             fair_share=True,
         ),
     )

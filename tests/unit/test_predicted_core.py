@@ -38,9 +38,9 @@ def test_shortest_predicted_first_within_a_band_unknown_last() -> None:
         replace(pending(3, dp=2), predicted_remaining_s=1000.0),  # 2000 GPU-s
         replace(pending(4), predicted_remaining_s=1500.0),
     ]
-    config = replace(CONFIG, shortest_predicted_first=True)
-    assert [j.id for j in queue_order(jobs, NOW, config)] == [4, 3, 1, 2]
-    assert [j.id for j in queue_order(jobs, NOW, CONFIG)] == [1, 2, 3, 4]
+    assert [j.id for j in queue_order(jobs, NOW, CONFIG)] == [4, 3, 1, 2]
+    submit_order = replace(CONFIG, shortest_predicted_first=False)
+    assert [j.id for j in queue_order(jobs, NOW, submit_order)] == [1, 2, 3, 4]
 
 
 def test_gittins_order_within_a_band() -> None:
@@ -67,9 +67,11 @@ def test_a_preemption_for_service_must_pay_for_itself() -> None:
     # The victim has sunk below the top band (2 GPU-hours attained) and just checkpointed.
     victim = replace(running(1, ["n0"], started=-7200), predicted_remaining_s=400.0)
     newcomer = replace(pending(2), predicted_remaining_s=300.0)
-    config = replace(CONFIG, service_preemption_loss_s=1e9)
-    assert any(isinstance(d, Preempt) for d in schedule(cluster, [victim, newcomer], NOW, config))
-    paying = replace(config, preemption_payoff=True)
+    paying = replace(CONFIG, service_preemption_loss_s=1e9)
+    regardless = replace(paying, preemption_payoff=False)
+    assert any(
+        isinstance(d, Preempt) for d in schedule(cluster, [victim, newcomer], NOW, regardless)
+    )
     # 400 s left vs 300 s + grace 120 + restart 60 + lost work: not worth it.
     assert not any(
         isinstance(d, Preempt) for d in schedule(cluster, [victim, newcomer], NOW, paying)

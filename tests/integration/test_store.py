@@ -102,8 +102,8 @@ def test_explain_wait_updates_pending_jobs_only(repo: JobRepository) -> None:
 def test_replace_nodes(repo: JobRepository) -> None:
     repo.replace_nodes([Node("b", "node-b", 4, 8.0), Node("a", "node-a", 4, 8.0, alive=False)])
     assert [n.name for n in repo.nodes()] == ["node-a", "node-b"]
-    repo.replace_nodes([Node("c", "node-c", 8, 16.0)])
-    assert [n.id for n in repo.nodes()] == ["c"]
+    repo.replace_nodes([Node("c", "node-c", 8, 16.0, rack="r2")])
+    assert [(n.id, n.rack) for n in repo.nodes()] == [("c", "r2")]
 
 
 def test_upgrade_from_0001_keeps_jobs_and_fills_the_user(database_url: str) -> None:

@@ -1,6 +1,6 @@
 """How well the step-time model predicts configurations it was not calibrated on.
 
-    .venv/bin/python -m bench.steptime_accuracy --steps 4
+    .venv/bin/python -m bench.steptime_accuracy --steps 3
 
 Measures real step times of the built-in trainer (gloo CPU ranks, gpt-mini-sized models,
 through tests/engine_harness.run_engine) on a calibration set of models x plans, fits the
@@ -41,19 +41,17 @@ MODELS = {
     # held out
     "bench-l6-e320": GPTConfig(vocab_size=8192, seq_len=256, n_layer=6, n_head=8, n_embd=320),
 }
-CALIBRATION_MODELS = ("bench-l4-e256", "bench-l6-e384")
-HELD_OUT_MODELS = ("bench-l6-e320",)
-CALIBRATION_PLANS = (
-    StepPlan(dp=1),
-    StepPlan(dp=2),
-    StepPlan(dp=2, fsdp=True),
-    StepPlan(tp=2),
-    StepPlan(pp=2, microbatches=2),
+CALIBRATION = (
+    ("bench-l4-e256", StepPlan(dp=1)),
+    ("bench-l4-e256", StepPlan(dp=2)),
+    ("bench-l4-e256", StepPlan(tp=2)),
+    ("bench-l4-e256", StepPlan(pp=2, microbatches=2)),
+    ("bench-l6-e384", StepPlan(dp=1)),
+    ("bench-l6-e384", StepPlan(dp=2, fsdp=True)),
 )
-HELD_OUT_PLANS = (
-    StepPlan(dp=2, tp=2),
-    StepPlan(pp=2, microbatches=4, schedule="gpipe"),
-    StepPlan(dp=4),
+HELD_OUT = (
+    ("bench-l6-e320", StepPlan(dp=2, tp=2)),
+    ("bench-l6-e320", StepPlan(pp=2, microbatches=4, schedule="gpipe")),
 )
 
 
@@ -81,7 +79,7 @@ def measure(name: str, plan: StepPlan, steps: int, folder: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     node = NodeType(
         "this machine (CPU, gloo)",
@@ -95,8 +93,7 @@ def main() -> None:
         folder = Path(tmp)
         runs = [
             Measured(shape(MODELS[name]), plan, measure(name, plan, args.steps, folder))
-            for name in CALIBRATION_MODELS
-            for plan in CALIBRATION_PLANS
+            for name, plan in CALIBRATION
         ]
         calibration = calibrate(node, runs)
         print(json.dumps({"coefficients": calibration.coefficients, "runs": len(runs)}))
@@ -107,20 +104,19 @@ def main() -> None:
                 f"measured {run.step_time_s:.3f} s predicted {predicted:.3f} s"
             )
         pairs = []
-        for name in HELD_OUT_MODELS:
-            for plan in HELD_OUT_PLANS:
-                measured = measure(name, plan, args.steps, folder)
-                predicted = calibration.step_time_s(shape(MODELS[name]), plan)
-                pairs.append((predicted, measured))
-                print(
-                    f"held-out {name} dp={plan.dp} tp={plan.tp} pp={plan.pp} "
-                    f"m={plan.microbatches} {plan.schedule}: measured {measured:.3f} s, "
-                    f"predicted {predicted:.3f} s ({(predicted - measured) / measured:+.0%})",
-                    flush=True,
-                )
+        for name, plan in HELD_OUT:
+            measured = measure(name, plan, args.steps, folder)
+            predicted = calibration.step_time_s(shape(MODELS[name]), plan)
+            pairs.append((predicted, measured))
+            print(
+                f"held-out {name} dp={plan.dp} tp={plan.tp} pp={plan.pp} "
+                f"m={plan.microbatches} {plan.schedule}: measured {measured:.3f} s, "
+                f"predicted {predicted:.3f} s ({(predicted - measured) / measured:+.0%})",
+                flush=True,
+            )
     model = shape(MODELS["bench-l6-e320"])
     timed = time.perf_counter()
-    calibration.step_time_s(model, HELD_OUT_PLANS[0])
+    calibration.step_time_s(model, HELD_OUT[0][1])
     estimate_ms = (time.perf_counter() - timed) * 1000
     timed = time.perf_counter()
     choice = auto_plan(calibration, model, gpus=8, global_batch=64, steps=1000)

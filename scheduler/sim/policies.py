@@ -4,10 +4,14 @@ any policy): each is a `PolicyConfig` of the core."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from scheduler.core import PolicyConfig
 
 NEVER_S = 1e15  # an aging interval no wait reaches: aging off
+# The baselines are the published algorithms: they neither order by predicted remaining
+# service nor ask a preemption to pay for itself (Gangway's own defaults do).
+BASELINE: dict[str, Any] = {"shortest_predicted_first": False, "preemption_payoff": False}
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ POLICIES: dict[str, SimPolicy] = {
             "fifo",
             "strict FIFO with gangs: submit order, the head blocks everything behind it",
             PolicyConfig(
+                **BASELINE,
                 backfill=False,
                 preemption=False,
                 elastic_resize=False,
@@ -36,6 +41,7 @@ POLICIES: dict[str, SimPolicy] = {
             "fifo-backfill",
             "FIFO with greedy backfill: any later job that fits starts, no reservation",
             PolicyConfig(
+                **BASELINE,
                 reservations=False,
                 preemption=False,
                 elastic_resize=False,
@@ -47,6 +53,7 @@ POLICIES: dict[str, SimPolicy] = {
             "slurm-easy",
             "Slurm-like priority + EASY backfill on time limits, no preemption, no aging",
             PolicyConfig(
+                **BASELINE,
                 preemption=False,
                 elastic_resize=False,
                 aging_interval_s=NEVER_S,
@@ -58,6 +65,7 @@ POLICIES: dict[str, SimPolicy] = {
             "Tiresias-style 2D-LAS: priority by attained GPU-time in 3 discretised queues, "
             "preemption, greedy backfill",
             PolicyConfig(
+                **BASELINE,
                 reservations=False,
                 elastic_resize=False,
                 aging_interval_s=NEVER_S,
@@ -67,11 +75,49 @@ POLICIES: dict[str, SimPolicy] = {
             ),
         ),
         SimPolicy(
+            "gittins",
+            "Tiresias-style 2D-Gittins: the 2D-LAS bands, and within a band the higher "
+            "Gittins index of attained GPU-time under a prior learned from finished jobs",
+            PolicyConfig(
+                **BASELINE,
+                reservations=False,
+                elastic_resize=False,
+                aging_interval_s=NEVER_S,
+                min_runtime_s=0.0,
+                starvation_s=NEVER_S,
+                service_preemption_loss_s=NEVER_S,
+                service_order="gittins",
+            ),
+        ),
+        SimPolicy(
+            "srsf",
+            "shortest remaining GPU service first, preemptive, greedy backfill, on "
+            "predicted remaining run times (with --oracle: the true ones, a lower bound)",
+            PolicyConfig(
+                **BASELINE,
+                reservations=False,
+                elastic_resize=False,
+                aging_interval_s=NEVER_S,
+                min_runtime_s=0.0,
+                starvation_s=NEVER_S,
+                service_preemption_loss_s=NEVER_S,
+                service_order="srsf",
+            ),
+        ),
+        SimPolicy(
             "gangway",
             "Gangway's default: priority + aging, least attained service within a priority "
-            "(preempting only near a checkpoint), starvation promotion, fair share, EASY "
-            "backfill behind one reservation",
+            "(then least predicted remaining service; preempting only near a checkpoint and "
+            "when the prediction says it pays), starvation promotion, fair share, EASY "
+            "backfill behind one reservation on predicted ends",
             PolicyConfig(elastic_resize=False),
+            fair_share=True,
+        ),
+        SimPolicy(
+            "gangway-no-aging",
+            "Gangway's default without aging, for traces of one priority class (there aging "
+            "only reorders by wait; the 4 h starvation promotion bounds waits instead)",
+            PolicyConfig(elastic_resize=False, aging_interval_s=NEVER_S),
             fair_share=True,
         ),
     )

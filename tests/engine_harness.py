@@ -23,12 +23,14 @@ class _StopAt:
     def __init__(self, stop_at: int | None) -> None:
         self.stop_at, self.step = stop_at, 0
         self.metrics: dict[str, Any] = {}
+        self.history: list[dict[str, Any]] = []
 
     def should_stop(self) -> bool:
         return self.stop_at is not None and self.step >= self.stop_at
 
     def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None:
         self.step, self.metrics = step, metrics
+        self.history.append(metrics)
 
 
 def run_engine(
@@ -38,9 +40,11 @@ def run_engine(
     *,
     checkpoint_dir: Path | None = None,
     stop_at: int | None = None,
+    slowdown: dict[int, float] | None = None,
 ) -> dict[str, Any]:
     """Train on plan.world_size processes; rank 0's result: losses, resumed_from, step,
-    and the metrics it reported last."""
+    and the metrics it reported last (`history`: every step's). `slowdown`: rank ->
+    how many times slower its compute is made."""
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "world": plan.world_size,
@@ -50,6 +54,7 @@ def run_engine(
         "out": str(out),
         "checkpoint_dir": checkpoint_dir,
         "stop_at": stop_at,
+        "slowdown": slowdown or {},
     }
     mp.start_processes(_rank_main, args=(job,), nprocs=plan.world_size, start_method="spawn")
     result: dict[str, Any] = json.loads((out / "rank0.json").read_text())
@@ -67,6 +72,7 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
             ParallelPlan(**job["plan"]),
             TrainSpec(**job["spec"]),
             checkpoint_dir=job["checkpoint_dir"],
+            slowdown=job["slowdown"].get(rank, 1.0),
         )
         if rank == 0:
             payload = {
@@ -74,6 +80,7 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
                 "resumed_from": result.resumed_from,
                 "step": result.step,
                 "metrics": reporter.metrics,
+                "history": reporter.history,
             }
             Path(job["out"], "rank0.json").write_text(json.dumps(payload))
         dist.barrier()  # no rank tears gloo down while a peer still talks to it

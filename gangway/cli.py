@@ -71,6 +71,13 @@ def submit(
     kwargs: Annotated[
         str, typer.Option(help="JSON object of keyword arguments for --function")
     ] = "{}",
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="a built-in trainer field, key=value (repeatable): --set update_mode=local-sgd",
+        ),
+    ] = None,
     dp: int = 1,
     tp: int = 1,
     pp: int = 1,
@@ -96,7 +103,7 @@ def submit(
         entrypoint: Builtin | Function = (
             Function(target=function, kwargs=json.loads(kwargs))
             if function
-            else Builtin(model=model, steps=steps)
+            else _builtin(model, steps, settings or [])
         )
         spec = JobSubmit(
             name=name,
@@ -112,6 +119,28 @@ def submit(
         if wait:
             job = _wait(client, job, show_progress=not as_json)
     _print_job(job, as_json)
+
+
+def _builtin(model: str, steps: int, settings: list[str]) -> Builtin:
+    """The built-in trainer from flags and `--set key=value` pairs (a value is read as
+    JSON when it parses, else as text); a bad key or value exits 2 naming it."""
+    fields: dict[str, Any] = {"model": model, "steps": steps}
+    for item in settings:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            typer.echo(f"error: --set {item!r}: expected key=value", err=True)
+            raise typer.Exit(2)
+        try:
+            fields[key] = json.loads(text)
+        except json.JSONDecodeError:
+            fields[key] = text
+    try:
+        return Builtin.model_validate(fields)
+    except ValidationError as error:
+        for problem in error.errors():
+            where = ".".join(str(part) for part in problem["loc"])
+            typer.echo(f"error: --set {where}: {problem['msg']}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:
@@ -282,19 +311,24 @@ def metrics(
     url: Url = DEFAULT_URL,
     as_json: AsJson = False,
 ) -> None:
-    """A job's loss, tokens/s, step time and memory over its steps."""
+    """A job's loss, tokens/s, step time, memory and communication over its steps."""
     with cli_shared.connect(url) as client:
         points = run(lambda: client.metrics(job_id, max_points=max_points))
     if as_json:
         typer.echo(json.dumps([p.model_dump(mode="json") for p in points], indent=2))
         return
-    typer.echo(f"{'STEP':>8} {'ATT':>3} {'LOSS':>9} {'TOKENS/S':>10} {'STEP MS':>8} {'MEM MB':>8}")
+    typer.echo(
+        f"{'STEP':>8} {'ATT':>3} {'LOSS':>9} {'TOKENS/S':>10} {'STEP MS':>8} {'MEM MB':>8} "
+        f"{'COMM MS':>8} {'COMM MB':>8}"
+    )
     for p in points:
         step_ms = p.step_time_s * 1000 if p.step_time_s is not None else None
+        comm_ms = p.comm_s * 1000 if p.comm_s is not None else None
+        comm_mb = p.comm_bytes / 2**20 if p.comm_bytes is not None else None
         typer.echo(
             f"{p.step:>8} {p.attempt:>3} {_num(p.loss, '.4f'):>9} "
             f"{_num(p.tokens_per_s, ',.0f'):>10} {_num(step_ms, '.0f'):>8} "
-            f"{_num(p.memory_mb, '.0f'):>8}"
+            f"{_num(p.memory_mb, '.0f'):>8} {_num(comm_ms, '.0f'):>8} {_num(comm_mb, '.2f'):>8}"
         )
 
 

@@ -108,10 +108,15 @@ def train(
     meter = CommMeter()
     dp_group = mesh.get_group("dp")
     parts = build_parts(
-        plan, spec.config, mesh, device, seed=spec.seed, loss_fn=loss_fn,
+        plan,
+        spec.config,
+        mesh,
+        device,
+        seed=spec.seed,
+        loss_fn=loss_fn,
         stage_layers=_stage_layers(plan, spec, device),
         ddp_hook=ddp_hook(plan, dp_group, meter) if plan.dp > 1 else None,
-    )  # fmt: skip
+    )
     optimizers = [_optimizer(part, spec) for part in parts.parts]
     schedulers = [_lr_schedule(opt, spec) for opt in optimizers]
     params = list(_params(parts.parts))
@@ -125,9 +130,16 @@ def train(
         for _ in range(step):
             scheduler.step()
     loop = _Loop(
-        plan=plan, spec=spec, mesh=mesh, parts=parts, device=device, loss_fn=loss_fn,
-        rule=rule, meter=meter, slowdown=slowdown,
-    )  # fmt: skip
+        plan=plan,
+        spec=spec,
+        mesh=mesh,
+        parts=parts,
+        device=device,
+        loss_fn=loss_fn,
+        rule=rule,
+        meter=meter,
+        slowdown=slowdown,
+    )
     # Checkpoints written before the position was saved ran at this plan's batch.
     loop.next_sample = checkpointer.counters.get(NEXT_SAMPLE, step * loop.samples_per_step)
     result = TrainResult(step=step, resumed_from=step)
@@ -225,6 +237,7 @@ class _Loop:
         if local_s is not None:
             metrics["local_s"] = local_s
             self.batch.observe(step, local_s / shares[self.dp_rank], self.mesh.get_group("dp"))
+        metrics["batch_share"] = float(shares[self.dp_rank])
         metrics |= self.rule.describe()
         if self.state_mb is None:  # fixed once the optimizer has made its state
             self.state_mb = _state_bytes(self.parts.parts, optimizers) / 2**20
@@ -361,8 +374,12 @@ class _BatchShares:
         speeds = [1.0 / max(float(t), 1e-9) for t in gathered]
         shares = balance.batch_shares(speeds, self.global_batch)
         if shares != self.shares and is_rank0():
-            print(f"batch shares {self.shares} -> {shares} (rank speeds, samples/s: "
-                  + ", ".join(f"{s:.1f}" for s in speeds) + ")", flush=True)  # fmt: skip
+            print(
+                f"batch shares {self.shares} -> {shares} (rank speeds, samples/s: "
+                + ", ".join(f"{s:.1f}" for s in speeds)
+                + ")",
+                flush=True,
+            )
         self.shares = shares
 
 

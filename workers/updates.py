@@ -100,9 +100,11 @@ def ddp_hook(
     or a plain all-reduce, metered."""
     if plan.update_mode != "sync":
         local = PostLocalSGDState(  # type: ignore[no-untyped-call]
-            process_group=group, subgroup=None, start_localSGD_iter=0,
+            process_group=group,
+            subgroup=None,
+            start_localSGD_iter=0,
             post_local_gradient_allreduce=False,
-        )  # fmt: skip
+        )
         return local, post_localSGD_hook
     state, hook = plan_comm_hook(plan, group) or (group, default_hooks.allreduce_hook)
     return state, metered_hook(meter, hook, _WIRE_BYTES.get(plan.grad_compression, 0))
@@ -274,7 +276,11 @@ def build_rule(
         return LocalSGD(group, meter, period=plan.sync_period)
     if plan.update_mode == "diloco":
         return DiLoCo(
-            group, meter, params, period=plan.sync_period, lr=plan.outer_lr,
+            group,
+            meter,
+            params,
+            period=plan.sync_period,
+            lr=plan.outer_lr,
             momentum=plan.outer_momentum,
-        )  # fmt: skip
+        )
     return AdaptivePeriod(group, meter, period=plan.sync_period, target=plan.drift_target)

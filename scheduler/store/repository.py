@@ -128,6 +128,8 @@ class ProgressPoint:
     tokens_per_s: float | None = None
     step_time_s: float | None = None
     memory_mb: float | None = None
+    comm_s: float | None = None
+    comm_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,8 @@ class MetricPoint:
     tokens_per_s: float | None
     step_time_s: float | None
     memory_mb: float | None
+    comm_s: float | None = None
+    comm_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -418,6 +422,8 @@ class JobRepository:
                     tokens_per_s=point.tokens_per_s,
                     step_time_s=point.step_time_s,
                     memory_mb=point.memory_mb,
+                    comm_s=point.comm_s,
+                    comm_bytes=point.comm_bytes,
                 )
             )
 
@@ -446,7 +452,17 @@ class JobRepository:
         if (total - 1) % stride:  # the newest came in beside the last evenly spaced one
             del kept[-2]
         return [
-            MetricPoint(r.attempt, r.step, r.at, r.loss, r.tokens_per_s, r.step_time_s, r.memory_mb)
+            MetricPoint(
+                r.attempt,
+                r.step,
+                r.at,
+                r.loss,
+                r.tokens_per_s,
+                r.step_time_s,
+                r.memory_mb,
+                r.comm_s,
+                r.comm_bytes,
+            )
             for r in kept
         ]
 

@@ -1,7 +1,8 @@
 """Load balancing: pipeline stages by measured layer cost, data shares by rank speed.
 
 Stages. The pipeline's items are [embeddings, block 0, ..., block n-1, head + loss]; each
-is timed forward + backward on one microbatch (median of a few runs), and its memory is
+is timed forward + backward on one microbatch (median of a few runs; wall time on a GPU,
+the process's CPU time on a CPU, where other processes share the cores), and its memory is
 its parameters with their gradients and AdamW moments (4 copies) plus its output
 activation per microbatch in flight. Every rank measures and the costs are averaged over
 the world (one all-reduce), so every rank computes the same split. The split is
@@ -99,12 +100,19 @@ def _time_fwd_bwd(
     fn: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, device: torch.device
 ) -> float:
     x = hidden.clone().requires_grad_(True)
+    clock = cost_clock(device)
     _sync(device)
-    began = time.perf_counter()
+    began = clock()
     out = fn(x)
     out.backward(torch.ones_like(out))  # type: ignore[no-untyped-call]
     _sync(device)
-    return time.perf_counter() - began
+    return clock() - began
+
+
+def cost_clock(device: torch.device) -> Callable[[], float]:
+    """Wall time on a GPU (after a synchronize); CPU time of this process on a CPU,
+    which other processes sharing the cores do not inflate."""
+    return time.perf_counter if device.type == "cuda" else time.process_time
 
 
 def _sync(device: torch.device) -> None:

@@ -25,7 +25,7 @@ from gangway.models import (
 from scheduler.core import free_capacity
 from scheduler.core.quotas import NO_QUOTA, borrowing_jobs, gpus_by_queue
 from scheduler.model import JobState, Node, Parallelism, QueueQuota
-from scheduler.runtime.views import gang_shape, job_view
+from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
 from workers.checkpoint_layout import completed, job_directory, step_of
 
@@ -101,7 +101,7 @@ def job_explanation(job: JobRecord, now: datetime) -> JobExplanation:
 
 def placed_mesh(job: JobRecord) -> Parallelism:
     """The job's mesh as placed: an elastic job's dp is the one its placement shows."""
-    return gang_shape(job.spec, job.placement).parallelism
+    return job.spec.placed(job.placement).parallelism
 
 
 def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:
@@ -137,7 +137,7 @@ def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:
         admitted_at=job.admitted_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
-        spec=JobSubmit.model_validate(job.spec),
+        spec=JobSubmit.model_validate(job.spec_json),
         placement=placement,
         estimated_start_at=job.estimated_start_at,
         explanation=WaitExplanation.model_validate(job.explanation) if job.explanation else None,

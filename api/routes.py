@@ -41,8 +41,8 @@ from gangway.models import (
     Script,
 )
 from scheduler.model import RESOURCE_HOLDING_STATES
-from scheduler.runtime.views import gang_shape
 from scheduler.store import JobRepository, NewJob, QueueRepository
+from scheduler.store.specs import spec_from_json
 
 # Every /v1 route needs a caller (auth on) or lets everyone in (auth off): see api.auth.
 router = APIRouter(dependencies=[Depends(current_caller)])
@@ -111,8 +111,8 @@ def submit_job(
     nodes = repo.nodes()
     spec = submit.model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-    shape = gang_shape(spec)
-    validate_submission(submit, shape, nodes)
+    job_spec = spec_from_json(spec)
+    validate_submission(submit, job_spec, nodes)
     if isinstance(submit.entrypoint, Script):  # ranks may start in another directory
         spec["entrypoint"]["path"] = str(Path(submit.entrypoint.path).resolve())
     record, created = repo.create_once(
@@ -122,7 +122,7 @@ def submit_job(
             user=submit.user,
             priority=submit.priority,
             spec=spec,
-            num_gpus=shape.num_gpus,
+            num_gpus=job_spec.shape.num_gpus,
             total_steps=getattr(submit.entrypoint, "steps", None),
             idempotency_key=idempotency_key,
             request_digest=digest,

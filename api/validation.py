@@ -8,36 +8,38 @@ from pathlib import Path
 from api.errors import FieldError
 from gangway.models import Builtin, Function, JobSubmit, Script
 from scheduler.core import never_fits_reason
-from scheduler.model import GangShape, Node
-from workers.entrypoints import EntrypointError, resolve_function
+from scheduler.model import JobSpec, Node
+from scheduler.runtime.launch import rank_entrypoint
+from workers.entrypoints import EntrypointError, check_function_target
 from workers.model_configs import MODEL_CONFIGS
 from workers.plan import PlanError, plan_from_entrypoint, validate_plan
 
 
-def validate_submission(submit: JobSubmit, shape: GangShape, nodes: Sequence[Node]) -> None:
-    """`shape` is the submission's gang (the caller derives it once from the spec)."""
-    _check_entrypoint(submit, shape)
-    reason = never_fits_reason(shape, nodes)
+def validate_submission(submit: JobSubmit, spec: JobSpec, nodes: Sequence[Node]) -> None:
+    """`spec` is the submission as the service will read it (built once by the caller)."""
+    _check_entrypoint(submit, spec)
+    reason = never_fits_reason(spec.shape, nodes)
     if reason is not None:
         raise FieldError("parallelism", f"this job can never run on this cluster: {reason}")
 
 
-def _check_plan(submit: JobSubmit, entrypoint: Builtin, shape: GangShape) -> None:
-    """The engine's own plan checks, before anything starts. An elastic job is checked at
-    its smallest and largest degree (the batch and sharding must work at both)."""
+def _check_plan(entrypoint: Builtin, spec: JobSpec) -> None:
+    """The engine's own plan checks, before anything starts, on exactly what the ranks
+    will receive. An elastic job is checked at its smallest and largest degree (the batch
+    and sharding must work at both)."""
+    shape = spec.shape
     degrees = {shape.dp_min or shape.parallelism.dp, shape.dp_max or shape.parallelism.dp}
-    # What the executor hands the ranks: the entrypoint plus the FSDP switch.
-    fields = {**entrypoint.model_dump(), "fsdp": submit.parallelism.fsdp}
-    parallelism = submit.parallelism
+    launch = rank_entrypoint(spec, job_id=0, checkpoint_root=None)
+    tp, pp = shape.parallelism.tp, shape.parallelism.pp
     for dp in sorted(degrees):
-        plan = plan_from_entrypoint(fields, dp=dp, tp=parallelism.tp, pp=parallelism.pp)
+        plan = plan_from_entrypoint(launch, dp=dp, tp=tp, pp=pp)
         try:
             validate_plan(plan, MODEL_CONFIGS[entrypoint.model], batch_size=entrypoint.batch_size)
         except PlanError as exc:
             raise FieldError(exc.field, exc.message) from exc
 
 
-def _check_entrypoint(submit: JobSubmit, shape: GangShape) -> None:
+def _check_entrypoint(submit: JobSubmit, spec: JobSpec) -> None:
     entrypoint = submit.entrypoint
     if isinstance(entrypoint, Builtin):
         if entrypoint.model not in MODEL_CONFIGS:
@@ -45,12 +47,12 @@ def _check_entrypoint(submit: JobSubmit, shape: GangShape) -> None:
             raise FieldError(
                 "entrypoint.model", f"unknown model {entrypoint.model!r}; known: {known}"
             )
-        _check_plan(submit, entrypoint, shape)
+        _check_plan(entrypoint, spec)
     elif isinstance(entrypoint, Script):
         _check_script(entrypoint.path)
     elif isinstance(entrypoint, Function):
         try:
-            resolve_function(entrypoint.target)
+            check_function_target(entrypoint.target)
         except EntrypointError as exc:
             raise FieldError("entrypoint.target", str(exc)) from exc
 

@@ -38,6 +38,16 @@ app.add_typer(users_app, name="users")
 app.command()(whoami)
 
 
+def _needs_server_extra(command: str, exc: ModuleNotFoundError) -> typer.Exit:
+    """The client install (`pip install gangway`) has no service: say what to install."""
+    typer.echo(
+        f"gangway {command} needs the server install (missing module {exc.name!r}): "
+        "pip install 'gangway[server]'",
+        err=True,
+    )
+    return typer.Exit(code=1)
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="bind address")] = None,
@@ -47,8 +57,11 @@ def serve(
     ] = None,
 ) -> None:
     """Run the service: API, status page and scheduler (settings from GANGWAY_* variables)."""
-    from api.server import serve as run_server
-    from api.settings import Settings
+    try:
+        from api.server import serve as run_server
+        from api.settings import Settings
+    except ModuleNotFoundError as exc:
+        raise _needs_server_extra("serve", exc) from exc
 
     overrides: dict[str, Any] = {"host": host, "port": port, "ray_address": ray_address}
     run_server(Settings(**{k: v for k, v in overrides.items() if v is not None}))
@@ -183,14 +196,20 @@ def cluster(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     if as_json:
         typer.echo(info.model_dump_json(indent=2))
         return
-    typer.echo(f"{'NODE':<16} {'HEALTH':<7} {'GPUS':>4} {'USED':>4} {'FREE':>4}  JOBS")
-    for node in info.nodes:
-        health = "alive" if node.alive else "down"
-        jobs = ", ".join(str(j) for j in node.jobs) or "-"
-        typer.echo(
-            f"{node.name:<16} {health:<7} {node.gpus_total:>4} {node.gpus_allocated:>4} "
-            f"{node.gpus_free:>4}  {jobs}"
-        )
+    cli_shared.print_table(
+        ["NODE", "HEALTH", ">GPUS", ">USED", ">FREE", "JOBS"],
+        (
+            [
+                node.name,
+                "alive" if node.alive else "down",
+                node.gpus_total,
+                node.gpus_allocated,
+                node.gpus_free,
+                ", ".join(str(j) for j in node.jobs) or "-",
+            ]
+            for node in info.nodes
+        ),
+    )
     typer.echo(
         f"total: {info.gpus_total} GPUs, {info.gpus_allocated} allocated, {info.gpus_free} free"
     )
@@ -218,14 +237,12 @@ def jobs(
     if as_json:
         typer.echo(page.model_dump_json(indent=2))
         return
-    typer.echo(f"{'ID':>5}  {'STATE':<10} {'GPUS':>4}  {'PRI':>4}  {'STEP':>10}  NAME")
+    rows = []
     for job in page.items:
         total = job.progress.total_steps
         step = f"{job.progress.step}/{total}" if total else str(job.progress.step)
-        typer.echo(
-            f"{job.id:>5}  {job.state.value:<10} {job.num_gpus:>4}  {job.priority:>4}  "
-            f"{step:>10}  {job.name}"
-        )
+        rows.append([job.id, job.state.value, job.num_gpus, job.priority, step, job.name])
+    cli_shared.print_table([">ID", "STATE", ">GPUS", ">PRI", ">STEP", "NAME"], rows)
 
 
 @app.command()
@@ -291,13 +308,20 @@ def queue_(
     if as_json:
         typer.echo(json.dumps([j.model_dump(mode="json") for j in pending], indent=2))
         return
-    typer.echo(f"{'POS':>4} {'ID':>5} {'PRI':>4} {'GPUS':>4}  {'ESTIMATED START':<20} REASON")
-    for job in pending:
-        position = job.explanation.queue_position if job.explanation else None
-        typer.echo(
-            f"{position or '-':>4} {job.id:>5} {job.priority:>4} {job.num_gpus:>4}  "
-            f"{_when(job.estimated_start_at):<20} {job.status_reason}"
-        )
+    cli_shared.print_table(
+        [">POS", ">ID", ">PRI", ">GPUS", "ESTIMATED START", "REASON"],
+        (
+            [
+                (job.explanation.queue_position if job.explanation else None) or "-",
+                job.id,
+                job.priority,
+                job.num_gpus,
+                _when(job.estimated_start_at),
+                job.status_reason,
+            ]
+            for job in pending
+        ),
+    )
 
 
 def _when(at: datetime | None) -> str:
@@ -317,19 +341,22 @@ def metrics(
     if as_json:
         typer.echo(json.dumps([p.model_dump(mode="json") for p in points], indent=2))
         return
-    typer.echo(
-        f"{'STEP':>8} {'ATT':>3} {'LOSS':>9} {'TOKENS/S':>10} {'STEP MS':>8} {'MEM MB':>8} "
-        f"{'COMM MS':>8} {'COMM MB':>8}"
+    cli_shared.print_table(
+        [">STEP", ">ATT", ">LOSS", ">TOKENS/S", ">STEP MS", ">MEM MB", ">COMM MS", ">COMM MB"],
+        (
+            [
+                p.step,
+                p.attempt,
+                _num(p.loss, ".4f"),
+                _num(p.tokens_per_s, ",.0f"),
+                _num(p.step_time_s * 1000 if p.step_time_s is not None else None, ".0f"),
+                _num(p.memory_mb, ".0f"),
+                _num(p.comm_s * 1000 if p.comm_s is not None else None, ".0f"),
+                _num(p.comm_bytes / 2**20 if p.comm_bytes is not None else None, ".2f"),
+            ]
+            for p in points
+        ),
     )
-    for p in points:
-        step_ms = p.step_time_s * 1000 if p.step_time_s is not None else None
-        comm_ms = p.comm_s * 1000 if p.comm_s is not None else None
-        comm_mb = p.comm_bytes / 2**20 if p.comm_bytes is not None else None
-        typer.echo(
-            f"{p.step:>8} {p.attempt:>3} {_num(p.loss, '.4f'):>9} "
-            f"{_num(p.tokens_per_s, ',.0f'):>10} {_num(step_ms, '.0f'):>8} "
-            f"{_num(p.memory_mb, '.0f'):>8} {_num(comm_ms, '.0f'):>8} {_num(comm_mb, '.2f'):>8}"
-        )
 
 
 @app.command()
@@ -357,8 +384,10 @@ def checkpoints(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) ->
         typer.echo(f"job {job_id}: no checkpoints")
         return
     typer.echo(f"in {saved.directory}")
-    for c in saved.checkpoints:
-        typer.echo(f"step {c.step:>8}  {c.bytes:>14,} bytes  {c.saved_at:%Y-%m-%d %H:%M:%S}")
+    cli_shared.print_table(
+        [">STEP", ">BYTES", "SAVED AT"],
+        ([c.step, f"{c.bytes:,}", f"{c.saved_at:%Y-%m-%d %H:%M:%S}"] for c in saved.checkpoints),
+    )
 
 
 def _num(value: float | None, spec: str) -> str:
@@ -423,7 +452,10 @@ def simulate(
     ),
 ) -> None:
     """Replay a cluster trace through Gangway's scheduling core and the baselines."""
-    from scheduler.sim.run import simulate_command
+    try:
+        from scheduler.sim.run import simulate_command
+    except ModuleNotFoundError as exc:
+        raise _needs_server_extra("simulate", exc) from exc
 
     simulate_command(
         trace=trace,

@@ -7,6 +7,7 @@ GANGWAY_API_KEY holding an admin's key, or the bootstrap GANGWAY_ADMIN_KEY's val
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import typer
@@ -29,12 +30,7 @@ def queues(ctx: typer.Context, url: Url = DEFAULT_URL, as_json: AsJson = False) 
     if as_json:
         typer.echo(json.dumps([q.model_dump() for q in infos], indent=2))
         return
-    typer.echo(
-        f"{'QUEUE':<16} {'GUAR':>5} {'BORROW':>6} {'WEIGHT':>6} {'USED':>5} {'BORROWED':>8} "
-        f"{'PEND':>5} {'RUN':>4}"
-    )
-    for q in infos:
-        _print_queue(q)
+    _print_queues(infos)
 
 
 @queues_app.command("set")
@@ -56,7 +52,7 @@ def set_queue(
                 name, guaranteed_gpus=guaranteed, borrow_limit_gpus=borrow_limit, weight=weight
             )
         )
-    _print_queue(info)
+    _print_queues([info])
 
 
 @queues_app.command("delete")
@@ -67,11 +63,22 @@ def delete_queue(name: str, url: Url = DEFAULT_URL) -> None:
     typer.echo(f"queue {name}: quota deleted")
 
 
-def _print_queue(q: QueueInfo) -> None:
-    limit = "any" if q.borrow_limit_gpus is None else str(q.borrow_limit_gpus)
-    typer.echo(
-        f"{q.name:<16} {q.guaranteed_gpus:>5} {limit:>6} {q.weight:>6g} {q.gpus_in_use:>5} "
-        f"{q.gpus_borrowed:>8} {q.jobs_pending:>5} {q.jobs_holding_gpus:>4}"
+def _print_queues(infos: Sequence[QueueInfo]) -> None:
+    cli_shared.print_table(
+        ["QUEUE", ">GUAR", ">BORROW", ">WEIGHT", ">USED", ">BORROWED", ">PEND", ">RUN"],
+        (
+            [
+                q.name,
+                q.guaranteed_gpus,
+                "any" if q.borrow_limit_gpus is None else q.borrow_limit_gpus,
+                f"{q.weight:g}",
+                q.gpus_in_use,
+                q.gpus_borrowed,
+                q.jobs_pending,
+                q.jobs_holding_gpus,
+            ]
+            for q in infos
+        ),
     )
 
 
@@ -82,8 +89,10 @@ def list_users(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     if as_json:
         typer.echo(json.dumps([u.model_dump(mode="json") for u in users], indent=2))
         return
-    for user in users:
-        typer.echo(f"{user.name:<24} {user.role:<6} since {user.created_at:%Y-%m-%d %H:%M}")
+    cli_shared.print_table(
+        ["USER", "ROLE", "SINCE"],
+        ([u.name, u.role, f"{u.created_at:%Y-%m-%d %H:%M}"] for u in users),
+    )
 
 
 @users_app.command("create")

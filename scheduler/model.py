@@ -6,8 +6,10 @@ depend on pydantic or on what the REST API happens to look like today.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from gangway.states import JobState as JobState  # re-exported: part of this contract
 
@@ -130,6 +132,60 @@ class GangShape:
     def ranks_per_group(self) -> int:
         """Ranks that must land on one node: a tensor-parallel group (tp is innermost)."""
         return self.parallelism.tp
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltinEntrypoint:
+    """The built-in trainer. `settings` are its fields as submitted (their names, types
+    and defaults are defined once, by `gangway.models.Builtin`); the ranks read them."""
+
+    settings: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionEntrypoint:
+    """`module:function` called on every rank with `kwargs`."""
+
+    target: str
+    kwargs: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptEntrypoint:
+    """A Python script run in a child process per rank, torchrun-style."""
+
+    path: str
+    args: tuple[str, ...]
+
+
+EntrypointSpec = BuiltinEntrypoint | FunctionEntrypoint | ScriptEntrypoint
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSpec:
+    interval_steps: int | None  # None: only on stop and at the end
+    keep_last: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a job asked for, typed, as the service reads it below the API. Built by one
+    function from the stored JSON (`scheduler.store.specs.spec_from_json`); the wire model
+    (`gangway.models.JobSubmit`) holds every default, so none is restated here."""
+
+    shape: GangShape  # an elastic job's at its largest dp
+    fsdp: bool
+    entrypoint: EntrypointSpec
+    max_restarts: int
+    time_limit_s: float | None
+    preemptible: bool
+    checkpoint: CheckpointSpec
+
+    def placed(self, placement: Sequence[str] | None) -> GangShape:
+        """The gang as placed: an elastic job runs at the dp its placement shows."""
+        if not placement:
+            return self.shape
+        return self.shape.with_dp(len(placement) // self.shape.replica_ranks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -277,11 +277,17 @@ class _Loop:
                 with self.local.span():  # no peer takes part in a forward without TP/FSDP
                     began = time.perf_counter()
                     output = model(inputs)
-                    if self.slowdown > 1:  # forward + backward take about 3 forwards
-                        time.sleep((self.slowdown - 1) * 3 * (time.perf_counter() - began))
+                    self._straggle(began)
                 loss = self.loss_fn(output, targets) * weight
+                began = time.perf_counter()
                 loss.backward()  # type: ignore[no-untyped-call]
+                self._straggle(began)
             return loss.detach()
+
+    def _straggle(self, began: float) -> None:
+        """An injected straggler: what ran since `began` takes `slowdown` x as long."""
+        if self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * (time.perf_counter() - began))
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast where FSDP's mixed-precision policy does not already cast."""

@@ -1,7 +1,7 @@
 """job metrics: time in data-parallel collectives and their bytes per step
 
 Revision ID: 0014
-Revises: 0009
+Revises: 0015
 Create Date: 2026-12-01 16:00:00
 """
 
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 
 revision = '0014'
-down_revision = '0009'
+down_revision = '0015'
 branch_labels = None
 depends_on = None
 

@@ -7,11 +7,10 @@ attempt, spec), which is why `attach` can find a group again after a service res
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from scheduler.runtime.views import gang_shape
+from scheduler.runtime.launch import rank_entrypoint
 from scheduler.store import JobRecord
-from workers.checkpoint_layout import job_directory
 from workers.group import GroupSpec, GroupStatus, WorkerGroup, reap
 
 
@@ -26,26 +25,10 @@ class Executor(Protocol):
     def reap(self, job: JobRecord) -> None: ...
 
 
-def rank_entrypoint(job: JobRecord, checkpoint_root: Path | None) -> dict[str, Any]:
-    """The entrypoint the ranks run, plus what only the service knows: the job's
-    checkpoint directory (the same on every attempt, so a requeued or restarted job
-    resumes from its newest checkpoint) and policy; the built-in trainer also gets the
-    FSDP switch."""
-    entrypoint = dict(job.spec["entrypoint"])
-    policy = job.spec.get("checkpoint") or {}
-    if entrypoint.get("kind") == "builtin":
-        entrypoint["fsdp"] = bool(job.spec["parallelism"].get("fsdp", False))
-        entrypoint["checkpoint_interval_steps"] = policy.get("interval_steps")
-    if checkpoint_root is not None and entrypoint.get("kind") in ("builtin", "function"):
-        entrypoint["checkpoint_dir"] = str(job_directory(checkpoint_root, job.id))
-        entrypoint["keep_last"] = policy.get("keep_last", 2)
-    return entrypoint
-
-
 def group_spec(job: JobRecord, checkpoint_root: Path | None = None) -> GroupSpec:
     if job.placement is None:
         raise ValueError(f"job {job.id} has no placement")
-    shape = gang_shape(job.spec, job.placement)  # an elastic job runs at its placed dp
+    shape = job.spec.placed(job.placement)  # an elastic job runs at its placed dp
     return GroupSpec(
         job_id=job.id,
         attempt=job.attempt,
@@ -55,7 +38,7 @@ def group_spec(job: JobRecord, checkpoint_root: Path | None = None) -> GroupSpec
         dp=shape.parallelism.dp,
         tp=shape.parallelism.tp,
         pp=shape.parallelism.pp,
-        entrypoint=rank_entrypoint(job, checkpoint_root),
+        entrypoint=rank_entrypoint(job.spec, job.id, checkpoint_root),
     )
 
 

@@ -2,48 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-from scheduler.model import GangShape, JobView, Parallelism, Placement, RunInfo
+from scheduler.model import JobView, Placement, RunInfo
 from scheduler.store import JobRecord
 
 
-def gang_shape(spec: dict[str, Any], placement: Sequence[str] | None = None) -> GangShape:
-    """The job's gang. An elastic dp ({min, max}) is described at max, or at the degree
-    its placement shows once it holds one."""
-    parallelism = spec["parallelism"]
-    resources = spec["resources"]
-    tp, pp = int(parallelism["tp"]), int(parallelism["pp"])
-    dp_spec = parallelism["dp"]
-    dp_min = dp_max = None
-    if isinstance(dp_spec, dict):
-        dp_min, dp_max = int(dp_spec["min"]), int(dp_spec["max"])
-        dp = dp_max
-    else:
-        dp = int(dp_spec)
-    if placement:
-        dp = len(placement) // (tp * pp)
-    return GangShape(
-        parallelism=Parallelism(dp=dp, tp=tp, pp=pp),
-        gpus_per_rank=int(resources["gpus_per_rank"]),
-        cpus_per_rank=float(resources["cpus_per_rank"]),
-        dp_min=dp_min,
-        dp_max=dp_max,
-    )
-
-
 def job_view(record: JobRecord) -> JobView:
-    limit = record.spec.get("time_limit_s")
     return JobView(
         id=record.id,
         priority=record.priority,
         submitted_at=record.submitted_at,
         state=record.state,
-        shape=gang_shape(record.spec, record.placement),
+        shape=record.spec.placed(record.placement),
         placement=Placement(record.placement) if record.placement else None,
-        preemptible=bool(record.spec.get("preemptible", True)),
-        time_limit_s=float(limit) if limit is not None else None,
+        preemptible=record.spec.preemptible,
+        time_limit_s=record.spec.time_limit_s,
         run=run_info(record),
         queue=record.queue,
         user=record.user,

@@ -1,5 +1,6 @@
 """SQL persistence. The repositories here are the only code in Gangway that speaks SQL:
-`JobRepository` (jobs, events, logs, metrics, nodes, leases), `AccountRepository` (users
+`JobRepository` (one store per aggregate: jobs.py for jobs, events and idempotency,
+telemetry.py for logs and metrics, nodes.py, leases.py), `AccountRepository` (users
 and API keys), `QueueRepository` (queue quotas)."""
 
 from scheduler.store.accounts import (
@@ -13,13 +14,12 @@ from scheduler.store.accounts import (
 from scheduler.store.db import make_engine
 from scheduler.store.migrate import upgrade_to_head
 from scheduler.store.queues import QueueNotFound, QueueRepository
-from scheduler.store.repository import (
+from scheduler.store.records import (
     EventRecord,
     IllegalTransition,
     JobEnded,
     JobNotFound,
     JobRecord,
-    JobRepository,
     KeyReused,
     LogLine,
     MetricPoint,
@@ -27,6 +27,7 @@ from scheduler.store.repository import (
     ProgressPoint,
     StaleState,
 )
+from scheduler.store.repository import JobRepository
 
 __all__ = [
     "AccountRepository",

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from scheduler.store.repository import utcnow
+from scheduler.store.base import utcnow
 from scheduler.store.tables import ApiKeyRow, UserRow
 
 ROLES = ("user", "admin")

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
 from scheduler.model import QueueQuota
-from scheduler.store.repository import utcnow
+from scheduler.store.base import utcnow
 from scheduler.store.tables import QueueRow
 
 

@@ -160,6 +160,7 @@ class NodeRow(Base):
     num_gpus: Mapped[int] = mapped_column(Integer)
     num_cpus: Mapped[float] = mapped_column(Float)
     alive: Mapped[bool] = mapped_column(Boolean)
+    rack: Mapped[str | None] = mapped_column(String(200), nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 

@@ -24,7 +24,7 @@ from scheduler.store.tables import Base
 
 
 def new_job(name: str = "j", priority: int = 0) -> NewJob:
-    spec = {"parallelism": {"dp": 1, "tp": 1, "pp": 1}}
+    spec = {"parallelism": {"dp": 1, "tp": 1, "pp": 1}, "entrypoint": {"kind": "builtin"}}
     return NewJob(
         name=name, queue="default", priority=priority, spec=spec, num_gpus=1, total_steps=10
     )
@@ -102,8 +102,8 @@ def test_explain_wait_updates_pending_jobs_only(repo: JobRepository) -> None:
 def test_replace_nodes(repo: JobRepository) -> None:
     repo.replace_nodes([Node("b", "node-b", 4, 8.0), Node("a", "node-a", 4, 8.0, alive=False)])
     assert [n.name for n in repo.nodes()] == ["node-a", "node-b"]
-    repo.replace_nodes([Node("c", "node-c", 8, 16.0)])
-    assert [n.id for n in repo.nodes()] == ["c"]
+    repo.replace_nodes([Node("c", "node-c", 8, 16.0, rack="r2")])
+    assert [(n.id, n.rack) for n in repo.nodes()] == [("c", "r2")]
 
 
 def test_upgrade_from_0001_keeps_jobs_and_fills_the_user(database_url: str) -> None:

@@ -1,0 +1,188 @@
+"""Writes the scheduler's decisions and the lifecycle's transitions, then acts on Ray.
+
+Every change is written to the store before the executor acts on it (the store is the
+source of truth), and a transition is conditional on the state the loop saw: if a user
+cancelled the job meanwhile, their change wins and the gang is let go.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import datetime, timedelta
+
+from scheduler.core import Admit, PolicyConfig, Preempt, Resize, Wait
+from scheduler.model import JobState
+from scheduler.runtime import metrics
+from scheduler.runtime.executor import Executor
+from scheduler.runtime.lifecycle import Transition
+from scheduler.store import JobRecord, JobRepository, StaleState
+
+log = logging.getLogger(__name__)
+
+Decision = Admit | Preempt | Resize | Wait
+
+
+class Applier:
+    def __init__(
+        self,
+        repo: JobRepository,
+        executor: Executor,
+        clock: Callable[[], datetime],
+        policy: PolicyConfig,
+        suspect: Callable[[str], None],
+    ) -> None:
+        self._repo = repo
+        self._executor = executor
+        self._clock = clock
+        self._policy = policy
+        self._suspect = suspect  # a node where ranks were lost
+
+    # -- the core's decisions -----------------------------------------------------------
+
+    def decisions(self, records: dict[int, JobRecord], decisions: Sequence[Decision]) -> None:
+        # Waits come in queue order (schedule's contract): number them.
+        waiting = (d.job_id for d in decisions if isinstance(d, Wait))
+        positions = {job_id: position for position, job_id in enumerate(waiting, start=1)}
+        for decision in decisions:
+            job = records[decision.job_id]
+            if isinstance(decision, Admit):
+                self._admit(job, decision)
+            elif isinstance(decision, Preempt):
+                self._preempt(job, decision)
+            elif isinstance(decision, Resize):
+                self._resize(job, decision)
+            else:
+                self._explain(job, decision, positions[decision.job_id])
+
+    def _explain(self, job: JobRecord, decision: Wait, position: int) -> None:
+        """Store why the job waits and its place in the queue; unchanged explanations
+        cost no statement (a big queue is explained on every pass)."""
+        explanation = {**asdict(decision.explanation), "queue_position": position}
+        unchanged = (
+            job.status_reason == decision.reason
+            and job.estimated_start_at == decision.estimated_start_at
+            and job.explanation == explanation
+        )
+        if unchanged:
+            return
+        self._repo.explain_wait(
+            decision.job_id,
+            decision.reason,
+            explanation=explanation,
+            estimated_start_at=decision.estimated_start_at,
+        )
+
+    def _preempt(self, job: JobRecord, decision: Preempt) -> None:
+        """Send the stop notice; the gang is released when it exits or at the deadline."""
+        preempting = self.transition(
+            job, JobState.PREEMPTING, decision.reason, preempt_deadline=decision.deadline
+        )
+        if preempting.state is JobState.PREEMPTING:
+            metrics.PREEMPTIONS.labels(job.queue).inc()
+            self._executor.stop(job.id)
+
+    def _resize(self, job: JobRecord, decision: Resize) -> None:
+        """Take the new placement in the store at once (the core counts it from now on)
+        and send the stop notice; the gang restarts at the new dp once it has saved."""
+        deadline = self._clock() + timedelta(seconds=self._policy.checkpoint_grace_s)
+        resizing = self.transition(
+            job,
+            JobState.RESIZING,
+            f"{decision.reason}; checkpointing to restart at dp={decision.dp}",
+            placement=list(decision.placement.node_ids),
+            num_gpus=_gpus(job, decision.placement.node_ids),
+            preempt_deadline=deadline,
+        )
+        if resizing.state is JobState.RESIZING:
+            metrics.RESIZES.labels(job.queue).inc()
+            self._executor.stop(job.id)
+
+    def _admit(self, job: JobRecord, decision: Admit) -> None:
+        try:
+            admitted = self._repo.transition(
+                job.id,
+                JobState.ADMITTED,
+                expected=JobState.PENDING,
+                reason=decision.reason,
+                placement=list(decision.placement.node_ids),
+                num_gpus=_gpus(job, decision.placement.node_ids),
+                attempt=job.attempt + 1,
+                error=None,
+                stragglers=None,
+                step=0,
+                loss=None,
+                tokens_per_s=None,
+            )
+        except StaleState:
+            return  # cancelled meanwhile
+        self.launch(admitted)
+
+    # -- the lifecycle's transitions ----------------------------------------------------
+
+    def apply(self, job: JobRecord, change: Transition) -> JobRecord:
+        """Write one lifecycle transition (and the one chained after it) and act on it."""
+        fields = dict(change.fields)
+        if change.with_stacks:
+            fields["error"] = f"{self._executor.stacks(job.id)}\n{fields.get('error', '')}"
+        if change.release:
+            self._executor.release(job.id)
+        for node in change.suspect_nodes:
+            self._suspect(node)
+        if change.lost_steps:
+            metrics.LOST_STEPS.labels(job.queue).inc(change.lost_steps)
+        if change.to is JobState.RESTARTING:
+            metrics.RESTARTS.labels(job.queue).inc()
+        moved = self.transition(job, change.to, change.reason, **fields)
+        if moved.state is not change.to:
+            return moved
+        if change.to is JobState.RUNNING:
+            self._count_first_start(moved)
+        if change.relaunch:
+            self.launch(moved)
+        if change.then is not None:
+            return self.apply(moved, change.then)
+        return moved
+
+    @staticmethod
+    def _count_first_start(job: JobRecord) -> None:
+        if job.attempt == 1 and job.started_at is not None:
+            waited = (job.started_at - job.submitted_at).total_seconds()
+            metrics.SUBMIT_TO_START_SECONDS.labels(job.queue).observe(waited)
+
+    # -- acting on Ray ------------------------------------------------------------------
+
+    def launch(self, admitted: JobRecord) -> None:
+        try:
+            self._executor.launch(admitted)
+        except Exception as exc:
+            log.exception("job %s: launch failed", admitted.id)
+            self.requeue(admitted, f"could not launch on Ray: {exc}")
+            return
+        ranks = len(admitted.placement or ())
+        self.transition(
+            admitted, JobState.STARTING, f"placement group requested; starting {ranks} ranks"
+        )
+
+    def requeue(self, job: JobRecord, reason: str) -> None:
+        self._executor.release(job.id)
+        self.transition(job, JobState.PENDING, reason, placement=None)
+
+    def transition(
+        self, job: JobRecord, new_state: JobState, reason: str, **fields: object
+    ) -> JobRecord:
+        """Transition from the state we saw; if someone else moved the job, they win."""
+        try:
+            return self._repo.transition(
+                job.id, new_state, reason=reason, expected=job.state, **fields
+            )
+        except StaleState as exc:
+            log.info("job %s: %s; leaving it to the newer state", job.id, exc)
+            self._executor.release(job.id)
+            return self._repo.get(job.id)
+
+
+def _gpus(job: JobRecord, placement: Sequence[str]) -> int:
+    """GPUs a placement of this job holds (an elastic job's count follows its dp)."""
+    return len(placement) * job.spec.shape.gpus_per_rank

@@ -1,0 +1,69 @@
+"""Ingest what a gang reports: progress points, log lines and straggler flags."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from scheduler.runtime.stragglers import StragglerWatch
+from scheduler.store import JobRecord, JobRepository, ProgressPoint
+from workers.group import GroupStatus
+
+
+class ProgressIngest:
+    def __init__(self, repo: JobRepository, stragglers: StragglerWatch) -> None:
+        self._repo = repo
+        self._stragglers = stragglers
+
+    def keep_only(self, job_ids: set[int]) -> None:
+        """Forget straggler history of gangs that are gone."""
+        self._stragglers.keep_only(job_ids)
+
+    def record(self, job: JobRecord, status: GroupStatus, node_names: Mapping[str, str]) -> None:
+        """Store new log lines, and a progress point when the step moved."""
+        self._repo.append_logs(job.id, job.attempt, status.logs)
+        if status.step == job.step:
+            return
+        point = ProgressPoint(
+            step=status.step,
+            loss=status.loss,
+            first_loss=status.first_loss,
+            tokens_per_s=status.tokens_per_s,
+            step_time_s=status.step_time_s,
+            memory_mb=status.memory_mb,
+            comm_s=status.comm_s,
+            comm_bytes=status.comm_bytes,
+        )
+        self._repo.record_progress(job.id, job.attempt, point)
+        self._watch_stragglers(job, status, node_names)
+
+    def _watch_stragglers(
+        self, job: JobRecord, status: GroupStatus, node_names: Mapping[str, str]
+    ) -> None:
+        """Flag ranks persistently slower than their peers (and unflag them), once per
+        change: the job's `stragglers` and an event that keeps its state."""
+        found = self._stragglers.observe(job.id, job.attempt, status.rank_local_s)
+        if found is None or job.placement is None:
+            return
+        if [s.rank for s in found] == [s["rank"] for s in job.stragglers]:
+            return
+        nodes = [job.placement[s.rank] for s in found]
+        flagged = [
+            {
+                "rank": s.rank,
+                "node_id": node,
+                "local_s": round(s.local_s, 4),
+                "ratio": round(s.ratio, 2),
+            }
+            for s, node in zip(found, nodes, strict=True)
+        ]
+        described = "; ".join(
+            f"rank {s.rank} on {node_names.get(node, node)} needs {s.local_s:.3f} s "
+            f"of local work per step, {s.ratio:.1f}x the gang's median"
+            for s, node in zip(found, nodes, strict=True)
+        )
+        reason = (
+            f"straggler: {described} (median over the last {self._stragglers.window} polls)"
+            if found
+            else f"no straggler: every rank within {self._stragglers.factor:g}x of the median"
+        )
+        self._repo.annotate(job.id, reason, stragglers=flagged)

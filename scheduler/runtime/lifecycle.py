@@ -1,0 +1,225 @@
+"""A running gang's lifecycle as a pure function: what the loop should do next.
+
+`next_transition(job, status, now, config)` reads one job as the store holds it and what
+its gang reports, and answers with the state change the loop should make (or None): a
+start, a completion, a failure or a restart within the budget, a hang, the time limit, and
+the end of a preemption or a resize. It does no I/O, so every rule is tested as a table
+(tests/unit/test_lifecycle.py) without a database or Ray; the loop applies the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from scheduler.model import JobState
+from scheduler.runtime.views import run_info
+from scheduler.store import JobRecord
+from workers.group import GroupPhase, GroupStatus
+
+# Observed for progress, completion and failure: the gang is (about to be) running.
+_OBSERVED_STATES = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING})
+
+
+@dataclass(frozen=True)
+class LifecycleConfig:
+    """A running job whose step has not moved for `hang_factor` x its step time (and at
+    least `hang_min_s`) is hung: its stacks are kept and it is restarted."""
+
+    hang_factor: float = 10.0
+    hang_min_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One state change for the loop to write, with what must happen around it.
+
+    `release`: let go of the gang first. `with_stacks`: put every rank's stacks before the
+    error (a hang). `suspect_nodes`: nodes where ranks were lost. `lost_steps`: steps the
+    next attempt does again. `then`: a second change right after (RESTARTING -> PENDING).
+    `relaunch`: the new state is ADMITTED again, so the next attempt is launched."""
+
+    to: JobState
+    reason: str
+    fields: Mapping[str, object] = field(default_factory=dict)
+    release: bool = True
+    with_stacks: bool = False
+    suspect_nodes: tuple[str, ...] = ()
+    lost_steps: int = 0
+    then: Transition | None = None
+    relaunch: bool = False
+
+
+def next_transition(
+    job: JobRecord, status: GroupStatus, now: datetime, config: LifecycleConfig
+) -> Transition | None:
+    """The change the gang's report calls for, or None while nothing changes."""
+    if job.state is JobState.PREEMPTING:
+        return _preempting(job, status, now)
+    if job.state is JobState.RESIZING:
+        return _resizing(job, status, now)
+    if job.state in _OBSERVED_STATES:
+        return _observed(job, status, now, config)
+    return None
+
+
+def _observed(
+    job: JobRecord, status: GroupStatus, now: datetime, config: LifecycleConfig
+) -> Transition | None:
+    if status.ranks_started and job.state is JobState.STARTING:
+        ranks = len(job.placement or ())
+        return Transition(JobState.RUNNING, f"all {ranks} ranks started", release=False)
+    return _ended(job, status) or _overrun(job, status, now, config)
+
+
+def _ended(job: JobRecord, status: GroupStatus) -> Transition | None:
+    """The gang exited, or never got its placement."""
+    if status.phase is GroupPhase.SUCCEEDED:
+        return Transition(JobState.SUCCEEDED, f"all ranks finished at step {status.step}")
+    if status.phase is GroupPhase.FAILED:
+        failed = fail_or_restart(job, status.error or "the gang failed", status)
+        return replace(failed, suspect_nodes=tuple(status.lost_nodes))
+    if status.phase is GroupPhase.PLACEMENT_TIMEOUT:
+        reason = status.error or "placement timed out"
+        return Transition(JobState.PENDING, reason, {"placement": None})
+    return None
+
+
+def _overrun(
+    job: JobRecord, status: GroupStatus, now: datetime, config: LifecycleConfig
+) -> Transition | None:
+    """The gang runs on but must stop: it hangs, or it is past its time limit."""
+    if (hang := _hang(job, status, now, config)) is not None:
+        return replace(fail_or_restart(job, hang, status), with_stacks=True)
+    if _over_time_limit(job, now):
+        reason = f"time limit of {job.spec.time_limit_s:g} s exceeded"
+        return Transition(JobState.FAILED, reason, {"error": "time limit exceeded"})
+    return None
+
+
+def _preempting(job: JobRecord, status: GroupStatus, now: datetime) -> Transition | None:
+    """Requeued once the ranks have stopped, or at the deadline (then they are killed)."""
+    if (finished := _finished_while_stopping(job, status)) is not None:
+        return finished
+    stopped = _stopped(job, status, now)
+    if stopped is None:
+        return None
+    where, resume = stopped
+    return Transition(
+        JobState.PENDING,
+        f"{where} and requeued; {resume}",
+        {"placement": None, "preempt_deadline": None},
+        lost_steps=lost_steps(status),
+    )
+
+
+def _resizing(job: JobRecord, status: GroupStatus, now: datetime) -> Transition | None:
+    """Relaunched at the new placement once the ranks have saved and exited (or at the
+    deadline, from the checkpoint before). A rank that crashed is a failure."""
+    if status.phase is GroupPhase.FAILED:
+        return fail_or_restart(job, status.error or "the gang failed while resizing", status)
+    if (finished := _finished_while_stopping(job, status)) is not None:
+        return finished
+    stopped = _stopped(job, status, now)
+    if stopped is None:
+        return None
+    return relaunch(job, "; ".join(stopped), lost=lost_steps(status))
+
+
+def relaunch(job: JobRecord, why: str, *, lost: int = 0) -> Transition:
+    """A resized job's next attempt, on the placement the store already holds."""
+    dp = job.spec.placed(job.placement).parallelism.dp
+    return Transition(
+        JobState.ADMITTED,
+        f"{why}; relaunching at dp={dp}",
+        {"attempt": job.attempt + 1, "preempt_deadline": None, "error": None, "stragglers": None},
+        lost_steps=lost,
+        relaunch=True,
+    )
+
+
+def fail_or_restart(job: JobRecord, error: str, status: GroupStatus) -> Transition:
+    """FAILED once the restart budget is spent, else RESTARTING then PENDING."""
+    max_restarts = job.spec.max_restarts
+    last_line = error.splitlines()[-1] if error else error
+    if job.restarts >= max_restarts:
+        reason = f"failed after {job.restarts} restart(s): {last_line}"
+        return Transition(JobState.FAILED, reason, {"error": error})
+    return Transition(
+        JobState.RESTARTING,
+        f"restart {job.restarts + 1} of {max_restarts}: {last_line}",
+        {"restarts": job.restarts + 1, "error": error},
+        lost_steps=lost_steps(status),
+        then=Transition(JobState.PENDING, "requeued to be placed again", release=False),
+    )
+
+
+def lost_steps(status: GroupStatus) -> int:
+    """Steps done since the newest checkpoint: the next attempt does them again."""
+    return max(0, status.step - (status.checkpoint_step or 0))
+
+
+def _finished_while_stopping(job: JobRecord, status: GroupStatus) -> Transition | None:
+    """A gang told to stop that reached its last step meanwhile simply succeeded."""
+    finished = job.total_steps is not None and status.step >= job.total_steps
+    if status.phase is GroupPhase.SUCCEEDED and finished:
+        return Transition(JobState.SUCCEEDED, f"finished at step {status.step} while stopping")
+    return None
+
+
+def _stopped(job: JobRecord, status: GroupStatus, now: datetime) -> tuple[str, str] | None:
+    """For a gang sent the stop notice: None while it may still stop on its own;
+    otherwise where it stopped and what it resumes from."""
+    exited = status.phase in (GroupPhase.SUCCEEDED, GroupPhase.FAILED)
+    deadline = job.preempt_deadline
+    if not exited and (deadline is None or now < deadline):
+        return None
+    lost = lost_steps(status)
+    how = (
+        f"stopped at step {status.step}"
+        if exited
+        else f"killed at the deadline at step {status.step}"
+    )
+    if exited and status.stop_ack_s is not None:
+        how += f" ({status.stop_ack_s:.1f} s after the notice)"
+    saved = status.checkpoint_step
+    resume = (
+        f"resumes from its checkpoint at step {saved} ({lost} steps lost)"
+        if saved is not None
+        else f"no checkpoint, so it restarts from step 0 ({lost} steps lost)"
+    )
+    return how, resume
+
+
+def _hang(
+    job: JobRecord, status: GroupStatus, now: datetime, config: LifecycleConfig
+) -> str | None:
+    """Why the job counts as hung, or None. Only a job that has stepped in this
+    attempt is judged (start-up and checkpoint loading have no step time to go by)."""
+    run = run_info(job)
+    if (
+        job.state is not JobState.RUNNING
+        or status.step != job.step
+        or run is None
+        or run.step_time_s is None
+        or job.progress_at is None
+        or job.progress_at < run.started_at
+    ):
+        return None
+    limit = max(config.hang_min_s, config.hang_factor * run.step_time_s)
+    silent = (now - job.progress_at).total_seconds()
+    if silent <= limit:
+        return None
+    return (
+        f"hung: no progress past step {job.step} for {silent:.0f} s (limit {limit:.0f} s "
+        f"= max({config.hang_min_s:.0f} s, {config.hang_factor:g} x step time "
+        f"{run.step_time_s:.2f} s)); every rank's stacks are above"
+    )
+
+
+def _over_time_limit(job: JobRecord, now: datetime) -> bool:
+    limit = job.spec.time_limit_s
+    if limit is None or job.started_at is None or job.state is not JobState.RUNNING:
+        return False
+    return (now - job.started_at).total_seconds() > limit

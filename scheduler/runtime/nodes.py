@@ -1,0 +1,49 @@
+"""The cluster's nodes as the loop sees them: Ray's view, minus nodes under suspicion."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+
+from scheduler.model import Node
+from scheduler.runtime.cluster import ClusterSource
+from scheduler.store import JobRepository
+
+
+class NodeWatch:
+    """Nodes where a gang's ranks were lost are not placed on for `suspect_s`: Ray may
+    report a dead node alive for a while (its health check is slower than ours)."""
+
+    def __init__(
+        self,
+        repo: JobRepository,
+        cluster: ClusterSource,
+        clock: Callable[[], datetime],
+        suspect_s: float,
+    ) -> None:
+        self._repo = repo
+        self._cluster = cluster
+        self._clock = clock
+        self._suspect_s = suspect_s
+        self._suspects: dict[str, datetime] = {}
+        self.names: dict[str, str] = {}
+
+    def suspect(self, node_id: str) -> None:
+        self._suspects[node_id] = self._clock()
+
+    def refresh(self) -> list[Node]:
+        """Read the nodes, store them, and return them with suspects marked dead."""
+        now = self._clock()
+        self._suspects = {
+            node: at
+            for node, at in self._suspects.items()
+            if (now - at).total_seconds() < self._suspect_s
+        }
+        nodes = [
+            replace(node, alive=False) if node.id in self._suspects else node
+            for node in self._cluster.nodes()
+        ]
+        self._repo.replace_nodes(nodes)
+        self.names = {node.id: node.name for node in nodes}
+        return nodes

@@ -1,0 +1,295 @@
+"""Jobs, their events and idempotency keys: one aggregate, written together.
+
+State changes go through `transition` only: it checks the old state in the UPDATE's WHERE
+clause (a compare-and-set, safe against a concurrent writer) and writes the event row in
+the same transaction, so the event log can never disagree with the job's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from scheduler.core.fairshare import UsageInterval
+from scheduler.model import JobState, is_legal_transition
+from scheduler.store.base import Repository
+from scheduler.store.records import (
+    EventRecord,
+    IllegalTransition,
+    JobEnded,
+    JobNotFound,
+    JobRecord,
+    KeyReused,
+    NewJob,
+    StaleState,
+    event_record,
+    job_record,
+    job_row,
+)
+from scheduler.store.tables import JobEventRow, JobRow
+
+_TIMESTAMP_ON_ENTRY = {
+    JobState.ADMITTED: "admitted_at",
+    JobState.RUNNING: "started_at",
+    JobState.SUCCEEDED: "finished_at",
+    JobState.FAILED: "finished_at",
+    JobState.CANCELLED: "finished_at",
+}
+
+
+def _scheduling_history(row: JobRow, old: JobState, new: JobState, now: datetime) -> dict[str, Any]:
+    """What a transition adds to the history the policy ranks by: entering PENDING starts
+    a queue period, leaving it banks the wait; a run that ends (RUNNING or PREEMPTING to
+    anything but PREEMPTING) banks its GPU-seconds as attained service."""
+    values: dict[str, Any] = {}
+    if new is JobState.PENDING:
+        values["queued_at"] = now
+    elif old is JobState.PENDING and row.queued_at is not None:
+        values["waited_s"] = row.waited_s + max(0.0, (now - row.queued_at).total_seconds())
+    ran = old in (JobState.RUNNING, JobState.PREEMPTING) and new is not JobState.PREEMPTING
+    if ran and row.started_at is not None:
+        run_s = max(0.0, (now - row.started_at).total_seconds())
+        values["attained_gpu_s"] = row.attained_gpu_s + run_s * row.num_gpus
+    return values
+
+
+class JobStore(Repository):
+    def create(self, new: NewJob, *, reason: str = "submitted") -> JobRecord:
+        now = self._clock()
+        with Session(self._engine) as session, session.begin():
+            row = JobRow(
+                name=new.name,
+                queue=new.queue,
+                user=new.user,
+                priority=new.priority,
+                state=JobState.PENDING.value,
+                spec=new.spec,
+                num_gpus=new.num_gpus,
+                total_steps=new.total_steps,
+                submitted_at=now,
+                updated_at=now,
+                queued_at=now,
+                waited_s=0.0,
+                attained_gpu_s=0.0,
+                status_reason="waiting for the scheduler",
+                attempt=0,
+                restarts=0,
+                step=0,
+                idempotency_key=new.idempotency_key,
+                request_digest=new.request_digest,
+            )
+            session.add(row)
+            session.flush()
+            session.add(
+                JobEventRow(
+                    job_id=row.id, at=now, from_state=None, to_state=row.state, reason=reason
+                )
+            )
+            session.flush()
+            return job_record(row)
+
+    def create_once(self, new: NewJob) -> tuple[JobRecord, bool]:
+        """`create`, unless a job was already submitted with `new.idempotency_key`: then
+        that job, and False. A key sent again with another body raises `KeyReused`.
+        Two requests racing with one key make one job: the unique index lets one insert
+        win, and the other finds it."""
+        key = new.idempotency_key
+        if key is None:
+            return self.create(new), True
+        found = self._by_idempotency_key(key)
+        if found is None:
+            try:
+                return self.create(new), True
+            except IntegrityError:
+                found = self._by_idempotency_key(key)
+                if found is None:
+                    raise
+        record, digest = found
+        if digest != new.request_digest:
+            raise KeyReused(key, record.id)
+        return record, False
+
+    def _by_idempotency_key(self, key: str) -> tuple[JobRecord, str | None] | None:
+        with Session(self._engine) as session:
+            row = session.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
+            return (job_record(row), row.request_digest) if row is not None else None
+
+    def get(self, job_id: int) -> JobRecord:
+        with Session(self._engine) as session:
+            row = job_row(session, job_id)
+            return job_record(row)
+
+    def page(
+        self,
+        *,
+        states: Sequence[JobState] = (),
+        queue: str | None = None,
+        user: str | None = None,
+        name_prefix: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[JobRecord]:
+        """Newest first, filtered; `before_id` is the cursor returned with the previous
+        page (ids only grow, so a page never repeats or skips a job)."""
+        query = select(JobRow).order_by(JobRow.id.desc()).limit(limit)
+        if states:
+            query = query.where(JobRow.state.in_([s.value for s in states]))
+        if queue is not None:
+            query = query.where(JobRow.queue == queue)
+        if user is not None:
+            query = query.where(JobRow.user == user)
+        if name_prefix:
+            query = query.where(JobRow.name.startswith(name_prefix, autoescape=True))
+        if before_id is not None:
+            query = query.where(JobRow.id < before_id)
+        with Session(self._engine) as session:
+            return [job_record(r) for r in session.scalars(query)]
+
+    def count_jobs(self) -> dict[tuple[JobState, str], int]:
+        """How many jobs there are per (state, queue)."""
+        query = select(JobRow.state, JobRow.queue, func.count()).group_by(
+            JobRow.state, JobRow.queue
+        )
+        with Session(self._engine) as session:
+            return {
+                (JobState(state), queue): int(count)
+                for state, queue, count in session.execute(query)
+            }
+
+    def in_states(self, states: Iterable[JobState]) -> list[JobRecord]:
+        query = (
+            select(JobRow).where(JobRow.state.in_([s.value for s in states])).order_by(JobRow.id)
+        )
+        with Session(self._engine) as session:
+            return [job_record(r) for r in session.scalars(query)]
+
+    def transition(
+        self,
+        job_id: int,
+        new_state: JobState,
+        *,
+        reason: str,
+        expected: JobState | None = None,
+        **fields: Any,
+    ) -> JobRecord:
+        """Move a job to `new_state`, writing an event row; the only way state changes.
+
+        `expected` pins the old state (raise `StaleState` if it is something else).
+        `fields` are other columns to set in the same UPDATE (placement, error, ...).
+        """
+        now = self._clock()
+        with Session(self._engine) as session, session.begin():
+            row = job_row(session, job_id)
+            old = JobState(row.state)
+            if expected is not None and old is not expected:
+                raise StaleState(job_id, expected, old)
+            if not is_legal_transition(old, new_state):
+                raise IllegalTransition(job_id, old, new_state)
+            values: dict[str, Any] = {"state": new_state.value, "updated_at": now, **fields}
+            values.setdefault("status_reason", reason)
+            if new_state is not JobState.PENDING:
+                values.setdefault("estimated_start_at", None)
+                values.setdefault("explanation", None)
+            stamp = _TIMESTAMP_ON_ENTRY.get(new_state)
+            if stamp is not None:
+                values.setdefault(stamp, now)
+            values.update(_scheduling_history(row, old, new_state, now))
+            result = session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.state == old.value)
+                .values(**values)
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                raise StaleState(job_id, old, _current_state(session, job_id))
+            session.add(
+                JobEventRow(
+                    job_id=job_id,
+                    at=now,
+                    from_state=old.value,
+                    to_state=new_state.value,
+                    reason=reason,
+                )
+            )
+            session.flush()
+            session.expire_all()
+            fresh = session.get(JobRow, job_id)
+            assert fresh is not None
+            return job_record(fresh)
+
+    def explain_wait(
+        self,
+        job_id: int,
+        reason: str,
+        *,
+        explanation: dict[str, Any] | None = None,
+        estimated_start_at: datetime | None = None,
+    ) -> None:
+        """Record why a pending job waits and when it should start (no event: it is not a
+        state change). A job no longer pending keeps what it has. The caller skips calls
+        that would change nothing."""
+        with Session(self._engine) as session, session.begin():
+            session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.state == JobState.PENDING.value)
+                .values(
+                    status_reason=reason,
+                    explanation=explanation,
+                    estimated_start_at=estimated_start_at,
+                    updated_at=self._clock(),
+                )
+            )
+
+    def annotate(self, job_id: int, reason: str, **fields: Any) -> JobRecord:
+        """Set `fields` and say so in an event that keeps the state (from = to): not a
+        state change (a priority change, a straggler flagged), but something the job's
+        owner should find in its timeline. A job that already ended is not changed: 409."""
+        now = self._clock()
+        with Session(self._engine) as session, session.begin():
+            row = job_row(session, job_id)
+            state = JobState(row.state)
+            if state.is_terminal:
+                raise JobEnded(job_id, state)
+            for name, value in fields.items():
+                setattr(row, name, value)
+            row.updated_at = now
+            session.add(
+                JobEventRow(job_id=job_id, at=now, from_state=state, to_state=state, reason=reason)
+            )
+            session.flush()
+            return job_record(row)
+
+    def usage_intervals(self, since: datetime) -> list[UsageInterval]:
+        """GPU use of every run that started, and was still going at or after `since`
+        (for fair share). A requeued job counts from its latest start."""
+        query = select(JobRow).where(
+            JobRow.started_at.is_not(None),
+            JobRow.finished_at.is_(None) | (JobRow.finished_at >= since),
+        )
+        with Session(self._engine) as session:
+            return [
+                UsageInterval(r.queue, r.user, r.num_gpus, r.started_at, r.finished_at)
+                for r in session.scalars(query)
+                if r.started_at is not None
+            ]
+
+    def events(self, job_id: int) -> list[EventRecord]:
+        with Session(self._engine) as session:
+            job_row(session, job_id)  # 404 for an unknown job
+            rows = session.scalars(
+                select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)
+            )
+            return [event_record(r) for r in rows]
+
+
+def _current_state(session: Session, job_id: int) -> JobState:
+    """The state another writer left; the job may have been deleted meanwhile (404)."""
+    state = session.scalar(select(JobRow.state).where(JobRow.id == job_id))
+    if state is None:
+        raise JobNotFound(job_id)
+    return JobState(state)

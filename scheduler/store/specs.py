@@ -1,0 +1,92 @@
+"""The stored job spec (the submitted body as JSON) -> the typed `JobSpec`.
+
+The one place below the API that reads the spec by key. The body was stored as
+`JobSubmit.model_dump`, which writes each default; a row stored before a field existed
+takes that field's default from the wire model, so no default is restated here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel
+
+from gangway.models import Builtin, Function, JobSubmit, Script
+from scheduler.model import (
+    BuiltinEntrypoint,
+    CheckpointSpec,
+    EntrypointSpec,
+    FunctionEntrypoint,
+    GangShape,
+    JobSpec,
+    Parallelism,
+    ScriptEntrypoint,
+)
+
+
+def spec_from_json(stored: Mapping[str, Any]) -> JobSpec:
+    data = _merged(_DEFAULTS, stored)
+    parallelism, resources = data["parallelism"], data["resources"]
+    tp, pp, dp = int(parallelism["tp"]), int(parallelism["pp"]), parallelism["dp"]
+    elastic = isinstance(dp, Mapping)
+    shape = GangShape(
+        parallelism=Parallelism(dp=int(dp["max"] if elastic else dp), tp=tp, pp=pp),
+        gpus_per_rank=int(resources["gpus_per_rank"]),
+        cpus_per_rank=float(resources["cpus_per_rank"]),
+        dp_min=int(dp["min"]) if elastic else None,
+        dp_max=int(dp["max"]) if elastic else None,
+    )
+    limit = data["time_limit_s"]
+    checkpoint = data["checkpoint"]
+    return JobSpec(
+        shape=shape,
+        fsdp=bool(parallelism["fsdp"]),
+        entrypoint=_entrypoint(data["entrypoint"]),
+        max_restarts=int(data["max_restarts"]),
+        time_limit_s=float(limit) if limit is not None else None,
+        preemptible=bool(data["preemptible"]),
+        checkpoint=CheckpointSpec(
+            interval_steps=checkpoint["interval_steps"], keep_last=int(checkpoint["keep_last"])
+        ),
+    )
+
+
+def _entrypoint(stored: Mapping[str, Any]) -> EntrypointSpec:
+    kind = stored["kind"]
+    data = _merged(_ENTRYPOINT_DEFAULTS.get(kind, {}), stored)
+    if kind == "builtin":
+        return BuiltinEntrypoint(settings={k: v for k, v in data.items() if k != "kind"})
+    if kind == "function":
+        return FunctionEntrypoint(target=data["target"], kwargs=dict(data["kwargs"]))
+    if kind == "script":
+        return ScriptEntrypoint(path=data["path"], args=tuple(data["args"]))
+    raise ValueError(f"unknown entrypoint kind {kind!r}")
+
+
+# Every default, as the wire model writes it (the entrypoint's come with its kind).
+_DEFAULTS = {**JobSubmit(name="-", entrypoint=Builtin()).model_dump(mode="json"), "entrypoint": {}}
+
+
+def _optional_fields(model: type[BaseModel]) -> dict[str, Any]:
+    return {
+        name: field.get_default(call_default_factory=True)
+        for name, field in model.model_fields.items()
+        if not field.is_required()
+    }
+
+
+_ENTRYPOINT_DEFAULTS = {
+    model.model_fields["kind"].default: _optional_fields(model)
+    for model in (Builtin, Function, Script)
+}
+
+
+def _merged(defaults: Mapping[str, Any], stored: Mapping[str, Any]) -> dict[str, Any]:
+    """`stored` over `defaults`, nested mappings merged key by key."""
+    merged = dict(defaults)
+    for key, value in stored.items():
+        default = defaults.get(key)
+        both = isinstance(default, Mapping) and isinstance(value, Mapping)
+        merged[key] = _merged(default, value) if both else value  # type: ignore[arg-type]
+    return merged

@@ -1,0 +1,193 @@
+"""The lifecycle's rules as a table: a job as stored + a gang's report -> the transition."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from scheduler.model import JobState
+from scheduler.runtime.lifecycle import LifecycleConfig, Transition, next_transition
+from scheduler.store import JobRecord
+from scheduler.store.specs import spec_from_json
+from workers.group import GroupPhase, GroupStatus
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+NOW = T0 + timedelta(hours=1)
+CONFIG = LifecycleConfig(hang_factor=10.0, hang_min_s=300.0)
+SPEC = {
+    "max_restarts": 1,
+    "parallelism": {"dp": 2, "tp": 1, "pp": 1},
+    "resources": {"gpus_per_rank": 1, "cpus_per_rank": 1.0},
+    "entrypoint": {"kind": "builtin"},
+}
+
+
+def job(state: JobState, **changes: object) -> JobRecord:
+    base = JobRecord(
+        id=1,
+        name="j",
+        queue="default",
+        user="u",
+        priority=0,
+        state=state,
+        spec=spec_from_json(SPEC),
+        num_gpus=2,
+        submitted_at=T0,
+        updated_at=T0,
+        admitted_at=T0,
+        started_at=T0,
+        finished_at=None,
+        status_reason="",
+        error=None,
+        attempt=1,
+        restarts=0,
+        placement=("n1", "n1"),
+        step=10,
+        total_steps=100,
+        loss=None,
+        first_loss=None,
+        tokens_per_s=None,
+        progress_at=NOW - timedelta(seconds=5),
+        estimated_start_at=None,
+        explanation=None,
+        preempt_deadline=None,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+RUNNING = GroupStatus(GroupPhase.RUNNING, True, step=10)
+FAILED = GroupStatus(GroupPhase.FAILED, True, step=12, error="boom", checkpoint_step=10)
+DONE = GroupStatus(GroupPhase.SUCCEEDED, True, step=100)
+STOPPED = GroupStatus(GroupPhase.SUCCEEDED, True, step=14, checkpoint_step=14, stop_ack_s=2.0)
+DEADLINE_PASSED = {"preempt_deadline": NOW - timedelta(seconds=1)}
+DEADLINE_AHEAD = {"preempt_deadline": NOW + timedelta(seconds=60)}
+# 10 steps in 100 s: 10 s a step, so silence beyond max(300 s, 10 x 10 s) is a hang.
+HUNG = {"started_at": NOW - timedelta(seconds=500), "progress_at": NOW - timedelta(seconds=400)}
+
+CASES: list[tuple[str, JobRecord, GroupStatus, JobState | None, str]] = [
+    ("started", job(JobState.STARTING), RUNNING, JobState.RUNNING, "all 2 ranks started"),
+    ("still starting", job(JobState.STARTING), GroupStatus(GroupPhase.PLACING), None, ""),
+    ("running, nothing new", job(JobState.RUNNING), RUNNING, None, ""),
+    ("finished", job(JobState.RUNNING), DONE, JobState.SUCCEEDED, "finished at step 100"),
+    ("failed, budget left", job(JobState.RUNNING), FAILED, JobState.RESTARTING, "restart 1 of 1"),
+    (
+        "failed, budget spent",
+        job(JobState.RUNNING, restarts=1),
+        FAILED,
+        JobState.FAILED,
+        "failed after 1 restart(s): boom",
+    ),
+    (
+        "placement timeout",
+        job(JobState.STARTING),
+        GroupStatus(GroupPhase.PLACEMENT_TIMEOUT, error="no room"),
+        JobState.PENDING,
+        "no room",
+    ),
+    ("hung", job(JobState.RUNNING, **HUNG), RUNNING, JobState.RESTARTING, "hung: no progress"),
+    (
+        "over its time limit",
+        job(JobState.RUNNING, spec=spec_from_json({**SPEC, "time_limit_s": 60})),
+        RUNNING,
+        JobState.FAILED,
+        "time limit of 60 s exceeded",
+    ),
+    ("preempting, waiting", job(JobState.PREEMPTING, **DEADLINE_AHEAD), RUNNING, None, ""),
+    (
+        "preempting, stopped",
+        job(JobState.PREEMPTING, **DEADLINE_AHEAD),
+        STOPPED,
+        JobState.PENDING,
+        "stopped at step 14 (2.0 s after the notice) and requeued",
+    ),
+    (
+        "preempting, deadline passed",
+        job(JobState.PREEMPTING, **DEADLINE_PASSED),
+        RUNNING,
+        JobState.PENDING,
+        "killed at the deadline at step 10",
+    ),
+    (
+        "preempting, finished meanwhile",
+        job(JobState.PREEMPTING, **DEADLINE_AHEAD),
+        DONE,
+        JobState.SUCCEEDED,
+        "finished at step 100 while stopping",
+    ),
+    ("resizing, waiting", job(JobState.RESIZING, **DEADLINE_AHEAD), RUNNING, None, ""),
+    (
+        "resizing, saved and exited",
+        job(JobState.RESIZING, **DEADLINE_AHEAD),
+        STOPPED,
+        JobState.ADMITTED,
+        "relaunching at dp=2",
+    ),
+    (
+        "resizing, crashed",
+        job(JobState.RESIZING, **DEADLINE_AHEAD),
+        FAILED,
+        JobState.RESTARTING,
+        "restart 1 of 1: boom",
+    ),
+    ("pending is not observed", job(JobState.PENDING), DONE, None, ""),
+    ("a terminal job is not observed", job(JobState.SUCCEEDED), FAILED, None, ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("stored", "report", "to", "reason"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_next_transition(
+    stored: JobRecord, report: GroupStatus, to: JobState | None, reason: str
+) -> None:
+    change = next_transition(stored, report, NOW, CONFIG)
+    if to is None:
+        assert change is None
+        return
+    assert change is not None and change.to is to
+    assert reason in change.reason
+
+
+def test_every_state_the_lifecycle_returns_is_in_the_table() -> None:
+    returned = {case[3] for case in CASES} - {None}
+    assert returned == {
+        JobState.RUNNING,
+        JobState.SUCCEEDED,
+        JobState.RESTARTING,
+        JobState.FAILED,
+        JobState.PENDING,
+        JobState.ADMITTED,
+    }
+
+
+def test_a_restart_requeues_and_counts_the_steps_lost_since_the_checkpoint() -> None:
+    change = next_transition(job(JobState.RUNNING), FAILED, NOW, CONFIG)
+    assert isinstance(change, Transition) and change.then is not None
+    assert change.then.to is JobState.PENDING and change.lost_steps == 2
+    assert change.fields["restarts"] == 1 and change.fields["error"] == "boom"
+
+
+def test_a_failed_gang_names_the_nodes_where_ranks_were_lost() -> None:
+    lost = replace(FAILED, lost_nodes=("n1",))
+    change = next_transition(job(JobState.RUNNING), lost, NOW, CONFIG)
+    assert change is not None and change.suspect_nodes == ("n1",)
+
+
+def test_a_hang_asks_for_the_stacks_and_says_the_limit() -> None:
+    change = next_transition(job(JobState.RUNNING, **HUNG), RUNNING, NOW, CONFIG)
+    assert change is not None and change.with_stacks
+    assert "limit 300 s" in change.reason
+
+
+def test_a_resize_relaunch_is_the_next_attempt() -> None:
+    change = next_transition(job(JobState.RESIZING, **DEADLINE_AHEAD), STOPPED, NOW, CONFIG)
+    assert change is not None and change.relaunch and change.fields["attempt"] == 2
+
+
+def test_a_job_that_has_not_stepped_this_attempt_is_never_hung() -> None:
+    fresh = job(JobState.RUNNING, step=0, progress_at=None)
+    assert next_transition(fresh, replace(RUNNING, step=0), NOW, CONFIG) is None

@@ -1,0 +1,74 @@
+"""The typed JobSpec: built from the stored body by one function, every default taken from
+the wire model; a function target checked without importing user code."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gangway.models import Builtin, ElasticDP, JobSubmit, Parallelism
+from scheduler.model import BuiltinEntrypoint, FunctionEntrypoint, JobSpec
+from scheduler.runtime.launch import rank_entrypoint
+from scheduler.store.specs import spec_from_json
+from workers.entrypoints import EntrypointError, check_function_target
+
+
+def stored(submit: JobSubmit) -> JobSpec:
+    return spec_from_json(submit.model_dump(mode="json"))
+
+
+def test_a_submission_reads_back_typed_with_its_defaults() -> None:
+    spec = stored(JobSubmit(name="j", entrypoint=Builtin(steps=7)))
+    assert spec.shape.num_gpus == 1 and spec.max_restarts == 0 and spec.preemptible
+    assert spec.checkpoint.keep_last == 2 and spec.time_limit_s is None
+    assert isinstance(spec.entrypoint, BuiltinEntrypoint)
+    assert spec.entrypoint.settings["steps"] == 7
+
+
+def test_an_elastic_gang_is_described_at_its_largest_degree_until_placed() -> None:
+    submit = JobSubmit(
+        name="j", parallelism=Parallelism(dp=ElasticDP(min=2, max=8), tp=2), entrypoint=Builtin()
+    )
+    spec = stored(submit)
+    assert (spec.shape.dp_min, spec.shape.dp_max, spec.shape.parallelism.dp) == (2, 8, 8)
+    assert spec.placed(["n"] * 6).parallelism.dp == 3
+
+
+def test_a_row_stored_before_a_field_existed_takes_the_wire_default() -> None:
+    old = {"name": "j", "entrypoint": {"kind": "function", "target": "m:f"}}
+    spec = spec_from_json(old)
+    assert spec.entrypoint == FunctionEntrypoint(target="m:f", kwargs={})
+    assert spec.checkpoint.keep_last == 2 and spec.time_limit_s is None
+
+
+def test_the_ranks_receive_the_trainer_settings_and_the_services_part() -> None:
+    spec = stored(JobSubmit(name="j", entrypoint=Builtin(steps=9)))
+    launch = rank_entrypoint(spec, 5, Path("/ckpt"))
+    assert launch["steps"] == 9 and launch["kind"] == "builtin" and launch["fsdp"] is False
+    assert launch["checkpoint_dir"].startswith("/ckpt") and launch["keep_last"] == 2
+
+
+def test_a_function_target_is_checked_without_running_its_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "imported"
+    package = tmp_path / "userpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('side effect')\n")
+    (package / "train.py").write_text(
+        f"open({str(marker)!r}, 'w').write('side effect')\ndef main(ctx):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check_function_target("userpkg.train:main")
+    with pytest.raises(EntrypointError, match="no attribute 'missing'"):
+        check_function_target("userpkg.train:missing")
+    with pytest.raises(EntrypointError, match="cannot find module"):
+        check_function_target("userpkg.nothing:main")
+    assert not marker.exists() and "userpkg" not in sys.modules
+
+
+def test_a_malformed_target_names_the_expected_shape() -> None:
+    with pytest.raises(EntrypointError, match=r"package\.module:function"):
+        check_function_target("no_colon")

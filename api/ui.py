@@ -208,8 +208,20 @@ def job_charts(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
         line_chart(_series(points, "loss"), title="loss"),
         line_chart(_series(points, "tokens_per_s"), title="tokens/s"),
         line_chart(_series(points, "step_time_s"), title="step time (s)"),
+        line_chart(_series(points, "comm_s"), title=_comm_title(points)),
     ]
     return _render(request, "_job_charts.html", charts=charts)
+
+
+def _comm_title(points: list[MetricPoint]) -> str:
+    """The communication chart's title carries the summary: over the points shown, the
+    share of step time in collectives and the bytes sent per step."""
+    timed = [p for p in points if p.comm_s is not None and p.step_time_s]
+    if not timed:
+        return "time in collectives (s)"
+    share = sum(p.comm_s or 0.0 for p in timed) / sum(p.step_time_s or 0.0 for p in timed)
+    sent = sum(p.comm_bytes or 0.0 for p in timed) / len(timed) / 2**20
+    return f"time in collectives (s): {share:.0%} of step time, {sent:,.1f} MiB/step"
 
 
 @fragments.get("/ui/jobs/{job_id}/events", response_class=HTMLResponse)

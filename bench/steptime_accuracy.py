@@ -74,7 +74,8 @@ def measure(name: str, plan: StepPlan, steps: int, folder: Path) -> float:
     result = run_engine(
         parallel, spec, folder / f"{name}-{plan.dp}{plan.tp}{plan.pp}", models=MODELS
     )
-    return statistics.median(result["step_times"][1:])
+    step_times = [m["step_time_s"] for m in result["history"] if "step_time_s" in m]
+    return statistics.median(step_times[1:])
 
 
 def main() -> None:

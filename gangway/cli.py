@@ -85,6 +85,13 @@ def submit(
     kwargs: Annotated[
         str, typer.Option(help="JSON object of keyword arguments for --function")
     ] = "{}",
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="a built-in trainer field, key=value (repeatable): --set update_mode=local-sgd",
+        ),
+    ] = None,
     dp: int = 1,
     tp: int = 1,
     pp: int = 1,
@@ -132,7 +139,7 @@ def submit(
             if command
             else Function(target=function, kwargs=json.loads(kwargs))
             if function
-            else Builtin(model=model, steps=steps)
+            else _builtin(model, steps, settings or [])
         )
         spec = JobSubmit(
             name=name or (workdir or Path.cwd()).resolve().name,
@@ -186,6 +193,28 @@ def _code_fields(spec: JobSubmit, requirements: Path | None, env: list[str]) -> 
             raise typer.Exit(2)
         fields["env"] = {**spec.env, **{k: v for k, _, v in pairs}}
     return fields
+
+
+def _builtin(model: str, steps: int, settings: list[str]) -> Builtin:
+    """The built-in trainer from flags and `--set key=value` pairs (a value is read as
+    JSON when it parses, else as text); a bad key or value exits 2 naming it."""
+    fields: dict[str, Any] = {"model": model, "steps": steps}
+    for item in settings:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            typer.echo(f"error: --set {item!r}: expected key=value", err=True)
+            raise typer.Exit(2)
+        try:
+            fields[key] = json.loads(text)
+        except json.JSONDecodeError:
+            fields[key] = text
+    try:
+        return Builtin.model_validate(fields)
+    except ValidationError as error:
+        for problem in error.errors():
+            where = ".".join(str(part) for part in problem["loc"])
+            typer.echo(f"error: --set {where}: {problem['msg']}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:
@@ -367,14 +396,14 @@ def metrics(
     url: Url = DEFAULT_URL,
     as_json: AsJson = False,
 ) -> None:
-    """A job's loss, tokens/s, step time and memory over its steps."""
+    """A job's loss, tokens/s, step time, memory and communication over its steps."""
     with cli_shared.connect(url) as client:
         points = run(lambda: client.metrics(job_id, max_points=max_points))
     if as_json:
         typer.echo(json.dumps([p.model_dump(mode="json") for p in points], indent=2))
         return
     cli_shared.print_table(
-        [">STEP", ">ATT", ">LOSS", ">TOKENS/S", ">STEP MS", ">MEM MB"],
+        [">STEP", ">ATT", ">LOSS", ">TOKENS/S", ">STEP MS", ">MEM MB", ">COMM MS", ">COMM MB"],
         (
             [
                 p.step,
@@ -383,6 +412,8 @@ def metrics(
                 _num(p.tokens_per_s, ",.0f"),
                 _num(p.step_time_s * 1000 if p.step_time_s is not None else None, ".0f"),
                 _num(p.memory_mb, ".0f"),
+                _num(p.comm_s * 1000 if p.comm_s is not None else None, ".0f"),
+                _num(p.comm_bytes / 2**20 if p.comm_bytes is not None else None, ".2f"),
             ]
             for p in points
         ),

@@ -118,6 +118,21 @@ class Builtin(_Strict):
     data_path: str | None = Field(
         None, max_length=4096, description="uint16 token file (nanoGPT .bin); null: synthetic"
     )
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    update_mode: Literal["sync", "local-sgd", "diloco", "adaptive"] = Field(
+        "sync",
+        description="sync: all-reduce gradients every step; local-sgd: average parameters "
+        "every sync_period steps; diloco: plus an outer Nesterov step; adaptive: local SGD "
+        "whose period follows the replicas' drift (pure data parallel)",
+    )
+    sync_period: Int = Field(8, ge=1, le=100_000, description="H: steps between averages")
+    outer_lr: float = Field(0.7, gt=0, le=10, description="diloco's outer learning rate")
+    outer_momentum: float = Field(0.9, ge=0, lt=1, description="diloco's Nesterov momentum")
+    drift_target: float = Field(
+        0.01, gt=0, le=1, description="adaptive: relative replica spread to stay under"
+    )
+    balance_stages: bool = Field(False, description="pipeline stages by measured layer cost")
+    balance_batch: bool = Field(False, description="smaller batch shares for slower dp ranks")
 
 
 # A function's kwargs travel in the job's stored spec and in every listing of it.
@@ -367,6 +382,12 @@ class MetricPoint(BaseModel):
     tokens_per_s: float | None
     step_time_s: float | None
     memory_mb: float | None = Field(description="peak memory of rank 0's device (or process)")
+    comm_s: float | None = Field(
+        None, description="seconds of the step in data-parallel collectives (rank 0)"
+    )
+    comm_bytes: float | None = Field(
+        None, description="bytes rank 0 put into data-parallel collectives in the step"
+    )
 
 
 class JobMetrics(BaseModel):

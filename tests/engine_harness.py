@@ -24,15 +24,14 @@ class _StopAt:
     def __init__(self, stop_at: int | None) -> None:
         self.stop_at, self.step = stop_at, 0
         self.metrics: dict[str, Any] = {}
-        self.step_times: list[float] = []
+        self.history: list[dict[str, Any]] = []
 
     def should_stop(self) -> bool:
         return self.stop_at is not None and self.step >= self.stop_at
 
     def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None:
         self.step, self.metrics = step, metrics
-        if "step_time_s" in metrics:
-            self.step_times.append(metrics["step_time_s"])
+        self.history.append(metrics)
 
 
 def run_engine(
@@ -43,10 +42,12 @@ def run_engine(
     checkpoint_dir: Path | None = None,
     stop_at: int | None = None,
     models: dict[str, GPTConfig] | None = None,
+    slowdown: dict[int, float] | None = None,
 ) -> dict[str, Any]:
     """Train on plan.world_size processes; rank 0's result: losses, resumed_from, step,
-    the metrics it reported last and every step's time. `models`: sizes to register by
-    name in each rank besides the built-in ones."""
+    and the metrics it reported last (`history`: every step's). `models`: sizes to
+    register by name in each rank besides the built-in ones. `slowdown`: rank -> how many
+    times slower its compute is made."""
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "world": plan.world_size,
@@ -57,6 +58,7 @@ def run_engine(
         "checkpoint_dir": checkpoint_dir,
         "stop_at": stop_at,
         "models": {name: asdict(config) for name, config in (models or {}).items()},
+        "slowdown": slowdown or {},
     }
     mp.start_processes(_rank_main, args=(job,), nprocs=plan.world_size, start_method="spawn")
     result: dict[str, Any] = json.loads((out / "rank0.json").read_text())
@@ -76,6 +78,7 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
             ParallelPlan(**job["plan"]),
             TrainSpec(**job["spec"]),
             checkpoint_dir=job["checkpoint_dir"],
+            slowdown=job["slowdown"].get(rank, 1.0),
         )
         if rank == 0:
             payload = {
@@ -83,7 +86,7 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
                 "resumed_from": result.resumed_from,
                 "step": result.step,
                 "metrics": reporter.metrics,
-                "step_times": reporter.step_times,
+                "history": reporter.history,
             }
             Path(job["out"], "rank0.json").write_text(json.dumps(payload))
         dist.barrier()  # no rank tears gloo down while a peer still talks to it

@@ -55,8 +55,12 @@ class Checkpointer:
         parts: Sequence[nn.Module],
         optimizers: Sequence[torch.optim.Optimizer],
         keep_last: int = 2,
+        extra: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.directory, self.parts, self.optimizers = directory, parts, optimizers
+        # Replicated tensors of the trainer's own (an outer optimizer's momentum), saved
+        # by name and loaded in place when the checkpoint has them.
+        self.extra = extra or {}
         self.keep_last = max(1, keep_last)
         self.counters: dict[str, int] = {}  # what the newest load restored besides the step
 
@@ -77,7 +81,7 @@ class Checkpointer:
             shutil.rmtree(partial, ignore_errors=True)  # a save killed at this step before
         _barrier()
         models, optims = self._state_dicts()
-        state = _merged(models, optims, step, counters)
+        state = _merged(models, optims, step, counters) | {"extra": self.extra}
         faults.inject("checkpoint.save")
         with _single_process_is_intended():
             state_dict_saver.save(state, checkpoint_id=str(partial), no_dist=_single_process())
@@ -103,6 +107,7 @@ class Checkpointer:
         saved = FileSystemReader(done[-1]).read_metadata().state_dict_metadata
         held = [name for name in counters if f"trainer.{name}" in saved]
         state = _merged(models, optims, 0, dict.fromkeys(held, 0))
+        state["extra"] = {k: v for k, v in self.extra.items() if f"extra.{k}" in saved}
         with _single_process_is_intended():  # DCP fills the tensors of every dict in place
             state_dict_loader.load(state, checkpoint_id=str(done[-1]), no_dist=_single_process())
         for part, optimizer, model_sd, optim_sd in zip(

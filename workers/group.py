@@ -107,6 +107,9 @@ class GroupStatus:
     tokens_per_s: float | None = None
     step_time_s: float | None = None
     memory_mb: float | None = None  # rank 0's peak
+    # Rank 0's latest step: seconds in data-parallel collectives, their payload bytes.
+    comm_s: float | None = None
+    comm_bytes: float | None = None
     error: str | None = None
     checkpoint_step: int | None = None  # the newest step the ranks have saved
     # Output lines new since the previous poll: (rank, number, line). Handed out once.
@@ -468,6 +471,8 @@ def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     progress = {key: lead[key] for key in ("step", "loss", "first_loss", "tokens_per_s")}
     progress["step_time_s"] = lead.get("step_time_s")
     progress["memory_mb"] = lead.get("memory_mb")
+    progress["comm_s"] = lead.get("comm_s")
+    progress["comm_bytes"] = lead.get("comm_bytes")
     saved = lead.get("checkpoint_step")  # absent from actors started by an older release
     progress["checkpoint_step"] = int(saved) if saved is not None else None
     progress["rank_local_s"] = tuple(s.get("local_s") for s in statuses)

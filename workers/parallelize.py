@@ -76,7 +76,11 @@ def build_parts(
     *,
     seed: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    stage_layers: Sequence[range] = (),
+    ddp_hook: tuple[Any, Callable[..., Any]] | None = None,
 ) -> ModelParts:
+    """`stage_layers`: each pipeline stage's blocks (pp > 1). `ddp_hook`: DDP's comm
+    hook (state, hook) when the caller chooses it; else the plan's compression hook."""
     pp_rank = mesh.get_local_rank("pp")
     stage_ids = [pp_rank + i * plan.pp for i in range(plan.stages_per_rank)]
     parts = []
@@ -84,8 +88,8 @@ def build_parts(
         torch.manual_seed(seed)  # the same full model on every rank and in a single process
         model = GPT(config).to(device)
         if plan.pp > 1:
-            layers = plan.stage_layers(stage, config.n_layer)
-            model.keep_only(layers, first=stage == 0, last=stage == plan.num_stages - 1)
+            last = stage == plan.num_stages - 1
+            model.keep_only(stage_layers[stage], first=stage == 0, last=last)
         parts.append(model)
     for model in parts:
         if plan.tp > 1:
@@ -96,7 +100,7 @@ def build_parts(
             apply_fsdp(model, mesh["dp"], plan)
     result = ModelParts(parts, stage_ids)
     if plan.dp > 1 and not plan.fsdp and plan.tp == 1 and plan.pp == 1:
-        result.ddp = apply_ddp(parts[0], mesh["dp"], plan)
+        result.ddp = apply_ddp(parts[0], mesh["dp"], plan, ddp_hook)
     if plan.pp > 1:
         result.schedule = build_schedule(
             plan, parts, stage_ids, mesh=mesh, device=device, loss_fn=loss_fn
@@ -176,17 +180,22 @@ def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, plan: ParallelPlan) -> None:
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
 
 
-def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, plan: ParallelPlan) -> DistributedDataParallel:
+def apply_ddp(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    plan: ParallelPlan,
+    hook: tuple[Any, Callable[..., Any]] | None = None,
+) -> DistributedDataParallel:
     device_ids = [model_device(model)] if model_device(model).type == "cuda" else None
     ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=dp_mesh.get_group())
-    hook = _comm_hook(plan, dp_mesh.get_group())
+    hook = hook or plan_comm_hook(plan, dp_mesh.get_group())
     if hook is not None:
         state, fn = hook
         ddp.register_comm_hook(state, fn)
     return ddp
 
 
-def _comm_hook(
+def plan_comm_hook(
     plan: ParallelPlan, group: dist.ProcessGroup
 ) -> tuple[Any, Callable[..., Any]] | None:
     """fp16 and PowerSGD are torch's hooks. The stock bf16 hook refuses anything but NCCL,

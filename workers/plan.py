@@ -16,6 +16,7 @@ from workers.model_configs import GPTConfig
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Precision = Literal["fp32", "bf16"]
 Compression = Literal["none", "fp16", "bf16", "powersgd"]
+UpdateMode = Literal["sync", "local-sgd", "diloco", "adaptive"]
 
 
 class PlanError(ValueError):
@@ -37,6 +38,14 @@ class ParallelPlan:
     grad_compression: a DDP communication hook (pure data parallel only).
     sequence_parallel: with tp > 1, shard the residual stream and norms over the
         sequence too (Megatron-SP).
+    update_mode: how data-parallel replicas combine their work (`workers.updates`):
+        `sync` all-reduces gradients every step; `local-sgd` steps alone and averages
+        parameters every `sync_period` steps; `diloco` also takes an outer Nesterov step
+        (`outer_lr`, `outer_momentum`) over the averaged change; `adaptive` is local SGD
+        whose period grows while the replicas stay within `drift_target` of each other.
+    balance_stages: split pipeline stages by each layer's measured cost, not its count.
+    balance_batch: give persistently slower data-parallel ranks a smaller share of the
+        global batch (the same global batch, so the same loss).
     """
 
     dp: int = 1
@@ -49,6 +58,13 @@ class ParallelPlan:
     grad_compression: Compression = "none"
     activation_checkpointing: bool = False
     sequence_parallel: bool = False
+    update_mode: UpdateMode = "sync"
+    sync_period: int = 8
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    drift_target: float = 0.01
+    balance_stages: bool = False
+    balance_batch: bool = False
 
     @property
     def world_size(self) -> int:
@@ -62,13 +78,6 @@ class ParallelPlan:
     @property
     def num_stages(self) -> int:
         return self.pp * self.stages_per_rank
-
-    def stage_layers(self, stage: int, n_layer: int) -> range:
-        """Layers of pipeline stage `stage`: contiguous, as even as possible, the earlier
-        stages taking the remainder (the last stage also runs the head)."""
-        base, extra = divmod(n_layer, self.num_stages)
-        start = stage * base + min(stage, extra)
-        return range(start, start + base + (1 if stage < extra else 0))
 
 
 def plan_from_entrypoint(
@@ -94,6 +103,33 @@ def validate_plan(plan: ParallelPlan, model: GPTConfig, *, batch_size: int) -> N
             "gradient compression is a DDP communication hook: it needs pure data parallel "
             "(tp = pp = 1, fsdp off)",
         )
+    _check_updates(plan)
+
+
+def _pure_data_parallel(plan: ParallelPlan) -> bool:
+    return plan.tp == 1 and plan.pp == 1 and not plan.fsdp
+
+
+def _check_updates(plan: ParallelPlan) -> None:
+    if plan.sync_period < 1:
+        raise PlanError("entrypoint.sync_period", "must be >= 1")
+    if plan.update_mode != "sync" and not _pure_data_parallel(plan):
+        raise PlanError(
+            "entrypoint.update_mode",
+            f"{plan.update_mode} averages whole replicas: it needs pure data parallel "
+            "(tp = pp = 1, fsdp off)",
+        )
+    if plan.update_mode != "sync" and plan.grad_compression != "none":
+        raise PlanError(
+            "entrypoint.grad_compression",
+            f"{plan.update_mode} sends parameters, not gradients: compression applies to sync",
+        )
+    if plan.balance_batch and not _pure_data_parallel(plan):
+        raise PlanError(
+            "entrypoint.balance_batch", "batch rebalancing needs pure data parallel (DDP)"
+        )
+    if plan.balance_stages and plan.pp == 1:
+        raise PlanError("entrypoint.balance_stages", "needs pipeline parallel (pp > 1)")
 
 
 def _check_tensor_parallel(plan: ParallelPlan, model: GPTConfig) -> None:

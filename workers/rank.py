@@ -115,6 +115,8 @@ class RankActor:
             "local_s": progress.metrics.get("local_s"),
             "step_time_s": progress.metrics.get("step_time_s"),
             "memory_mb": progress.metrics.get("peak_memory_mb"),
+            "comm_s": progress.metrics.get("comm_s"),
+            "comm_bytes": progress.metrics.get("comm_bytes"),
             "reported_at": progress.reported_at,
             "stop_ack_s": self._stop_ack_s(),
             "pid": os.getpid(),

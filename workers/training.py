@@ -12,26 +12,32 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from workers import balance
 from workers.checkpoint import Checkpointer, is_rank0, stop_agreed
-from workers.data import SyntheticTokens, TokenFile, TokenStream, rank_slice
+from workers.data import SyntheticTokens, TokenFile, TokenStream
 from workers.gpt import next_token_loss, parameter_count
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.parallelize import ModelParts, build_mesh, build_parts
 from workers.plan import ParallelPlan, validate_plan
+from workers.updates import AdaptivePeriod, CommMeter, DiLoCo, UpdateRule, build_rule, ddp_hook
 
 # The checkpoint counter that holds the data position (the next sample index).
 NEXT_SAMPLE = "next_sample"
+
+# Batch rebalancing: every this many steps, from the medians of the steps since.
+REBALANCE_EVERY = 10
 
 # Dense bf16 peak FLOP/s by device name fragment, for MFU (per GPU).
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -59,6 +65,7 @@ class TrainSpec:
     weight_decay: float = 0.0
     grad_accumulation: int = 1
     max_grad_norm: float | None = 1.0
+    optimizer: Literal["adamw", "sgd"] = "adamw"  # sgd: plain, no momentum
     seed: int = 0
     data_path: str | None = None  # uint16 token file; None: synthetic tokens
     checkpoint_interval_steps: int | None = None
@@ -84,9 +91,12 @@ def train(
     spec: TrainSpec,
     *,
     checkpoint_dir: Path | None = None,
+    slowdown: float = 1.0,
 ) -> TrainResult:
     """Train on the default process group (world = plan.world_size), resuming from the
-    latest checkpoint in `checkpoint_dir` if there is one."""
+    latest checkpoint in `checkpoint_dir` if there is one. `slowdown` > 1 makes this
+    rank's compute that many times slower (an injected straggler, for tests and
+    benchmarks)."""
     validate_plan(plan, spec.config, batch_size=spec.batch_size)
     device = _device()
     mesh = build_mesh(plan, device.type)
@@ -95,15 +105,41 @@ def train(
     def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return next_token_loss(output, target) / accumulation
 
-    parts = build_parts(plan, spec.config, mesh, device, seed=spec.seed, loss_fn=loss_fn)
+    meter = CommMeter()
+    dp_group = mesh.get_group("dp")
+    parts = build_parts(
+        plan,
+        spec.config,
+        mesh,
+        device,
+        seed=spec.seed,
+        loss_fn=loss_fn,
+        stage_layers=_stage_layers(plan, spec, device),
+        ddp_hook=ddp_hook(plan, dp_group, meter) if plan.dp > 1 else None,
+    )
     optimizers = [_optimizer(part, spec) for part in parts.parts]
     schedulers = [_lr_schedule(opt, spec) for opt in optimizers]
-    checkpointer = Checkpointer(checkpoint_dir, parts.parts, optimizers, spec.keep_last)
-    step = checkpointer.load_latest(NEXT_SAMPLE)
+    params = list(_params(parts.parts))
+    rule = build_rule(plan, dp_group, meter, params)
+    checkpointer = Checkpointer(
+        checkpoint_dir, parts.parts, optimizers, spec.keep_last, extra=rule.outer_state()
+    )
+    step = checkpointer.load_latest(NEXT_SAMPLE, *_RULE_COUNTERS)
+    _resume_rule(rule, params, checkpointer.counters, step)
     for scheduler in schedulers:  # the LR follows the restored step
         for _ in range(step):
             scheduler.step()
-    loop = _Loop(plan=plan, spec=spec, mesh=mesh, parts=parts, device=device, loss_fn=loss_fn)
+    loop = _Loop(
+        plan=plan,
+        spec=spec,
+        mesh=mesh,
+        parts=parts,
+        device=device,
+        loss_fn=loss_fn,
+        rule=rule,
+        meter=meter,
+        slowdown=slowdown,
+    )
     # Checkpoints written before the position was saved ran at this plan's batch.
     loop.next_sample = checkpointer.counters.get(NEXT_SAMPLE, step * loop.samples_per_step)
     result = TrainResult(step=step, resumed_from=step)
@@ -123,7 +159,7 @@ def train(
         result.losses.append(metrics["loss"])
         interval = spec.checkpoint_interval_steps
         due = interval is not None and step % interval == 0
-        if due and checkpointer.save(step, **loop.counters()) is not None:
+        if due and loop.save(checkpointer, step):
             saved = {"checkpoint_step": step}
         reporter.report(step=step, **metrics, **saved)
         first_of_attempt = step == result.resumed_from + 1
@@ -131,7 +167,7 @@ def train(
             print(_progress_line(step, spec.steps, metrics), flush=True)
     result.step = step
     ended = step > result.resumed_from or result.stopped
-    if ended and checkpointer.save(step, **loop.counters()) is not None:
+    if ended and loop.save(checkpointer, step):
         # at the end, and on a stop request (preemption notice)
         reporter.report(step=step, **metrics, checkpoint_step=step)
     return result
@@ -147,9 +183,15 @@ class _Loop:
         parts: ModelParts,
         device: torch.device,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        rule: UpdateRule,
+        meter: CommMeter,
+        slowdown: float,
     ) -> None:
         self.plan, self.spec, self.mesh, self.parts = plan, spec, mesh, parts
         self.device, self.loss_fn = device, loss_fn
+        self.rule, self.meter, self.slowdown = rule, meter, slowdown
+        self.params = list(_params(parts.parts))
+        self.batch = _BatchShares(plan.dp, plan.dp * spec.batch_size, enabled=plan.balance_batch)
         self.dp_rank = mesh.get_local_rank("dp")
         self.counts_loss = parts.last(plan) and mesh.get_local_rank("tp") == 0
         self.stream = _stream(spec)
@@ -167,14 +209,18 @@ class _Loop:
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         loss = torch.zeros((), device=self.device)
-        global_batch = self.plan.dp * self.spec.batch_size
+        global_batch = self.batch.global_batch
+        shares = self.batch.shares
         for micro in range(self.spec.grad_accumulation):
             first_sample = self.next_sample + micro * global_batch
-            start, count = rank_slice(first_sample, global_batch, self.dp_rank, self.plan.dp)
+            start, count = balance.share_slice(first_sample, shares, self.dp_rank)
             inputs, targets = self.stream.samples(start, count)
             last_micro = micro == self.spec.grad_accumulation - 1
+            # Each rank's mean loss weighted by its share: DDP's gradient average over
+            # ranks is then the global batch's mean, however the batch is split.
+            weight = count * self.plan.dp / global_batch
             loss += self._forward_backward(
-                inputs.to(self.device), targets.to(self.device), last_micro
+                inputs.to(self.device), targets.to(self.device), last_micro, weight
             )
         self.next_sample += self.samples_per_step
         synced = time.perf_counter()
@@ -182,6 +228,7 @@ class _Loop:
         grad_norm = self._clip()
         for opt in optimizers:
             opt.step()
+        self.rule.after_step(step, self.params)
         loss_value = self._global_loss(loss)
         sync_s = time.perf_counter() - synced
         elapsed = time.perf_counter() - started
@@ -189,17 +236,27 @@ class _Loop:
         local_s = self.local.total_s()  # after _global_loss's .item(): the events are done
         if local_s is not None:
             metrics["local_s"] = local_s
+            self.batch.observe(step, local_s / shares[self.dp_rank], self.mesh.get_group("dp"))
+        metrics["batch_share"] = float(shares[self.dp_rank])
+        metrics |= self.rule.describe()
         if self.state_mb is None:  # fixed once the optimizer has made its state
             self.state_mb = _state_bytes(self.parts.parts, optimizers) / 2**20
         metrics["state_mb"] = self.state_mb
         return metrics
 
-    def counters(self) -> dict[str, int]:
-        """What a checkpoint keeps besides the step."""
-        return {NEXT_SAMPLE: self.next_sample}
+    def save(self, checkpointer: Checkpointer, step: int) -> bool:
+        """Make the replicas equal (periodic modes), then checkpoint; False: no
+        checkpoint directory."""
+        if checkpointer.directory is None:
+            return False
+        self.rule.consolidate(self.params)
+        counters = {NEXT_SAMPLE: self.next_sample}
+        if isinstance(self.rule, AdaptivePeriod):
+            counters |= self.rule.counters()
+        return checkpointer.save(step, **counters) is not None
 
     def _forward_backward(
-        self, inputs: torch.Tensor, targets: torch.Tensor, last_micro: bool
+        self, inputs: torch.Tensor, targets: torch.Tensor, last_micro: bool, weight: float
     ) -> torch.Tensor:
         with self._autocast():
             schedule = self.parts.schedule
@@ -218,10 +275,19 @@ class _Loop:
             )
             with no_sync:
                 with self.local.span():  # no peer takes part in a forward without TP/FSDP
+                    began = time.perf_counter()
                     output = model(inputs)
-                loss = self.loss_fn(output, targets)
+                    self._straggle(began)
+                loss = self.loss_fn(output, targets) * weight
+                began = time.perf_counter()
                 loss.backward()  # type: ignore[no-untyped-call]
+                self._straggle(began)
             return loss.detach()
+
+    def _straggle(self, began: float) -> None:
+        """An injected straggler: what ran since `began` takes `slowdown` x as long."""
+        if self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * (time.perf_counter() - began))
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast where FSDP's mixed-precision policy does not already cast."""
@@ -236,7 +302,8 @@ class _Loop:
         group = self.mesh.get_group("dp")
         for grad in _grads(self.parts.parts):
             local = grad.to_local() if isinstance(grad, DTensor) else grad
-            dist.all_reduce(local, group=group)
+            with self.meter.timed(local.numel() * local.element_size()):
+                dist.all_reduce(local, group=group)
             local /= self.plan.dp
 
     def _clip(self) -> float:
@@ -270,12 +337,17 @@ class _Loop:
         self, loss: float, grad_norm: float, elapsed: float, sync_s: float
     ) -> dict[str, float]:
         tokens_per_s = self.tokens_per_step / elapsed
+        comm_s, comm_bytes = self.meter.take()
         metrics = {
             "loss": loss,
             "tokens_per_s": tokens_per_s,
             "step_time_s": elapsed,
             "sync_s": sync_s,
-            "compute_s": elapsed - sync_s,
+            # Time in data-parallel collectives (DDP's buckets from launch to done, so
+            # it may overlap the backward pass) and their payload bytes from this rank.
+            "comm_s": comm_s,
+            "comm_bytes": float(comm_bytes),
+            "compute_s": max(0.0, elapsed - comm_s),
             "grad_norm": grad_norm,
             "peak_memory_mb": _peak_memory_mb(self.device),
         }
@@ -284,6 +356,37 @@ class _Loop:
             # 6 N flops per token (forward + backward), the usual MFU estimate
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (peak * self.plan.world_size)
         return metrics
+
+
+class _BatchShares:
+    """This rank's share of each global batch: equal, or (`balance_batch`) in proportion
+    to the ranks' speeds measured over the last `REBALANCE_EVERY` steps."""
+
+    def __init__(self, dp: int, global_batch: int, *, enabled: bool) -> None:
+        self.dp, self.global_batch, self.enabled = dp, global_batch, enabled
+        self.shares = [global_batch // dp] * dp
+        self.window: list[float] = []
+
+    def observe(self, step: int, seconds_per_sample: float, group: Any) -> None:
+        if not self.enabled or self.dp == 1:
+            return
+        self.window.append(seconds_per_sample)
+        if step % REBALANCE_EVERY:
+            return
+        mine = torch.tensor([statistics.median(self.window)], dtype=torch.float64)
+        self.window = []
+        gathered = [torch.zeros_like(mine) for _ in range(self.dp)]
+        dist.all_gather(gathered, mine, group=group)
+        speeds = [1.0 / max(float(t), 1e-9) for t in gathered]
+        shares = balance.batch_shares(speeds, self.global_batch)
+        if shares != self.shares and is_rank0():
+            print(
+                f"batch shares {self.shares} -> {shares} (rank speeds, samples/s: "
+                + ", ".join(f"{s:.1f}" for s in speeds)
+                + ")",
+                flush=True,
+            )
+        self.shares = shares
 
 
 class _LocalTimer:
@@ -343,7 +446,55 @@ def _stream(spec: TrainSpec) -> TokenStream:
     return SyntheticTokens(vocab_size=config.vocab_size, seq_len=config.seq_len, seed=spec.seed)
 
 
+def _stage_layers(plan: ParallelPlan, spec: TrainSpec, device: torch.device) -> list[range]:
+    """Each pipeline stage's blocks: an equal count, or split by measured cost."""
+    n_layer = spec.config.n_layer
+    equal = balance.equal_layers(plan.num_stages, n_layer)
+    if not plan.balance_stages:
+        return equal
+    micro = spec.batch_size // plan.microbatches
+    costs = balance.averaged(
+        balance.measure_costs(spec.config, batch=micro, in_flight=plan.microbatches, device=device)
+    )
+    chosen = balance.balanced_split(costs, plan.num_stages)
+    if is_rank0():
+        before = balance.stage_costs(costs, equal)
+        print(_split_line(chosen, before), flush=True)
+    return chosen.layers
+
+
+def _split_line(chosen: balance.StageSplit, equal: balance.StageSplit) -> str:
+    """The job's log keeps how the stages were split and why."""
+    stages = "; ".join(
+        f"{s}: layers {r.start}-{r.stop - 1}, {t * 1000:.1f} ms, {m / 2**20:.0f} MiB"
+        for s, (r, t, m) in enumerate(
+            zip(chosen.layers, chosen.time_s, chosen.memory_bytes, strict=True)
+        )
+    )
+    return (
+        f"pipeline stages by measured cost: {stages}; slowest/fastest "
+        f"{chosen.time_ratio:.2f} (equal layer counts: {equal.time_ratio:.2f})"
+    )
+
+
+_RULE_COUNTERS = ("sync_period", "next_sync")
+
+
+def _resume_rule(
+    rule: UpdateRule, params: list[nn.Parameter], counters: dict[str, int], step: int
+) -> None:
+    """After a load, the parameters are the synchronised ones (saved after consolidate)."""
+    if isinstance(rule, DiLoCo):
+        rule.reset_anchor(params)
+    if isinstance(rule, AdaptivePeriod):
+        rule.restore(counters, step)
+
+
 def _optimizer(part: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(
+            part.parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
+        )
     return torch.optim.AdamW(
         part.parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
     )

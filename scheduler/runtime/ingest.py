@@ -30,6 +30,8 @@ class ProgressIngest:
             tokens_per_s=status.tokens_per_s,
             step_time_s=status.step_time_s,
             memory_mb=status.memory_mb,
+            comm_s=status.comm_s,
+            comm_bytes=status.comm_bytes,
         )
         self._repo.record_progress(job.id, job.attempt, point)
         self._watch_stragglers(job, status, node_names)

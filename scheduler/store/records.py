@@ -115,6 +115,8 @@ class ProgressPoint:
     tokens_per_s: float | None = None
     step_time_s: float | None = None
     memory_mb: float | None = None
+    comm_s: float | None = None
+    comm_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,8 @@ class MetricPoint:
     tokens_per_s: float | None
     step_time_s: float | None
     memory_mb: float | None
+    comm_s: float | None = None
+    comm_bytes: float | None = None
 
 
 @dataclass(frozen=True)

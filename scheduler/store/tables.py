@@ -148,6 +148,9 @@ class JobMetricRow(Base):
     tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     memory_mb: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Seconds in data-parallel collectives in the step, and their payload bytes (0014).
+    comm_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    comm_bytes: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class LeaseRow(Base):

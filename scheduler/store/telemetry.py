@@ -38,6 +38,8 @@ class TelemetryStore(Repository):
                     tokens_per_s=point.tokens_per_s,
                     step_time_s=point.step_time_s,
                     memory_mb=point.memory_mb,
+                    comm_s=point.comm_s,
+                    comm_bytes=point.comm_bytes,
                 )
             )
 
@@ -66,7 +68,17 @@ class TelemetryStore(Repository):
         if (total - 1) % stride:  # the newest came in beside the last evenly spaced one
             del kept[-2]
         return [
-            MetricPoint(r.attempt, r.step, r.at, r.loss, r.tokens_per_s, r.step_time_s, r.memory_mb)
+            MetricPoint(
+                r.attempt,
+                r.step,
+                r.at,
+                r.loss,
+                r.tokens_per_s,
+                r.step_time_s,
+                r.memory_mb,
+                r.comm_s,
+                r.comm_bytes,
+            )
             for r in kept
         ]
 

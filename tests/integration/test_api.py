@@ -125,6 +125,17 @@ def test_submit_function_entrypoint(client: TestClient) -> None:
             "entrypoint.grad_compression",
         ),
         ({"entrypoint": {"kind": "builtin", "precision": "fp8"}}, "entrypoint.precision"),
+        (
+            {"parallelism": {"pp": 2}, "entrypoint": {"update_mode": "local-sgd"}},
+            "entrypoint.update_mode",
+        ),
+        ({"entrypoint": {"update_mode": "async"}}, "entrypoint.update_mode"),
+        ({"entrypoint": {"sync_period": 0}}, "entrypoint.sync_period"),
+        ({"entrypoint": {"balance_stages": True}}, "entrypoint.balance_stages"),
+        (
+            {"parallelism": {"tp": 2}, "entrypoint": {"balance_batch": True}},
+            "entrypoint.balance_batch",
+        ),
         ({"entrypoint": {"kind": "script", "path": "a\u0000b"}}, "entrypoint.path"),
         (
             {"entrypoint": {"kind": "script", "path": "x.py", "args": ["\u0000"]}},
@@ -475,7 +486,9 @@ def test_metric_series_are_kept_per_step_and_thinned(
     thinned = client.get(f"/v1/jobs/{job_id}/metrics", params={"max_points": 4}).json()
     assert [p["step"] for p in thinned["points"]] == [1, 4, 7, 10]  # the newest kept
     assert client.get(f"/v1/jobs/{job_id}").json()["progress"]["step"] == 10
-    repo.record_progress(job_id, 1, ProgressPoint(11, loss=0.9))
+    repo.record_progress(job_id, 1, ProgressPoint(11, loss=0.9, comm_s=0.25, comm_bytes=4096.0))
+    newest = client.get(f"/v1/jobs/{job_id}/metrics").json()["points"][-1]
+    assert (newest["comm_s"], newest["comm_bytes"]) == (0.25, 4096.0)
     thinned = client.get(f"/v1/jobs/{job_id}/metrics", params={"max_points": 4}).json()
     assert [p["step"] for p in thinned["points"]] == [1, 4, 7, 11]  # 11 in 10's place
     assert client.get("/v1/jobs/999/metrics").status_code == 404

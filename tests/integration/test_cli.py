@@ -96,9 +96,29 @@ def test_logs_follow_prints_until_the_job_ends(cli: CliRunner, repo: JobReposito
 def test_metrics_prints_the_series(cli: CliRunner, repo: JobRepository) -> None:
     job_id = submit(cli, "learner")
     repo.record_progress(job_id, 1, ProgressPoint(5, loss=2.5, tokens_per_s=1234.0))
+    point = ProgressPoint(6, loss=2.4, comm_s=0.012, comm_bytes=3 * 2**20)
+    repo.record_progress(job_id, 1, point)
     lines = run(cli, "metrics", str(job_id)).splitlines()
-    assert lines[0].split() == ["STEP", "ATT", "LOSS", "TOKENS/S", "STEP", "MS", "MEM", "MB"]
-    assert lines[1].split() == ["5", "1", "2.5000", "1,234", "-", "-"]
+    assert lines[0].split() == [
+        "STEP", "ATT", "LOSS", "TOKENS/S", "STEP", "MS", "MEM", "MB", "COMM", "MS", "COMM", "MB"
+    ]  # fmt: skip
+    assert lines[1].split() == ["5", "1", "2.5000", "1,234", "-", "-", "-", "-"]
+    assert lines[2].split() == ["6", "1", "2.4000", "-", "-", "-", "12", "3.00"]
+
+
+def test_submit_sets_builtin_fields(cli: CliRunner) -> None:
+    args = ["submit", "--name", "local", "--dp", "2", "--json"]
+    sets = ["--set", "update_mode=local-sgd", "--set", "sync_period=16"]
+    job = json.loads(run(cli, *args, *sets, "--set", "balance_batch=true"))
+    entrypoint = job["spec"]["entrypoint"]
+    assert (entrypoint["update_mode"], entrypoint["sync_period"]) == ("local-sgd", 16)
+    assert entrypoint["balance_batch"] is True
+    bad = cli.invoke(gangway.cli.app, [*args[:-1], "--set", "sync_period=0"])
+    assert bad.exit_code == 2 and "sync_period" in bad.output
+    unknown = cli.invoke(gangway.cli.app, [*args[:-1], "--set", "nonsense=1"])
+    assert unknown.exit_code == 2 and "nonsense" in unknown.output
+    refused = cli.invoke(gangway.cli.app, ["submit", "--name", "x", "--set", "balance_stages=true"])
+    assert refused.exit_code == 1 and "entrypoint.balance_stages" in refused.output
 
 
 def test_submit_from_a_yaml_job_file_and_show_the_cluster(cli: CliRunner, tmp_path: Path) -> None:

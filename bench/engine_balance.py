@@ -1,0 +1,131 @@
+"""Load balancing: pipeline stages by measured cost, and batch shares by rank speed.
+
+    .venv/bin/python bench/engine_balance.py stages --model gpt-mini --pp 2 4
+    .venv/bin/python bench/engine_balance.py batch --model gpt-tiny --steps 40 --slow 1.5
+
+`stages`: each layer's forward + backward is measured (`workers.balance.measure_costs`);
+then every stage of the equal split and of the balanced split is built as the pipeline
+builds it (`GPT.keep_only`) and timed on its own, forward + backward on one microbatch,
+median of `--repeats`, in CPU time (one thread; the machine's other load does not
+count). Prints slowest/fastest stage time for both splits.
+
+`batch`: 2 gloo ranks, rank 1's compute made `--slow` x slower; equal shares against
+`balance_batch` on the same samples. Prints the median step time after the first
+rebalance and the largest loss difference per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+
+import torch
+
+from bench.engine_modes import run
+from workers import balance
+from workers.gpt import GPT, next_token_loss
+from workers.model_configs import MODEL_CONFIGS, GPTConfig
+from workers.plan import ParallelPlan
+from workers.training import REBALANCE_EVERY, TrainSpec
+
+
+def stage_times(config: GPTConfig, layers: list[range], batch: int, repeats: int) -> list[float]:
+    """Each stage of a split, built and timed alone (forward + backward, one microbatch)."""
+    tokens = torch.randint(config.vocab_size, (batch, config.seq_len))
+    hidden = torch.randn(batch, config.seq_len, config.n_embd)
+    times = []
+    for stage, blocks in enumerate(layers):
+        first, last = stage == 0, stage == len(layers) - 1
+        torch.manual_seed(0)
+        model = GPT(config)
+        model.keep_only(blocks, first=first, last=last)
+        runs = []
+        for _ in range(repeats):
+            x = tokens if first else hidden.clone().requires_grad_(True)
+            began = time.process_time()
+            out = model(x)
+            loss = next_token_loss(out, tokens) if last else out.square().mean()
+            loss.backward()  # type: ignore[no-untyped-call]
+            runs.append(time.process_time() - began)
+        times.append(statistics.median(runs))
+    return times
+
+
+def bench_stages(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    config = MODEL_CONFIGS[args.model]
+    costs = balance.measure_costs(
+        config, batch=args.batch, in_flight=1, device=torch.device("cpu"), repeats=args.repeats
+    )
+    print("layer costs (ms): " + ", ".join(f"{c.time_s * 1000:.1f}" for c in costs), flush=True)
+    for pp in args.pp:
+        equal = balance.equal_layers(pp, config.n_layer)
+        chosen = balance.balanced_split(costs, pp).layers
+        row: dict[str, Any] = {"model": args.model, "pp": pp}
+        for name, layers in (("equal", equal), ("balanced", chosen)):
+            times = stage_times(config, layers, args.batch, args.repeats)
+            row[name] = {
+                "layers": [f"{r.start}-{r.stop - 1}" for r in layers],
+                "stage_ms": [round(t * 1000, 1) for t in times],
+                "slowest_over_fastest": round(max(times) / min(times), 3),
+            }
+        print(json.dumps(row), flush=True)
+
+
+def bench_batch(args: argparse.Namespace) -> None:
+    spec = TrainSpec(
+        model=args.model,
+        steps=args.steps,
+        batch_size=args.batch,
+        max_grad_norm=None,
+        log_every=1000,
+    )
+    slow = {1: args.slow}
+    equal = run(ParallelPlan(dp=2), spec, slow)
+    balanced = run(ParallelPlan(dp=2, balance_batch=True), spec, slow)
+    after = slice(REBALANCE_EVERY + 1, None)  # from the step after the first rebalance
+    equal_s = statistics.median(s["step_time_s"] for s in equal[after])
+    balanced_s = statistics.median(s["step_time_s"] for s in balanced[after])
+    diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(equal, balanced, strict=True))
+    result = {
+        "model": args.model,
+        "slowdown": args.slow,
+        "global_batch": 2 * args.batch,
+        "shares_rank0": balanced[-1]["batch_share"],
+        "equal_step_s": round(equal_s, 4),
+        "balanced_step_s": round(balanced_s, 4),
+        "step_time_change": f"{balanced_s / equal_s - 1:+.1%}",
+        "max_loss_diff": diff,
+    }
+    print(json.dumps(result), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="what", required=True)
+    stages = sub.add_parser("stages")
+    stages.add_argument("--model", default="gpt-mini")
+    stages.add_argument("--pp", type=int, nargs="+", default=[2, 4])
+    stages.add_argument("--batch", type=int, default=2, help="microbatch size")
+    stages.add_argument("--repeats", type=int, default=5)
+    batch = sub.add_parser("batch")
+    batch.add_argument("--model", default="gpt-tiny")
+    batch.add_argument("--steps", type=int, default=40)
+    batch.add_argument("--batch", type=int, default=20, help="per rank (equal shares)")
+    batch.add_argument("--slow", type=float, default=1.5)
+    args = parser.parse_args()
+    if args.what == "stages":
+        bench_stages(args)
+    else:
+        bench_batch(args)
+
+
+if __name__ == "__main__":
+    main()

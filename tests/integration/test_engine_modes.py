@@ -1,0 +1,101 @@
+"""Update modes, batch rebalancing and balanced pipeline stages on gloo ranks.
+
+Parity is expected where the mathematics gives it: local SGD with period 1 under plain
+SGD (averaging parameters after one linear step equals stepping with the averaged
+gradient; AdamW is not linear in the gradient, so it is not expected there), and any
+split of the same global batch or of the pipeline's layers.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from tests.engine_harness import run_engine
+from workers.plan import ParallelPlan
+from workers.training import TrainSpec
+
+TOLERANCE = 1e-5
+PARAM_BYTES = 236_928 * 4  # gpt-tiny's parameters, fp32
+
+
+@cache
+def sgd_sync_losses(out: Path) -> tuple[float, ...]:
+    spec = TrainSpec(steps=6, batch_size=4, optimizer="sgd", learning_rate=0.1, max_grad_norm=None)
+    return tuple(run_engine(ParallelPlan(dp=2), spec, out / "sgd-sync")["losses"])
+
+
+def test_local_sgd_with_period_1_equals_sync(tmp_path_factory: pytest.TempPathFactory) -> None:
+    out = tmp_path_factory.getbasetemp()
+    spec = TrainSpec(steps=6, batch_size=4, optimizer="sgd", learning_rate=0.1, max_grad_norm=None)
+    plan = ParallelPlan(dp=2, update_mode="local-sgd", sync_period=1)
+    losses = run_engine(plan, spec, out / "local-1")["losses"]
+    assert losses == pytest.approx(sgd_sync_losses(out), abs=TOLERANCE)
+
+
+def test_local_sgd_sends_parameters_every_period_and_nothing_between(tmp_path: Path) -> None:
+    spec = TrainSpec(steps=8, batch_size=4)
+    sync = run_engine(ParallelPlan(dp=2), spec, tmp_path / "sync")["history"]
+    local = run_engine(ParallelPlan(dp=2, update_mode="local-sgd", sync_period=4), spec, tmp_path)
+    assert [h["comm_bytes"] for h in sync] == [PARAM_BYTES] * 8  # every gradient, every step
+    assert [h["comm_bytes"] for h in local["history"]] == [0, 0, 0, PARAM_BYTES] * 2
+    assert all(h["comm_s"] > 0 for h in sync)
+    assert local["losses"][-1] < local["losses"][0] - 0.3
+
+
+@pytest.mark.parametrize("mode", ["local-sgd", "diloco", "adaptive"])
+def test_a_periodic_mode_resumes_from_a_stop_between_syncs(mode: str, tmp_path: Path) -> None:
+    """Stopped at step 3 of period 4 (as by a preemption notice): the checkpoint holds the
+    averaged replicas, the job resumes there and ends near the uninterrupted run."""
+    plan = ParallelPlan(dp=2, update_mode=mode, sync_period=4)  # type: ignore[arg-type]
+    spec = TrainSpec(steps=10, batch_size=4)
+    checkpoints = tmp_path / "checkpoints"
+    first = run_engine(plan, spec, tmp_path / "a", checkpoint_dir=checkpoints, stop_at=3)
+    assert first["step"] == 3
+    second = run_engine(plan, spec, tmp_path / "b", checkpoint_dir=checkpoints)
+    assert (second["resumed_from"], second["step"]) == (3, 10)
+    whole = run_engine(plan, spec, tmp_path / "whole")["losses"]
+    assert second["losses"][-1] == pytest.approx(whole[-1], rel=0.03)
+    assert second["losses"][-1] < first["losses"][0] - 0.3
+
+
+def test_a_periodic_mode_resumes_at_another_data_parallel_degree(tmp_path: Path) -> None:
+    """Elastic resize: a local-SGD checkpoint from dp=2 loads at dp=4."""
+    checkpoints = tmp_path / "checkpoints"
+    spec = TrainSpec(steps=6, batch_size=2)
+    run_engine(
+        ParallelPlan(dp=2, update_mode="local-sgd", sync_period=2),
+        spec,
+        tmp_path / "dp2",
+        checkpoint_dir=checkpoints,
+        stop_at=3,
+    )
+    resumed = run_engine(
+        ParallelPlan(dp=4, update_mode="local-sgd", sync_period=2),
+        spec,
+        tmp_path / "dp4",
+        checkpoint_dir=checkpoints,
+    )
+    assert (resumed["resumed_from"], resumed["step"]) == (3, 6)
+
+
+def test_slower_rank_gets_a_smaller_share_and_the_loss_is_unchanged(tmp_path: Path) -> None:
+    spec = TrainSpec(steps=14, batch_size=4, max_grad_norm=None)
+    equal = run_engine(ParallelPlan(dp=2), spec, tmp_path / "equal")
+    balanced = run_engine(
+        ParallelPlan(dp=2, balance_batch=True), spec, tmp_path / "balanced", slowdown={1: 3.0}
+    )
+    shares = [h["batch_share"] for h in balanced["history"]]
+    assert shares[:10] == [4] * 10  # rank 0, fast: equal until the first window is measured
+    assert all(share >= 5 for share in shares[10:]), shares
+    assert balanced["losses"] == pytest.approx(equal["losses"], abs=TOLERANCE)
+
+
+def test_balanced_pipeline_stages_keep_the_single_process_loss(tmp_path: Path) -> None:
+    spec = TrainSpec(steps=4, batch_size=8)
+    single = run_engine(ParallelPlan(), spec, tmp_path / "one")["losses"]
+    plan = ParallelPlan(pp=2, microbatches=2, balance_stages=True)
+    losses = run_engine(plan, spec, tmp_path / "pp2")["losses"]
+    assert losses == pytest.approx(single, abs=TOLERANCE)

@@ -1,0 +1,68 @@
+"""Stage splits and batch shares (pure arithmetic)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from workers.balance import (
+    ItemCost,
+    balanced_split,
+    batch_shares,
+    equal_layers,
+    share_slice,
+    stage_costs,
+)
+
+
+def costs(times: list[float], memory: list[int] | None = None) -> list[ItemCost]:
+    memory = memory or [1] * len(times)
+    return [ItemCost(t, m) for t, m in zip(times, memory, strict=True)]
+
+
+def test_a_heavy_head_gets_fewer_blocks_than_an_equal_split() -> None:
+    items = costs([0.1, 1, 1, 1, 1, 1, 1, 1.7])  # embeddings, 6 blocks, head
+    equal = stage_costs(items, equal_layers(2, 6))
+    split = balanced_split(items, 2)
+    assert [list(r) for r in split.layers] == [[0, 1, 2, 3], [4, 5]]
+    assert split.time_ratio < 1.15 < equal.time_ratio
+
+
+def test_memory_decides_between_splits_of_about_the_same_time() -> None:
+    # Blocks of equal time; the last block is heavy in memory: it goes alone if time allows.
+    items = costs([0, 1, 1, 1, 1, 0], [0, 1, 1, 1, 10, 0])
+    split = balanced_split(items, 2)
+    assert [list(r) for r in split.layers] == [[0, 1], [2, 3]]
+    assert split.memory_bytes == [2, 11]
+
+
+@given(
+    st.lists(st.floats(0.01, 10), min_size=3, max_size=14),
+    st.integers(1, 6),
+)
+def test_the_split_is_contiguous_covers_every_block_and_beats_equal(
+    times: list[float], stages: int
+) -> None:
+    n_layer = len(times) - 2
+    stages = min(stages, n_layer)
+    items = costs(times)
+    split = balanced_split(items, stages)
+    assert [b for r in split.layers for b in r] == list(range(n_layer))
+    assert all(len(r) >= 1 for r in split.layers)
+    equal = stage_costs(items, equal_layers(stages, n_layer))
+    assert max(split.time_s) <= max(equal.time_s) * (1 + 0.05) + 1e-9
+
+
+@given(st.lists(st.floats(0.1, 100), min_size=1, max_size=8), st.integers(8, 512))
+def test_shares_keep_the_global_batch_and_follow_speed(speeds: list[float], batch: int) -> None:
+    shares = batch_shares(speeds, batch)
+    assert sum(shares) == batch
+    assert min(shares) >= 1
+    fastest, slowest = speeds.index(max(speeds)), speeds.index(min(speeds))
+    assert shares[fastest] >= shares[slowest]
+
+
+def test_slices_of_shares_tile_the_batch() -> None:
+    shares = [5, 3]
+    assert [share_slice(16, shares, r) for r in range(2)] == [(16, 5), (21, 3)]
+    assert batch_shares([2.0, 1.0], 12) == [8, 4]

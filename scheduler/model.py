@@ -243,6 +243,10 @@ class JobView:
     # When the job last entered PENDING (None: at submit). Aging counts from here, so a
     # preempted job starts its wait again instead of jumping the queue at once.
     queued_at: datetime | None = None
+    # Predicted run time still ahead of the job on its gang (`scheduler.predict`); None:
+    # unknown. Used where no time limit or measured progress says more: ends on the
+    # release timeline (backfill, ETAs), service order within a band, preemption payoff.
+    predicted_remaining_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

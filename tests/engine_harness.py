@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.e2e.service import free_port
+from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.plan import ParallelPlan
 from workers.training import TrainSpec, train
 
@@ -23,12 +24,15 @@ class _StopAt:
     def __init__(self, stop_at: int | None) -> None:
         self.stop_at, self.step = stop_at, 0
         self.metrics: dict[str, Any] = {}
+        self.step_times: list[float] = []
 
     def should_stop(self) -> bool:
         return self.stop_at is not None and self.step >= self.stop_at
 
     def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None:
         self.step, self.metrics = step, metrics
+        if "step_time_s" in metrics:
+            self.step_times.append(metrics["step_time_s"])
 
 
 def run_engine(
@@ -38,9 +42,11 @@ def run_engine(
     *,
     checkpoint_dir: Path | None = None,
     stop_at: int | None = None,
+    models: dict[str, GPTConfig] | None = None,
 ) -> dict[str, Any]:
     """Train on plan.world_size processes; rank 0's result: losses, resumed_from, step,
-    and the metrics it reported last."""
+    the metrics it reported last and every step's time. `models`: sizes to register by
+    name in each rank besides the built-in ones."""
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "world": plan.world_size,
@@ -50,6 +56,7 @@ def run_engine(
         "out": str(out),
         "checkpoint_dir": checkpoint_dir,
         "stop_at": stop_at,
+        "models": {name: asdict(config) for name, config in (models or {}).items()},
     }
     mp.start_processes(_rank_main, args=(job,), nprocs=plan.world_size, start_method="spawn")
     result: dict[str, Any] = json.loads((out / "rank0.json").read_text())
@@ -58,6 +65,8 @@ def run_engine(
 
 def _rank_main(rank: int, job: dict[str, Any]) -> None:
     torch.set_num_threads(1)  # 8 ranks on 2 cores: no oversubscription
+    for name, config in job["models"].items():
+        MODEL_CONFIGS[name] = GPTConfig(**config)
     url = f"tcp://127.0.0.1:{job['port']}"
     dist.init_process_group("gloo", init_method=url, rank=rank, world_size=job["world"])
     try:
@@ -74,6 +83,7 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
                 "resumed_from": result.resumed_from,
                 "step": result.step,
                 "metrics": reporter.metrics,
+                "step_times": reporter.step_times,
             }
             Path(job["out"], "rank0.json").write_text(json.dumps(payload))
         dist.barrier()  # no rank tears gloo down while a peer still talks to it

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from scheduler.core.gittins import GittinsTable
+
+SERVICE_ORDERS = ("las", "gittins", "srsf")
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,22 @@ class PolicyConfig:
     service_preemption_loss_s: a job is preempted for service (same priority, less GPU
         time attained) only while it would lose at most this many seconds of work since
         its last checkpoint; priority and quota preemption ignore it.
+    service_order: how service ranks jobs within a priority. "las": the discretised
+        least-attained-service bands above. "gittins": the same bands, and within a band
+        the higher Gittins index of attained service under `gittins` (a prior learned
+        from finished jobs) first (Tiresias' 2D-Gittins). "srsf": shortest remaining
+        GPU service first (predicted remaining run time x GPUs; unknown last), preemptive:
+        the lower bound when predictions are exact.
+    shortest_predicted_first: within a band, jobs with less predicted remaining GPU
+        service go first (unknown predictions after known ones).
+    preemption_payoff: a preemption for service happens only when it pays for itself:
+        the victim's predicted remaining run time exceeds the newcomer's by more than the
+        cost of stopping and resuming (`checkpoint_grace_s` + `restart_cost_s` + the work
+        lost since its checkpoint). Unknown predictions count as long.
+    restart_cost_s: a resumed (or resized) run's warm-up before it makes progress again.
+    resize_lookahead_s: an elastic job does not grow while other jobs are expected to
+        free GPUs within this window; it grows once, when they have (each grow restarts).
+    gittins: the Gittins table for "gittins" order (rebuilt by the caller as jobs end).
     """
 
     aging_interval_s: float = 3600.0
@@ -54,6 +74,12 @@ class PolicyConfig:
     service_levels_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
     starvation_s: float = 4 * 3600.0
     service_preemption_loss_s: float = 300.0
+    service_order: str = "las"
+    shortest_predicted_first: bool = True
+    preemption_payoff: bool = True
+    restart_cost_s: float = 60.0
+    resize_lookahead_s: float = 120.0
+    gittins: GittinsTable | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("aging_interval_s", "default_runtime_s", "starvation_s"):
@@ -67,6 +93,10 @@ class PolicyConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.service_order not in SERVICE_ORDERS:
+            raise ValueError(f"service_order must be one of {', '.join(SERVICE_ORDERS)}")
+        if self.restart_cost_s < 0 or self.resize_lookahead_s < 0:
+            raise ValueError("restart_cost_s and resize_lookahead_s must be >= 0")
         levels = self.service_levels_gpu_s
         if any(level <= 0 for level in levels) or list(levels) != sorted(set(levels)):
             raise ValueError("service_levels_gpu_s must be positive and strictly ascending")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence, Set
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from datetime import datetime
 
 from scheduler.core.config import PolicyConfig
@@ -25,7 +26,13 @@ def _queued_at(job: JobView) -> datetime:
     return job.queued_at or job.submitted_at
 
 
-def service_band(job: JobView, now: datetime, config: PolicyConfig) -> int:
+def remaining_gpu_s(job: JobView) -> float:
+    """Predicted GPU-seconds of service still ahead of the job; infinite when unknown."""
+    remaining = job.predicted_remaining_s
+    return math.inf if remaining is None else remaining * job.shape.num_gpus
+
+
+def service_band(job: JobView, now: datetime, config: PolicyConfig) -> float:
     """Least-attained-service band (Tiresias' discretised 2D-LAS): the top band,
     len(service_levels_gpu_s), until the job has consumed the first level of GPU-seconds,
     one band lower at each further level. Short jobs finish in the top band; long ones
@@ -34,6 +41,8 @@ def service_band(job: JobView, now: datetime, config: PolicyConfig) -> int:
     Starvation guard: a job queued for `starvation_s` is promoted to the top band (so it
     may preempt sunk jobs), and the run it then gets counts its service from zero, so it
     is not preempted again as soon as it starts."""
+    if config.service_order == "srsf":
+        return -remaining_gpu_s(job)
     levels = config.service_levels_gpu_s
     if not levels:
         return 0
@@ -52,7 +61,7 @@ def service_band(job: JobView, now: datetime, config: PolicyConfig) -> int:
     return top - sum(used >= level for level in levels)
 
 
-def rank(job: JobView, now: datetime, config: PolicyConfig) -> tuple[int, int]:
+def rank(job: JobView, now: datetime, config: PolicyConfig) -> tuple[int, float]:
     """What preemption compares: (base priority, service band). Aging is not in it, so
     waiting alone never preempts anyone."""
     return (job.priority, service_band(job, now, config))
@@ -67,25 +76,40 @@ def queue_order(
 ) -> list[JobView]:
     """Pending jobs: higher aged priority first (priority plus one point per
     `aging_interval_s` waited since the job last queued), then higher service band (less
-    GPU time attained), then fair share in two levels, as Slurm's Fair Tree does with
-    accounts and users: the queue's rank by recent usage over its `weights` entry (default
-    1), then the user's rank within the queue (0 for the least recent usage: one heavy
-    user cannot hold a queue, one busy queue cannot hold the idle GPUs), then earlier
-    submit, then id. Guarantees are not in the order: quotas and preemption keep them.
+    GPU time attained; see `service_band`), then the order inside a band
+    (`_within_band_key`: Gittins index or predicted remaining service), then fair share
+    in two levels, as Slurm's Fair Tree does with accounts and users: the queue's rank
+    by recent usage over its `weights` entry (default 1), then the user's rank within
+    the queue (0 for the least recent usage: one heavy user cannot hold a queue, one
+    busy queue cannot hold the idle GPUs), then earlier submit, then id. Guarantees are
+    not in the order: quotas and preemption keep them.
     The key is inlined: it runs for every pending job on every pass."""
     ranks = fair_share_ranks(usage or {})
     queue_ranks = queue_share_ranks(usage or {}, weights or {})
     interval = config.aging_interval_s
+    within_band = _within_band_key(config)
 
-    def key(job: JobView) -> tuple[int, int, int, int, datetime, int]:
+    def key(job: JobView) -> tuple[int, float, float, int, int, datetime, int]:
         waited_s = (now - _queued_at(job)).total_seconds()
         aged = job.priority + (int(waited_s // interval) if waited_s > 0 else 0)
         user_rank = ranks.get((job.queue, job.user), 0) if ranks else 0
         queue_rank = queue_ranks.get(job.queue, 0) if queue_ranks else 0
         band = service_band(job, now, config)
-        return (-aged, -band, queue_rank, user_rank, job.submitted_at, job.id)
+        inside = within_band(job) if within_band else 0.0
+        return (-aged, -band, inside, queue_rank, user_rank, job.submitted_at, job.id)
 
     return sorted(jobs, key=key)
+
+
+def _within_band_key(config: PolicyConfig) -> Callable[[JobView], float] | None:
+    """Order inside one service band: the higher Gittins index first (pending jobs'
+    attained service is `attained_gpu_s`), or the least predicted remaining service."""
+    table = config.gittins
+    if config.service_order == "gittins" and table is not None:
+        return lambda job: -table.index(job.attained_gpu_s)
+    if config.shortest_predicted_first:
+        return remaining_gpu_s
+    return None
 
 
 def queue_share_ranks(
@@ -138,7 +162,7 @@ def victim_order(
     Lazy: candidates are grouped by (borrowed, rank) and each group is sorted only when
     reached, since a preemption usually needs the first few victims of a long list.
     """
-    groups: dict[tuple[bool, tuple[int, int]], list[JobView]] = {}
+    groups: dict[tuple[bool, tuple[int, float]], list[JobView]] = {}
     for job in jobs:
         groups.setdefault((job.id not in borrowed, rank(job, now, config)), []).append(job)
 

@@ -8,6 +8,9 @@ job then fits (principle 6). Only RUNNING jobs that are preemptible and have run
 - or the same priority and a lower service band (more GPU time attained, least attained
   service first), and no more than `service_preemption_loss_s` of work lost since the
   victim's last checkpoint: making room for short jobs must not throw long ones' work away;
+- with `preemption_payoff`, a preemption for service also has to pay for itself
+  (`_pays_off`): the victim is predicted to run longer than the newcomer by more than
+  the cost of stopping and resuming it;
 - or quota reclaim: a job whose queue is still within its guarantee may preempt jobs of
   other queues that run on borrowed GPUs, whatever their priority.
 """
@@ -80,4 +83,21 @@ def _eligible(
         victim.priority == job.priority
         and rank(victim, now, config) < rank(job, now, config)
         and work_lost_s(victim, now) <= config.service_preemption_loss_s
+        and (not config.preemption_payoff or _pays_off(victim, job, now, config))
     )
+
+
+def _pays_off(victim: JobView, job: JobView, now: datetime, config: PolicyConfig) -> bool:
+    """Preempting `victim` for `job` pays when the victim would hold its GPUs longer than
+    the newcomer needs them plus what the swap costs (stop, warm-up, lost work): running
+    the shorter job first then shortens the pair's total completion time. A victim of
+    unknown length counts as long (so with no predictions at all, service order alone
+    decides); a newcomer of unknown length is not known to be short."""
+    victim_left = victim.predicted_remaining_s
+    if victim_left is None:
+        return True
+    job_left = job.predicted_remaining_s
+    if job_left is None:
+        return False
+    cost = config.checkpoint_grace_s + config.restart_cost_s + work_lost_s(victim, now)
+    return victim_left > job_left + cost

@@ -445,7 +445,13 @@ def _shrink_for(state: _Pass, job: JobView) -> bool:
 
 def _grow_elastic(state: _Pass) -> None:
     """After the queue had its turn: give idle GPUs to running elastic jobs below their
-    maximum, highest priority first, one replica at a time, never into reserved GPUs."""
+    maximum, highest priority first, one replica at a time, never into reserved GPUs.
+
+    A grow restarts the group, so it must pay for itself: the predicted time saved on
+    the rest of the run (remaining x (1 - dp / new dp), perfect scaling) must exceed the
+    restart's cost (`checkpoint_grace_s` + `restart_cost_s`). And while other jobs are
+    expected to free GPUs within `resize_lookahead_s`, a job that could use them waits to
+    grow once, then, instead of growing now and again in a moment."""
     resized = {d.job_id for d in state.decisions if isinstance(d, Resize | Preempt)}
     growable = [
         h
@@ -454,25 +460,41 @@ def _grow_elastic(state: _Pass) -> None:
         and h.shape.dp_max is not None
         and h.shape.parallelism.dp < h.shape.dp_max
     ]
+    soon = state.now + timedelta(seconds=state.config.resize_lookahead_s)
     for job in sorted(growable, key=lambda h: (-h.priority, h.id)):
         assert job.placement is not None and job.shape.dp_max is not None
         one = job.shape.with_dp(1)
+        pool = (state.spare or state.free).copy()
         extra: list[str] = []
-        pool = state.spare or state.free
         for _ in range(job.shape.dp_max - job.shape.parallelism.dp):
             spot = place_gang(one, pool)
             if spot is None:
                 break
-            used = usage(one, spot)
-            state.free.take_all(used)
-            if state.spare is not None:
-                state.spare.take_all(used)
+            pool.take_all(usage(one, spot))
             extra.extend(spot.node_ids)
-        if extra:
-            grown_to = job.shape.parallelism.dp + len(extra) // job.shape.replica_ranks
-            placement = grown(job.shape, job.placement, Placement(tuple(extra)))
-            reason = f"grown from dp={job.shape.parallelism.dp} to dp={grown_to} onto idle GPUs"
-            state.decisions.append(Resize(job.id, placement, grown_to, reason))
+        if not extra:
+            continue
+        grown_to = job.shape.parallelism.dp + len(extra) // job.shape.replica_ranks
+        if not _grow_pays(state, job, grown_to, soon):
+            continue
+        used = usage(one, Placement(tuple(extra)))
+        state.free.take_all(used)
+        if state.spare is not None:
+            state.spare.take_all(used)
+        placement = grown(job.shape, job.placement, Placement(tuple(extra)))
+        reason = f"grown from dp={job.shape.parallelism.dp} to dp={grown_to} onto idle GPUs"
+        state.decisions.append(Resize(job.id, placement, grown_to, reason))
+
+
+def _grow_pays(state: _Pass, job: JobView, grown_to: int, soon: datetime) -> bool:
+    dp_max = job.shape.dp_max
+    if grown_to < (dp_max or 0) and any(
+        r.at <= soon and r.job_id != job.id and r.at > state.now for r in state.releases
+    ):
+        return False  # more GPUs are coming: grow once, when they are here
+    remaining_s = (expected_end(job, state.now, state.config) - state.now).total_seconds()
+    saved_s = remaining_s * (1 - job.shape.parallelism.dp / grown_to)
+    return saved_s > state.config.checkpoint_grace_s + state.config.restart_cost_s
 
 
 # -- waiting and explaining ----------------------------------------------------------------

@@ -1,8 +1,9 @@
 """When will resources free up? Expected ends of running jobs and earliest start times.
 
 Estimates use only what a real cluster knows: the job's time limit, or steps left x the
-measured step time, or `default_runtime_s` when neither is known. A job past its estimate
-is assumed to end now (it may end any moment).
+measured step time, or its predicted remaining run time (`JobView.predicted_remaining_s`,
+from the cluster's history), or `default_runtime_s` when none is known. A job past its
+estimate is assumed to end now (it may end any moment).
 """
 
 from __future__ import annotations
@@ -37,17 +38,30 @@ class Start:
 def expected_end(job: JobView, now: datetime, config: PolicyConfig) -> datetime:
     if job.state is JobState.PREEMPTING:
         return now + timedelta(seconds=config.checkpoint_grace_s)
-    started = job.run.started_at if job.run else now
+    run = job.run
+    if _predicted_only(job) and job.predicted_remaining_s is not None:
+        return now + timedelta(seconds=job.predicted_remaining_s)
+    started = run.started_at if run else now
     return max(now, started + timedelta(seconds=expected_runtime_s(job, config)))
 
 
 def expected_runtime_s(job: JobView, config: PolicyConfig) -> float:
+    """Run time from the start of the job's current (or next) run."""
     if job.time_limit_s is not None:
         return job.time_limit_s
     run = job.run
     if run and run.step_time_s is not None and run.total_steps is not None:
         return run.total_steps * run.step_time_s
+    if job.predicted_remaining_s is not None:
+        return job.predicted_remaining_s
     return config.default_runtime_s
+
+
+def _predicted_only(job: JobView) -> bool:
+    """No time limit and no measured steps left: only a prediction can tell the end."""
+    run = job.run
+    measured = run is not None and run.step_time_s is not None and run.total_steps is not None
+    return job.time_limit_s is None and not measured
 
 
 def release_timeline(

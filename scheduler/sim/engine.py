@@ -22,10 +22,11 @@ import enum
 import heapq
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from scheduler.core import Admit, Preempt, schedule
+from scheduler.core import Admit, PolicyConfig, Preempt, schedule
+from scheduler.core.gittins import GittinsTable
 from scheduler.model import (
     ClusterSnapshot,
     GangShape,
@@ -36,6 +37,7 @@ from scheduler.model import (
     Placement,
     RunInfo,
 )
+from scheduler.predict.runtime import JobFeatures, RuntimePredictor
 from scheduler.sim.policies import NEVER_S, SimPolicy
 from scheduler.sim.trace import TraceJob
 
@@ -55,12 +57,15 @@ class SimConfig:
     restore_s: float = 60.0
     time_limit_factor: float | None = None
     oracle: bool = False
+    placement: str = "consolidated"  # or "count": any free GPUs anywhere (Tiresias' sim)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ValueError("the cluster needs at least one node with one GPU")
         if min(self.checkpoint_interval_s, self.tick_s, self.wait_tick_s) <= 0:
             raise ValueError("checkpoint_interval_s, tick_s and wait_tick_s must be > 0")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
 
 
 class Phase(enum.Enum):
@@ -87,6 +92,12 @@ class SimJob:
     preemptions: int = 0
     lost_gpu_s: float = 0.0
     version: int = 0  # bumps when a pending end event becomes stale
+    predicted_s: float | None = None  # run time predicted at arrival (None: unknown)
+
+    @property
+    def features(self) -> JobFeatures:
+        trace = self.trace
+        return JobFeatures(queue=trace.queue, user=trace.queue, num_gpus=trace.num_gpus)
 
     def progress_s(self, now: float, restore_s: float) -> float:
         """Progress of the current run, not yet checkpointed."""
@@ -127,9 +138,15 @@ class _Event(enum.IntEnum):  # order of processing at one instant
     PASS = 3
 
 
-def shape_for(num_gpus: int, gpus_per_node: int) -> GangShape:
-    """A trace job of g GPUs: tensor-parallel groups of the largest of 8, 4, 2, 1 that
-    divides g and fits a node, data parallel across them."""
+PLACEMENTS = ("consolidated", "count")
+
+
+def shape_for(num_gpus: int, gpus_per_node: int, placement: str = "consolidated") -> GangShape:
+    """A trace job of g GPUs. Consolidated: tensor-parallel groups of the largest of 8, 4,
+    2, 1 that divides g and fits a node, data parallel across them. Count (the Tiresias
+    simulator's scheme, node boundaries ignored): g ranks of one GPU, each anywhere."""
+    if placement == "count":
+        return GangShape(Parallelism(dp=num_gpus))
     tp = max(t for t in (1, 2, 4, 8) if num_gpus % t == 0 and t <= gpus_per_node)
     return GangShape(Parallelism(dp=num_gpus // tp, tp=tp))
 
@@ -148,7 +165,9 @@ class Simulator:
             )
             for i in range(config.nodes)
         )
-        self.jobs = [SimJob(t, shape_for(t.num_gpus, config.gpus_per_node)) for t in trace]
+        self.jobs = [
+            SimJob(t, shape_for(t.num_gpus, config.gpus_per_node, config.placement)) for t in trace
+        ]
         self._events: list[tuple[float, int, int, int, int]] = []
         self._sequence = itertools.count()
         self._last_pass_s = -float("inf")
@@ -160,6 +179,10 @@ class Simulator:
         self._timed = policy.config.preemption or policy.config.aging_interval_s < NEVER_S
         self.samples: list[Sample] = []
         self.passes = 0
+        self.predictor = RuntimePredictor()
+        self._service_gpu_s: list[float] = []  # finished jobs' GPU-seconds: Gittins' prior
+        self._prior_size = 0  # how many of them the current table was built from
+        self._policy_config = policy.config
 
     # -- running ----------------------------------------------------------------------
 
@@ -180,6 +203,7 @@ class Simulator:
             if kind == _Event.ARRIVAL:
                 self._active[job_id] = job
                 job.queued_s = now
+                job.predicted_s = self.predictor.predict(job.features).runtime_s
             elif kind == _Event.END and version == job.version and job.phase is Phase.RUNNING:
                 self._finish(job, now)
                 done += 1
@@ -219,7 +243,7 @@ class Simulator:
             ClusterSnapshot(self.nodes),
             views,
             EPOCH + timedelta(seconds=now),
-            self.policy.config,
+            self._config_with_prior(),
             usage=self._usage if self.policy.fair_share else None,
         )
         for decision in decisions:
@@ -233,6 +257,19 @@ class Simulator:
         self.samples.append(Sample(now, busy, queued))
         if queued and self._timed and self._events:  # with nothing left to happen, a
             self._request_pass(now, self.config.wait_tick_s)  # waiting job never fits
+
+    def _config_with_prior(self) -> PolicyConfig:
+        """The policy, with a Gittins table of the finished jobs' service when it orders
+        by Gittins index; rebuilt when the prior grew by 5% (each build is O(jobs))."""
+        config = self.policy.config
+        finished = len(self._service_gpu_s)
+        if config.service_order != "gittins" or not finished:
+            return config
+        if finished >= self._prior_size * 1.05 + 1:
+            self._prior_size = finished
+            table = GittinsTable(self._service_gpu_s)
+            self._policy_config = replace(config, gittins=table)
+        return self._policy_config
 
     def _decay_usage(self, now: float) -> None:
         """Recent GPU-seconds per (queue, user), decayed with `FAIR_SHARE_HALF_LIFE_S`
@@ -265,7 +302,17 @@ class Simulator:
             user=job.trace.queue,
             attained_gpu_s=job.attained_gpu_s,
             queued_at=EPOCH + timedelta(seconds=job.queued_s),
+            predicted_remaining_s=self._predicted_remaining_s(job, now),
         )
+
+    def _predicted_remaining_s(self, job: SimJob, now: float) -> float | None:
+        """Run time still ahead of the job: the truth with `oracle`, else the predictor's
+        estimate given the progress made so far (None: unknown)."""
+        done = job.saved_s + (job.progress_s(now, self.config.restore_s) if job.placement else 0)
+        if self.config.oracle:
+            return max(0.0, job.trace.duration_s - done)
+        predicted = self.predictor.predict(job.features, done).runtime_s
+        return None if predicted is None else max(0.0, predicted - done)
 
     def _run_info(self, job: SimJob, now: float) -> RunInfo:
         progress = job.progress_s(now, self.config.restore_s)
@@ -307,5 +354,7 @@ class Simulator:
 
     def _finish(self, job: SimJob, now: float) -> None:
         job.attained_gpu_s += (now - job.run_start_s) * job.shape.num_gpus
+        self.predictor.observe(job.features, job.trace.duration_s)
+        self._service_gpu_s.append(job.trace.duration_s * job.trace.num_gpus)
         job.phase, job.placement, job.finish_s = Phase.DONE, None, now
         del self._active[job.trace.job_id]

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from scheduler.predict.runtime import accuracy
 from scheduler.sim.engine import SimJob, SimResult
 
 SIZE_CLASSES = (("1 GPU", 1, 1), ("2-8 GPUs", 2, 8), (">8 GPUs", 9, 10**9))
@@ -31,6 +32,11 @@ class Metrics:
     preemptions: int
     lost_gpu_hours: float
     jain_fairness: float  # across queues, of mean (run time / completion time)
+    # The runtime predictor on this run's jobs, each predicted at arrival from the jobs
+    # finished before it: how many got a prediction, median absolute % error, Spearman.
+    predicted_jobs: int = 0
+    prediction_mdape: float | None = None
+    prediction_spearman: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,6 +67,7 @@ def compute(result: SimResult) -> Metrics:
         members = [_wait(j) for j in jobs if low <= j.trace.num_gpus <= high]
         if members:
             by_size[name] = (statistics.fmean(members), percentile(members, 99))
+    predictions = accuracy([(j.predicted_s, j.trace.duration_s) for j in jobs])
     busy_gpu_s = sum(j.attained_gpu_s for j in jobs)
     capacity_gpu_s = result.total_gpus * result.makespan_s
     return Metrics(
@@ -79,6 +86,9 @@ def compute(result: SimResult) -> Metrics:
         preemptions=sum(j.preemptions for j in jobs),
         lost_gpu_hours=sum(j.lost_gpu_s for j in jobs) / 3600,
         jain_fairness=jain_index(_speed_by_queue(jobs)),
+        predicted_jobs=predictions.predicted,
+        prediction_mdape=predictions.median_ape,
+        prediction_spearman=predictions.spearman,
     )
 
 

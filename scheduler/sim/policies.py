@@ -67,11 +67,47 @@ POLICIES: dict[str, SimPolicy] = {
             ),
         ),
         SimPolicy(
+            "gittins",
+            "Tiresias-style 2D-Gittins: the 2D-LAS bands, and within a band the higher "
+            "Gittins index of attained GPU-time under a prior learned from finished jobs",
+            PolicyConfig(
+                reservations=False,
+                elastic_resize=False,
+                aging_interval_s=NEVER_S,
+                min_runtime_s=0.0,
+                starvation_s=NEVER_S,
+                service_preemption_loss_s=NEVER_S,
+                service_order="gittins",
+            ),
+        ),
+        SimPolicy(
+            "srsf",
+            "shortest remaining GPU service first, preemptive, greedy backfill, on "
+            "predicted remaining run times (with --oracle: the true ones, a lower bound)",
+            PolicyConfig(
+                reservations=False,
+                elastic_resize=False,
+                aging_interval_s=NEVER_S,
+                min_runtime_s=0.0,
+                starvation_s=NEVER_S,
+                service_preemption_loss_s=NEVER_S,
+                service_order="srsf",
+            ),
+        ),
+        SimPolicy(
             "gangway",
             "Gangway's default: priority + aging, least attained service within a priority "
-            "(preempting only near a checkpoint), starvation promotion, fair share, EASY "
-            "backfill behind one reservation",
+            "(then least predicted remaining service; preempting only near a checkpoint and "
+            "when the prediction says it pays), starvation promotion, fair share, EASY "
+            "backfill behind one reservation on predicted ends",
             PolicyConfig(elastic_resize=False),
+            fair_share=True,
+        ),
+        SimPolicy(
+            "gangway-no-aging",
+            "Gangway's default without aging, for traces of one priority class (there aging "
+            "only reorders by wait; the 4 h starvation promotion bounds waits instead)",
+            PolicyConfig(elastic_resize=False, aging_interval_s=NEVER_S),
             fair_share=True,
         ),
     )

@@ -24,6 +24,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("preemptions", "preempt"),
     ("lost_gpu_hours", "lost GPU-h"),
     ("jain_fairness", "Jain"),
+    ("prediction_mdape", "pred MdAPE"),
+    ("prediction_spearman", "pred rho"),
 )
 
 
@@ -37,9 +39,13 @@ def table_rows(metrics: Sequence[Metrics]) -> list[list[str]]:
 
 
 def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
     if key.endswith("_s"):
         return f"{value / 3600:.2f} h"
-    if key in ("utilization", "jain_fairness"):
+    if key == "prediction_mdape":
+        return f"{value:.0%}"
+    if key in ("utilization", "jain_fairness", "prediction_spearman"):
         return f"{value:.3f}"
     if key == "lost_gpu_hours":
         return f"{value:.1f}"

@@ -3,6 +3,8 @@ preempting, grow onto idle GPUs; TP and PP groups stay whole."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from scheduler.core import Admit, Blocker, PolicyConfig, Preempt, Wait, schedule
 from scheduler.core.decisions import Resize
 from scheduler.core.elastic import grown, shrunk
@@ -68,3 +70,20 @@ def test_resizing_keeps_tp_and_pp_groups_and_surviving_replicas_in_place() -> No
     bigger = grown(shape, placement, Placement(("x",) * 4))
     expected = tuple(f"{['r0', 'r1', 'r2', 'x'][(rank // 2) % 4]}" for rank in range(16))
     assert bigger.node_ids == expected
+
+
+def test_grows_once_when_more_gpus_are_coming_soon() -> None:
+    elastic = replace(running(1, ["n0"] * 2, dp_range=(1, 6)), predicted_remaining_s=10_000.0)
+    ending = replace(running(3, ["n1"] * 4), predicted_remaining_s=60.0)
+    assert not schedule(TWO_BY_FOUR, [elastic, ending], NOW)  # waits for n1 rather than grow twice
+    later = replace(ending, predicted_remaining_s=1000.0)
+    (resize,) = schedule(TWO_BY_FOUR, [elastic, later], NOW)
+    assert isinstance(resize, Resize) and resize.dp == 4
+
+
+def test_a_grow_must_save_more_than_the_restart_costs() -> None:
+    almost_done = replace(running(1, ["n0"] * 2, dp_range=(1, 6)), predicted_remaining_s=300.0)
+    # dp 2 -> 6 saves 300 x 2/3 = 200 s > 180 s (grace + restart): grows; 240 s left does not.
+    (resize,) = schedule(TWO_BY_FOUR, [almost_done], NOW)
+    assert isinstance(resize, Resize) and resize.dp == 6
+    assert not schedule(TWO_BY_FOUR, [replace(almost_done, predicted_remaining_s=240.0)], NOW)

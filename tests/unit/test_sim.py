@@ -94,6 +94,39 @@ def test_gangs_span_nodes_and_racks() -> None:
     assert run([TraceJob(0, 0, 8, 10)], "gangway", config) == {0: (0, 10)}
 
 
+def test_count_placement_ignores_node_boundaries() -> None:
+    # Best fit packs jobs 0, 1 on one node and 2, 3 on the other; at 50 jobs 0 and 2 end,
+    # leaving 2 free GPUs on each node. Consolidated, job 4 is one tensor-parallel group
+    # of 4 and waits for a whole node; counted, it takes the 2 + 2 at once.
+    ends = (50, 100, 50, 100)
+    trace = [TraceJob(i, 0, 2, end) for i, end in enumerate(ends)] + [TraceJob(4, 60, 4, 10)]
+    two_nodes = SimConfig(nodes=2, gpus_per_node=4, tick_s=1.0)
+    assert run(trace, "fifo", two_nodes)[4] == (100, 110)
+    counted = replace(two_nodes, placement="count")
+    assert run(trace, "fifo", counted)[4] == (60, 70)
+    with pytest.raises(ValueError, match="placement"):
+        replace(two_nodes, placement="random")
+
+
+def test_srsf_with_the_oracle_runs_the_short_job_first() -> None:
+    trace = [TraceJob(0, 0, 1, 1000), TraceJob(1, 1, 1, 10)]
+    one_gpu = SimConfig(nodes=1, gpus_per_node=1, tick_s=1.0, wait_tick_s=1.0, oracle=True)
+    srsf = run(trace, "srsf", one_gpu)
+    assert srsf[1][1] < srsf[0][1]
+    fifo = run(trace, "fifo", one_gpu)
+    assert fifo[1][1] > fifo[0][1]
+
+
+def test_gittins_learns_its_prior_and_the_report_rates_the_predictor() -> None:
+    trace = [TraceJob(i, 40 * i, 1, 100 + i) for i in range(12)]
+    result = Simulator(trace, ONE_NODE, POLICIES["gittins"]).run()
+    metrics = compute(result)
+    assert metrics.jobs == 12
+    # The first jobs arrive before any has finished: unknown; later ones get a prediction.
+    assert 0 < metrics.predicted_jobs < 12
+    assert metrics.prediction_mdape is not None and metrics.prediction_mdape < 0.2
+
+
 def test_metric_helpers() -> None:
     assert percentile([5, 1, 3, 2, 4], 50) == 3
     assert percentile([1, 2, 3, 4], 99) == 4

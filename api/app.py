@@ -12,6 +12,7 @@ from fastapi.staticfiles import StaticFiles
 from api.admin import router as admin_router
 from api.auth import AuthConfig
 from api.errors import install_error_handlers
+from api.estimate import Estimator
 from api.logstream import router as logstream_router
 from api.metrics import router as metrics_router
 from api.metrics import store_registry
@@ -19,6 +20,7 @@ from api.routes import health_router
 from api.routes import router as api_router
 from api.ui import fragments as ui_fragments
 from api.ui import shells as ui_shells
+from scheduler.core import PolicyConfig
 from scheduler.store import AccountRepository, JobRepository, QueueRepository
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -31,6 +33,7 @@ def create_app(
     on_change: Callable[[], None] = lambda: None,
     checkpoint_root: Path | None = None,
     auth: AuthConfig | None = None,
+    policy: PolicyConfig | None = None,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
@@ -51,6 +54,7 @@ def create_app(
     app.state.queue_store = QueueRepository(repo.engine)
     app.state.checkpoint_root = checkpoint_root
     app.state.metrics_registry = store_registry(repo)
+    app.state.estimator = Estimator(repo, policy or PolicyConfig())  # the loop's policy
     install_error_handlers(app)
     app.include_router(api_router)
     app.include_router(admin_router)

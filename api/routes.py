@@ -21,10 +21,12 @@ from api.convert import (
     job_info,
     queue_infos,
 )
+from api.estimate import Estimator
 from api.validation import validate_submission
 from gangway.models import (
     ClusterInfo,
     ErrorBody,
+    Estimate,
     JobCheckpoints,
     JobEvent,
     JobExplanation,
@@ -37,10 +39,12 @@ from gangway.models import (
     JobSubmit,
     LogLine,
     MetricPoint,
+    PredictionAccuracy,
     QueueInfo,
     Script,
 )
 from scheduler.model import RESOURCE_HOLDING_STATES
+from scheduler.predict.runtime import accuracy
 from scheduler.store import JobRepository, NewJob, QueueRepository
 from scheduler.store.specs import spec_from_json
 
@@ -108,6 +112,8 @@ def submit_job(
     ] = None,
 ) -> JobInfo:
     submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
+    resolved = estimator(request).resolve(submit)
+    submit = resolved.submit
     nodes = repo.nodes()
     spec = submit.model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
@@ -126,13 +132,43 @@ def submit_job(
             total_steps=getattr(submit.entrypoint, "steps", None),
             idempotency_key=idempotency_key,
             request_digest=digest,
-        )
+        ),
+        reason=f"submitted; parallelism auto chose {resolved.choice.reason}"
+        if resolved.choice
+        else "submitted",
     )
     if created:
         on_change()
     else:
         response.headers["Idempotent-Replayed"] = "true"
     return job_info(record, {n.id: n.name for n in nodes})
+
+
+def estimator(request: Request) -> Estimator:
+    found: Estimator = request.app.state.estimator
+    return found
+
+
+@router.post("/v1/estimate", response_model=Estimate, responses=ERROR_RESPONSES)
+def estimate_job(submit: JobSubmit, caller: Caller, request: Request) -> Estimate:
+    """What the job would get if submitted now: predicted step time (built-in trainer),
+    run time, earliest start on this cluster; with `"parallelism": "auto"` the plan."""
+    submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
+    return estimator(request).estimate(submit, request.app.state.queue_store.quotas())
+
+
+@router.get(
+    "/v1/predictions/accuracy", response_model=PredictionAccuracy, responses=ERROR_RESPONSES
+)
+def prediction_accuracy(repo: Repo) -> PredictionAccuracy:
+    """How good run-time predictions have been on this cluster's succeeded jobs."""
+    found = accuracy([(p.predicted_s, p.actual_s) for p in repo.accuracy_pairs()])
+    return PredictionAccuracy(
+        predicted=found.predicted,
+        unknown=found.unknown,
+        median_ape=found.median_ape,
+        spearman=found.spearman,
+    )
 
 
 def _who(caller: Principal, request: Request) -> str:
@@ -178,14 +214,16 @@ def list_jobs(
     )
     page, more = records[:limit], len(records) > limit
     names = _node_names(repo)
+    predicted = repo.predictions(r.id for r in page)
     return JobPage(
-        items=[job_info(r, names) for r in page], next_cursor=page[-1].id if more else None
+        items=[job_info(r, names, predicted.get(r.id)) for r in page],
+        next_cursor=page[-1].id if more else None,
     )
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobInfo, responses=ERROR_RESPONSES)
 def get_job(job_id: JobId, repo: Repo) -> JobInfo:
-    return job_info(repo.get(job_id), _node_names(repo))
+    return job_info(repo.get(job_id), _node_names(repo), repo.predictions([job_id]).get(job_id))
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, responses=ERROR_RESPONSES)

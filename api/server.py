@@ -140,6 +140,7 @@ def build_app(settings: Settings) -> FastAPI:
         on_change=runtime.wake.set,
         checkpoint_root=settings.checkpoint_root(),
         auth=auth,
+        policy=settings.policy(),
     )
 
 

@@ -181,7 +181,8 @@ def jobs_fragment(
 @fragments.get("/ui/jobs/{job_id}/summary", response_class=HTMLResponse)
 def job_summary(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
     record = repo.get(job_id)
-    info = job_info(record, {n.id: n.name for n in repo.nodes()})
+    predicted = repo.predictions([job_id]).get(job_id)
+    info = job_info(record, {n.id: n.name for n in repo.nodes()}, predicted)
     now = repo.now()
     return _render(
         request,
@@ -192,6 +193,7 @@ def job_summary(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
         checkpoints=job_checkpoints(request.app.state.checkpoint_root, job_id).checkpoints,
         runtime=_runtime(record, now),
         eta=_eta(record.estimated_start_at, now),
+        ends=_eta(info.estimated_end_at, now) if info.estimated_end_at else None,
     )
 
 

@@ -93,18 +93,18 @@ class JobStore(Repository):
             session.flush()
             return job_record(row)
 
-    def create_once(self, new: NewJob) -> tuple[JobRecord, bool]:
+    def create_once(self, new: NewJob, *, reason: str = "submitted") -> tuple[JobRecord, bool]:
         """`create`, unless a job was already submitted with `new.idempotency_key`: then
         that job, and False. A key sent again with another body raises `KeyReused`.
         Two requests racing with one key make one job: the unique index lets one insert
         win, and the other finds it."""
         key = new.idempotency_key
         if key is None:
-            return self.create(new), True
+            return self.create(new, reason=reason), True
         found = self._by_idempotency_key(key)
         if found is None:
             try:
-                return self.create(new), True
+                return self.create(new, reason=reason), True
             except IntegrityError:
                 found = self._by_idempotency_key(key)
                 if found is None:

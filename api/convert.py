@@ -16,6 +16,7 @@ from gangway.models import (
     JobInfo,
     JobSubmit,
     NodeInfo,
+    PredictionAccuracy,
     Progress,
     QueueInfo,
     RankPlacement,
@@ -26,9 +27,10 @@ from gangway.models import (
 from scheduler.core import free_capacity
 from scheduler.core.quotas import NO_QUOTA, borrowing_jobs, gpus_by_queue
 from scheduler.model import JobState, Node, Parallelism, QueueQuota
+from scheduler.predict.runtime import accuracy
 from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
-from scheduler.store.predictions import JobPrediction
+from scheduler.store.predictions import AccuracyPair, JobPrediction
 from workers.checkpoint_layout import completed, job_directory, step_of
 
 
@@ -104,6 +106,16 @@ def job_explanation(job: JobRecord, now: datetime) -> JobExplanation:
 def placed_mesh(job: JobRecord) -> Parallelism:
     """The job's mesh as placed: an elastic job's dp is the one its placement shows."""
     return job.spec.placed(job.placement).parallelism
+
+
+def prediction_accuracy(pairs: Sequence[AccuracyPair]) -> PredictionAccuracy:
+    found = accuracy([(p.predicted_s, p.actual_s) for p in pairs])
+    return PredictionAccuracy(
+        predicted=found.predicted,
+        unknown=found.unknown,
+        median_ape=found.median_ape,
+        spearman=found.spearman,
+    )
 
 
 def runtime_prediction(p: JobPrediction) -> RuntimePrediction:

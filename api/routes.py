@@ -19,6 +19,7 @@ from api.convert import (
     job_event,
     job_explanation,
     job_info,
+    prediction_accuracy,
     queue_infos,
 )
 from api.estimate import Estimator
@@ -44,7 +45,6 @@ from gangway.models import (
     Script,
 )
 from scheduler.model import RESOURCE_HOLDING_STATES
-from scheduler.predict.runtime import accuracy
 from scheduler.store import JobRepository, NewJob, QueueRepository
 from scheduler.store.specs import spec_from_json
 
@@ -160,15 +160,9 @@ def estimate_job(submit: JobSubmit, caller: Caller, request: Request) -> Estimat
 @router.get(
     "/v1/predictions/accuracy", response_model=PredictionAccuracy, responses=ERROR_RESPONSES
 )
-def prediction_accuracy(repo: Repo) -> PredictionAccuracy:
+def get_prediction_accuracy(repo: Repo) -> PredictionAccuracy:
     """How good run-time predictions have been on this cluster's succeeded jobs."""
-    found = accuracy([(p.predicted_s, p.actual_s) for p in repo.accuracy_pairs()])
-    return PredictionAccuracy(
-        predicted=found.predicted,
-        unknown=found.unknown,
-        median_ape=found.median_ape,
-        spearman=found.spearman,
-    )
+    return prediction_accuracy(repo.accuracy_pairs())
 
 
 def _who(caller: Principal, request: Request) -> str:

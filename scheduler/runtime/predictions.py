@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 
 from gangway.models import Builtin
-from scheduler.core.decisions import Decision, Wait
+from scheduler.core.decisions import Admit, Decision, Wait
 from scheduler.model import (
     RESOURCE_HOLDING_STATES,
     BuiltinEntrypoint,
@@ -167,8 +167,9 @@ class Predictions:
 
     def record(self, decisions: Sequence[Decision], now: datetime) -> None:
         """Store what changed since last written; a waiting job's end is its estimated
-        start plus its predicted run time."""
+        start (now, for one this pass admits) plus its predicted run time."""
         starts = {d.job_id: d.estimated_start_at for d in decisions if isinstance(d, Wait)}
+        starts.update({d.job_id: now for d in decisions if isinstance(d, Admit)})
         unseen = [job_id for job_id in self._current if job_id not in self._written]
         self._written.update(self._repo.predictions(unseen))
         changed = []

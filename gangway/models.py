@@ -62,7 +62,7 @@ DataParallel = Annotated[
 ]
 
 # Union members name themselves in pydantic's error locations; a user's field path omits them.
-_UNION_TAGS = frozenset({"builtin", "function", "script", "degree", "range"})
+_UNION_TAGS = frozenset({"builtin", "function", "script", "degree", "range", "plan", "auto"})
 
 
 def field_path(loc: Sequence[int | str]) -> str:
@@ -165,6 +165,16 @@ class CheckpointPolicy(_Strict):
     keep_last: Int = Field(2, ge=1, le=100)
 
 
+def _plan_kind(value: Any) -> str:
+    return "auto" if value == "auto" else "plan"
+
+
+PlanOrAuto = Annotated[
+    Annotated[Parallelism, Tag("plan")] | Annotated[Literal["auto"], Tag("auto")],
+    Discriminator(_plan_kind),
+]
+
+
 class JobSubmit(_Strict):
     name: str = Field(min_length=1, max_length=200)
     priority: Int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
@@ -177,7 +187,7 @@ class JobSubmit(_Strict):
         description="who the job counts against for fair share; with auth, the key's user "
         "unless an admin submits for someone else",
     )
-    parallelism: Parallelism | Literal["auto"] = Field(
+    parallelism: PlanOrAuto = Field(
         default_factory=Parallelism,
         description='"auto": the service picks the plan that finishes soonest and fits '
         "memory within `gpu_budget` (built-in trainer; the job's first event says which)",

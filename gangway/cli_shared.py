@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, TypeVar
 
 import typer
-from rich import box
 from rich.console import Console
 from rich.control import strip_control_codes
 from rich.table import Table
@@ -22,6 +21,7 @@ T = TypeVar("T")
 Url = Annotated[str, typer.Option("--url", envvar="GANGWAY_URL", help="service address")]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 DEFAULT_URL = "http://127.0.0.1:8000"
+_PIPED_WIDTH = 100_000
 
 
 def connect(url: str) -> Client:
@@ -33,13 +33,16 @@ def print_table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> Non
     """An aligned table through rich. A column whose name starts with '>' is right-aligned
     (numbers). Cells are plain text: control characters a user put in a job name (terminal
     escape sequences) are stripped and rich markup is not interpreted."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = Table(box=None, pad_edge=False)
     for column in columns:
         right = column.startswith(">")
         table.add_column(column.lstrip(">"), justify="right" if right else "left")
     for row in rows:
         table.add_row(*(Text(strip_control_codes(str(cell))) for cell in row))
-    Console(soft_wrap=True).print(table)
+    console = Console()
+    if not console.is_terminal:  # piped: one row per line, never wrapped at 80 columns
+        console = Console(width=_PIPED_WIDTH)
+    console.print(table)
 
 
 def run(call: Callable[[], T]) -> T:

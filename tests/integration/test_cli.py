@@ -182,7 +182,9 @@ def test_users_keys_and_whoami(auth_cli: CliRunner, monkeypatch: pytest.MonkeyPa
     assert created[0] == "created alice (user)"
     secret = created[1].split()[3]
     assert created[1].startswith("API key 1: gw_") and "shown once" in created[1]
-    assert run(auth_cli, "users", "list").split()[:2] == ["alice", "user"]
+    users = run(auth_cli, "users", "list").splitlines()
+    assert users[0].split() == ["USER", "ROLE", "SINCE"]
+    assert users[1].split()[:2] == ["alice", "user"]
     monkeypatch.setenv("GANGWAY_API_KEY", secret)
     assert run(auth_cli, "whoami").strip() == "alice (user; auth on)"
     refused = auth_cli.invoke(gangway.cli.app, ["users", "list"])
@@ -202,7 +204,9 @@ def test_admins_set_and_delete_queues(auth_cli: CliRunner, monkeypatch: pytest.M
         auth_cli, "queues", "set", "research", "--guaranteed", "4", "--borrow-limit", "2",
         "--weight", "2.5",
     )  # fmt: skip
-    assert row.split() == ["research", "4", "2", "2.5", "0", "0", "0", "0"]
+    header, line = row.splitlines()
+    assert header.split()[:3] == ["QUEUE", "GUAR", "BORROW"]
+    assert line.split() == ["research", "4", "2", "2.5", "0", "0", "0", "0"]
     assert run(auth_cli, "queues").splitlines()[1].split()[:3] == ["research", "4", "2"]
     assert json.loads(run(auth_cli, "queues", "--json"))[0]["guaranteed_gpus"] == 4
     assert run(auth_cli, "queues", "delete", "research").strip() == "queue research: quota deleted"
@@ -241,6 +245,7 @@ def test_events_and_checkpoints(
     (saved / ".metadata").write_bytes(b"m" * 10)
     listed = run(cli, "checkpoints", str(job_id)).splitlines()
     assert listed[0] == f"in {tmp_path / f'job-{job_id}'}"
-    assert listed[1].split()[:4] == ["step", "10", "10", "bytes"]
+    assert listed[1].split() == ["STEP", "BYTES", "SAVED", "AT"]
+    assert listed[2].split()[:2] == ["10", "10"]
     failed = cli.invoke(gangway.cli.app, ["events", "999"])
     assert failed.exit_code == 1 and "404" in failed.output

@@ -51,7 +51,7 @@ CALIBRATION = (
 )
 HELD_OUT = (
     ("bench-l6-e320", StepPlan(dp=2, tp=2)),
-    ("bench-l6-e320", StepPlan(pp=2, microbatches=4, schedule="gpipe")),
+    ("bench-l6-e320", StepPlan(pp=2, microbatches=2, schedule="gpipe")),
 )
 
 

@@ -4,10 +4,14 @@ any policy): each is a `PolicyConfig` of the core."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from scheduler.core import PolicyConfig
 
 NEVER_S = 1e15  # an aging interval no wait reaches: aging off
+# The baselines are the published algorithms: they neither order by predicted remaining
+# service nor ask a preemption to pay for itself (Gangway's own defaults do).
+BASELINE: dict[str, Any] = {"shortest_predicted_first": False, "preemption_payoff": False}
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ POLICIES: dict[str, SimPolicy] = {
             "fifo",
             "strict FIFO with gangs: submit order, the head blocks everything behind it",
             PolicyConfig(
+                **BASELINE,
                 backfill=False,
                 preemption=False,
                 elastic_resize=False,
@@ -36,6 +41,7 @@ POLICIES: dict[str, SimPolicy] = {
             "fifo-backfill",
             "FIFO with greedy backfill: any later job that fits starts, no reservation",
             PolicyConfig(
+                **BASELINE,
                 reservations=False,
                 preemption=False,
                 elastic_resize=False,
@@ -47,6 +53,7 @@ POLICIES: dict[str, SimPolicy] = {
             "slurm-easy",
             "Slurm-like priority + EASY backfill on time limits, no preemption, no aging",
             PolicyConfig(
+                **BASELINE,
                 preemption=False,
                 elastic_resize=False,
                 aging_interval_s=NEVER_S,
@@ -58,6 +65,7 @@ POLICIES: dict[str, SimPolicy] = {
             "Tiresias-style 2D-LAS: priority by attained GPU-time in 3 discretised queues, "
             "preemption, greedy backfill",
             PolicyConfig(
+                **BASELINE,
                 reservations=False,
                 elastic_resize=False,
                 aging_interval_s=NEVER_S,
@@ -71,6 +79,7 @@ POLICIES: dict[str, SimPolicy] = {
             "Tiresias-style 2D-Gittins: the 2D-LAS bands, and within a band the higher "
             "Gittins index of attained GPU-time under a prior learned from finished jobs",
             PolicyConfig(
+                **BASELINE,
                 reservations=False,
                 elastic_resize=False,
                 aging_interval_s=NEVER_S,
@@ -85,6 +94,7 @@ POLICIES: dict[str, SimPolicy] = {
             "shortest remaining GPU service first, preemptive, greedy backfill, on "
             "predicted remaining run times (with --oracle: the true ones, a lower bound)",
             PolicyConfig(
+                **BASELINE,
                 reservations=False,
                 elastic_resize=False,
                 aging_interval_s=NEVER_S,

@@ -112,11 +112,13 @@ def submit_job(
     ] = None,
 ) -> JobInfo:
     submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
+    # Of the body as sent: a retry of an "auto" job matches even if the plan would differ.
+    sent = json.dumps(submit.model_dump(mode="json"), sort_keys=True)
+    digest = hashlib.sha256(sent.encode()).hexdigest()
     resolved = estimator(request).resolve(submit)
     submit = resolved.submit
     nodes = repo.nodes()
     spec = submit.model_dump(mode="json")
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
     job_spec = spec_from_json(spec)
     validate_submission(submit, job_spec, nodes)
     if isinstance(submit.entrypoint, Script):  # ranks may start in another directory

@@ -118,14 +118,15 @@ class PredictionStore(Repository):
     def finished_runs(self, since: datetime | None) -> list[FinishedRun]:
         """Succeeded jobs that finished at or after `since` (all when None), oldest
         first. Run time is the last attempt's, start to finish."""
-        steps = (
-            select(JobMetricRow.job_id, func.avg(JobMetricRow.step_time_s).label("step_s"))
-            .group_by(JobMetricRow.job_id)
-            .subquery()
+        # Per selected job (job_metrics is indexed by job): only the new finishers' rows.
+        step_s = (
+            select(func.avg(JobMetricRow.step_time_s))
+            .where(JobMetricRow.job_id == JobRow.id)
+            .correlate(JobRow)
+            .scalar_subquery()
         )
         query = (
-            select(JobRow, steps.c.step_s, JobPredictionRow.node_type)
-            .outerjoin(steps, steps.c.job_id == JobRow.id)
+            select(JobRow, step_s, JobPredictionRow.node_type)
             .outerjoin(JobPredictionRow, JobPredictionRow.job_id == JobRow.id)
             .where(JobRow.state == JobState.SUCCEEDED.value, JobRow.started_at.is_not(None))
             .order_by(JobRow.finished_at, JobRow.id)

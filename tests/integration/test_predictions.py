@@ -3,10 +3,12 @@ page show them, `POST /v1/estimate` answers before a submit (no Ray: fake execut
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
@@ -14,7 +16,8 @@ from typer.testing import CliRunner
 import gangway.cli
 import gangway.cli_shared
 from api.app import create_app
-from gangway import Client
+from gangway import AsyncClient, Client
+from gangway.models import Builtin, Estimate, JobSubmit, Parallelism
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.store import JobRecord, JobRepository, NewJob
 from tests.integration.test_loop import NODES, Clock, FakeCluster, FakeExecutor
@@ -276,3 +279,20 @@ def test_cli_estimate_and_accuracy(
     refused = runner.invoke(gangway.cli.app, ["estimate", "--name", "x", "--auto"])
     assert refused.exit_code != 0
     assert "parallelism" in refused.output
+
+
+def test_the_sdk_estimates_sync_and_async(api: TestClient) -> None:
+    client = Client("http://testserver")
+    client._http = TestClient(api.app, raise_server_exceptions=False)
+    job = {"name": "x", "parallelism": Parallelism(dp=2), "entrypoint": Builtin(steps=5)}
+    answer = client.estimate(**job)
+    assert answer.parallelism.dp == 2
+    assert answer.prediction.source == "unknown"
+    assert client.prediction_accuracy().predicted == 0
+
+    async def ask() -> Estimate:
+        transport = httpx.ASGITransport(app=api.app)
+        async with AsyncClient("http://testserver", transport=transport) as aclient:
+            return await aclient.estimate(JobSubmit(**job))
+
+    assert asyncio.run(ask()).estimated_start_at == answer.estimated_start_at

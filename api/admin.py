@@ -11,8 +11,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi import Path as PathParam
 
-from api.auth import Admin, Caller, current_caller, require_owner
+from api.auth import RESERVED_NAMES, Admin, Caller, current_caller, require_owner
 from api.convert import queue_infos
+from api.errors import FieldError
 from api.routes import ERROR_RESPONSES, MAX_ID, Repo, changed
 from gangway.models import (
     ApiKeyInfo,
@@ -60,7 +61,9 @@ def list_users(_: Admin, store: Accounts) -> list[UserInfo]:
 
 @router.post("/v1/users", status_code=201, response_model=UserInfo)
 def create_user(body: UserCreate, _: Admin, store: Accounts) -> UserInfo:
-    """A new user (409 if the name is taken); then issue them a key."""
+    """A new user (409 if the name is taken, 422 if it is reserved); then issue them a key."""
+    if body.name.lower() in RESERVED_NAMES:
+        raise FieldError("name", f"{body.name!r} is reserved (the bootstrap admin, auth off)")
     return _user_info(store.create_user(body.name, body.role))
 
 

@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from api.admin import router as admin_router
 from api.auth import AuthConfig
+from api.browser import CrossSiteGuard
 from api.errors import install_error_handlers
 from api.estimate import Estimator
 from api.logstream import router as logstream_router
 from api.metrics import router as metrics_router
 from api.metrics import store_registry
+from api.packages import router as packages_router
+from api.policy import SubmitPolicy
 from api.routes import health_router
 from api.routes import router as api_router
 from api.ui import fragments as ui_fragments
 from api.ui import shells as ui_shells
+from gangway.packaging import DEFAULT_MAX_BYTES
 from scheduler.core import PolicyConfig
 from scheduler.store import AccountRepository, JobRepository, QueueRepository
+from scheduler.store.packages import PackageStore
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -34,13 +41,20 @@ def create_app(
     checkpoint_root: Path | None = None,
     auth: AuthConfig | None = None,
     policy: PolicyConfig | None = None,
+    submit_policy: SubmitPolicy | None = None,
+    packages_root: Path | None = None,
+    package_max_bytes: int = DEFAULT_MAX_BYTES,
+    allowed_hosts: Collection[str] | None = None,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
     the next instant instead of the next interval. `checkpoint_root` is where the ranks
     write checkpoints (shared storage in production), listed per job. `auth` off (the
     default) lets every caller in as an admin; users, keys and queue quotas live in the
-    repository's database."""
+    repository's database. `submit_policy` (default: anything) is the admins' say on
+    entrypoints; uploaded working directories live in `packages_root` (default: a new
+    temporary directory). With auth off, cross-site state changes are refused, and so is
+    a Host header not in `allowed_hosts` when given (see api.browser)."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -55,8 +69,17 @@ def create_app(
     app.state.checkpoint_root = checkpoint_root
     app.state.metrics_registry = store_registry(repo)
     app.state.estimator = Estimator(repo, policy or PolicyConfig())  # the loop's policy
+    app.state.submit_policy = submit_policy or SubmitPolicy()
+    root = packages_root or Path(tempfile.mkdtemp(prefix="gangway-packages-"))
+    app.state.packages = PackageStore(repo.engine, root)
+    app.state.package_max_bytes = package_max_bytes
+    if not app.state.auth.required:
+        app.add_middleware(CrossSiteGuard, hosts=allowed_hosts)
+        if allowed_hosts is not None:
+            app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     install_error_handlers(app)
     app.include_router(api_router)
+    app.include_router(packages_router)
     app.include_router(admin_router)
     app.include_router(health_router)
     app.include_router(logstream_router)

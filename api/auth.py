@@ -35,6 +35,8 @@ class AuthConfig:
 
 NO_AUTH_CALLER = Principal("default", is_admin=True)
 BOOTSTRAP_ADMIN = Principal("admin", is_admin=True)
+# Names that mean someone else already: a user by one of them would own their jobs.
+RESERVED_NAMES = frozenset({NO_AUTH_CALLER.name, BOOTSTRAP_ADMIN.name})
 
 
 class Unauthorized(Exception):
@@ -81,6 +83,7 @@ Admin = Annotated[Principal, Depends(admin_only)]
 
 
 def require_owner(caller: Principal, owner: str, what: str) -> None:
-    """Users change only what is theirs; admins anything."""
+    """Users change only what is theirs; admins anything. The refusal names no one else:
+    who owns a key, say, is not the caller's to learn."""
     if not caller.is_admin and caller.name != owner:
-        raise Forbidden(f"{what} belongs to {owner}; {caller.name} may not change it")
+        raise Forbidden(f"{what} is not {caller.name}'s; only its owner or an admin may change it")

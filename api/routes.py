@@ -22,6 +22,7 @@ from api.convert import (
     prediction_accuracy,
     queue_infos,
 )
+from api.errors import FieldError
 from api.estimate import Estimator
 from api.validation import validate_submission
 from gangway.models import (
@@ -46,6 +47,7 @@ from gangway.models import (
 )
 from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.store import JobRepository, NewJob, QueueRepository
+from scheduler.store.packages import PackageStore
 from scheduler.store.specs import spec_from_json
 
 # Every /v1 route needs a caller (auth on) or lets everyone in (auth off): see api.auth.
@@ -112,6 +114,7 @@ def submit_job(
     ] = None,
 ) -> JobInfo:
     submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
+    request.app.state.submit_policy.check(submit, caller)
     # Of the body as sent: a retry of an "auto" job matches even if the plan would differ.
     sent = json.dumps(submit.model_dump(mode="json"), sort_keys=True)
     digest = hashlib.sha256(sent.encode()).hexdigest()
@@ -121,7 +124,9 @@ def submit_job(
     spec = submit.model_dump(mode="json")
     job_spec = spec_from_json(spec)
     validate_submission(submit, job_spec, nodes)
-    if isinstance(submit.entrypoint, Script):  # ranks may start in another directory
+    if submit.package is not None:
+        _use_package(request.app.state.packages, submit.package)
+    elif isinstance(submit.entrypoint, Script):  # ranks may start in another directory
         spec["entrypoint"]["path"] = str(Path(submit.entrypoint.path).resolve())
     record, created = repo.create_once(
         NewJob(
@@ -156,6 +161,7 @@ def estimate_job(submit: JobSubmit, caller: Caller, request: Request) -> Estimat
     """What the job would get if submitted now: predicted step time (built-in trainer),
     run time, earliest start on this cluster; with `"parallelism": "auto"` the plan."""
     submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
+    request.app.state.submit_policy.check(submit, caller)
     return estimator(request).estimate(submit, request.app.state.queue_store.quotas())
 
 
@@ -165,6 +171,16 @@ def estimate_job(submit: JobSubmit, caller: Caller, request: Request) -> Estimat
 def get_prediction_accuracy(repo: Repo) -> PredictionAccuracy:
     """How good run-time predictions have been on this cluster's succeeded jobs."""
     return prediction_accuracy(repo.accuracy_pairs())
+
+
+def _use_package(packages: PackageStore, sha256: str) -> None:
+    if packages.get(sha256) is None:
+        raise FieldError(
+            "package",
+            f"working directory {sha256} was not uploaded: PUT /v1/packages/{sha256} first "
+            "(the SDK and `gangway submit --workdir` do this)",
+        )
+    packages.touch(sha256)
 
 
 def _who(caller: Principal, request: Request) -> str:

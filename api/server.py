@@ -14,6 +14,8 @@ from fastapi import FastAPI
 
 from api.app import create_app
 from api.auth import AuthConfig
+from api.browser import LOOPBACK_HOSTS, allowed_hosts
+from api.policy import policy_from_settings
 from api.settings import Settings
 from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.executor import RayExecutor
@@ -22,6 +24,7 @@ from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRepository, QueueRepository, make_engine, upgrade_to_head
+from scheduler.store.packages import PackageStore
 
 log = logging.getLogger("gangway")
 
@@ -46,6 +49,7 @@ class Runtime:
             executor=RayExecutor(
                 placement_timeout_s=self._settings.placement_timeout_s,
                 checkpoint_root=self._settings.checkpoint_root(),
+                packages_root=self._settings.packages_root(),
             ),
             policy=self._settings.policy(),
             queues=QueueRepository(self._repo.engine).quotas,
@@ -65,7 +69,19 @@ class Runtime:
             daemon=True,
         )
         self._thread.start()
+        threading.Thread(
+            target=self._collect_packages, name="gangway-package-gc", daemon=True
+        ).start()
         log.info("scheduler loop running")
+
+    def _collect_packages(self) -> None:
+        """Delete uploaded working directories no unfinished job needs, now and then."""
+        store = PackageStore(self._repo.engine, self._settings.packages_root())
+        grace_s = self._settings.package_grace_s
+        while not self._stop.wait(min(grace_s / 4, 600.0)):
+            removed = store.collect(grace_s=grace_s)
+            if removed:
+                log.info("deleted %d unused packages", len(removed))
 
     def stop(self) -> None:
         """Stop scheduling. Ranks keep running on an external Ray (they are reattached on
@@ -141,10 +157,36 @@ def build_app(settings: Settings) -> FastAPI:
         checkpoint_root=settings.checkpoint_root(),
         auth=auth,
         policy=settings.policy(),
+        submit_policy=policy_from_settings(
+            auth_required=auth.required,
+            kinds={str(role): list(k) for role, k in settings.allowed_entrypoints.items()},
+            script_roots=settings.script_roots,
+            function_modules=settings.function_modules,
+        ),
+        packages_root=settings.packages_root(),
+        package_max_bytes=settings.package_max_bytes,
+        allowed_hosts=allowed_hosts(settings.host, settings.allowed_hosts),
     )
 
 
+class UnsafeBind(SystemExit):
+    """Serving without auth where others can reach it."""
+
+
+def check_bind(settings: Settings) -> None:
+    """Without auth every caller is an admin: serve only on loopback unless told to."""
+    if settings.auth_required() or settings.allow_remote_without_auth:
+        return
+    if settings.host not in LOOPBACK_HOSTS:
+        raise UnsafeBind(
+            f"refusing to serve on {settings.host} with auth off: anyone who reaches it "
+            "could run code as this service. Turn auth on (GANGWAY_AUTH=true with "
+            "GANGWAY_ADMIN_KEY), bind 127.0.0.1, or set GANGWAY_ALLOW_REMOTE_WITHOUT_AUTH=true"
+        )
+
+
 def serve(settings: Settings) -> None:
+    check_bind(settings)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

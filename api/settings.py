@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +40,39 @@ class Settings(BaseSettings):
         description="bootstrap admin key (creates the first users); keep it secret",
     )
     host: str = "127.0.0.1"
+    allow_remote_without_auth: bool = Field(
+        False,
+        description="with auth off, serve on a non-loopback address anyway (anyone who "
+        "reaches it is an admin)",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="with auth off, Host names accepted besides loopback and the bind "
+        "address (JSON list)",
+    )
+    allowed_entrypoints: dict[
+        Literal["user", "admin"], list[Literal["builtin", "function", "script", "command"]]
+    ] = Field(
+        default_factory=dict,
+        description='entrypoint kinds per role, JSON, e.g. {"user": ["builtin", "command"]}; '
+        "a role left out may use every kind",
+    )
+    script_roots: list[Path] | None = Field(
+        None,
+        description="directories on the hosts that script paths of jobs without a shipped "
+        "working directory must lie in; unset: anywhere with auth off, none with auth on",
+    )
+    function_modules: list[str] | None = Field(
+        None,
+        description="module prefixes a function target without a shipped working directory "
+        "may name; unset: any with auth off, only workers.examples with auth on",
+    )
+    package_max_bytes: int = Field(
+        95 * 1024 * 1024, ge=1, description="largest working directory a client may upload"
+    )
+    package_grace_s: float = Field(
+        3600.0, gt=0, description="an unreferenced package is deleted after this long unused"
+    )
     port: int = Field(8000, ge=0, le=65535)
     schedule_interval_s: float = Field(1.0, gt=0, le=60)
     lease_ttl_s: float = Field(
@@ -81,6 +115,11 @@ class Settings(BaseSettings):
     def checkpoint_root(self) -> Path:
         """Where ranks write checkpoints: shared storage when ranks run on other hosts."""
         return self.data_dir.expanduser() / "checkpoints"
+
+    def packages_root(self) -> Path:
+        """Uploaded working directories; ranks read them by `file://` URI, so on more than
+        one host this must be shared storage, like the checkpoints."""
+        return self.data_dir.expanduser() / "packages"
 
     def quotas(self) -> dict[str, QueueQuota]:
         return {

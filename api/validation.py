@@ -48,6 +48,8 @@ def _check_entrypoint(submit: JobSubmit, spec: JobSpec) -> None:
                 "entrypoint.model", f"unknown model {entrypoint.model!r}; known: {known}"
             )
         _check_plan(entrypoint, spec)
+    elif submit.package is not None:
+        return  # the code is in the job's working directory, which only the ranks unpack
     elif isinstance(entrypoint, Script):
         _check_script(entrypoint.path)
     elif isinstance(entrypoint, Function):

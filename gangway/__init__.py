@@ -24,6 +24,7 @@ from gangway.errors import (
 from gangway.models import (
     Builtin,
     ClusterInfo,
+    Command,
     Function,
     JobEvent,
     JobExplanation,
@@ -46,6 +47,7 @@ __all__ = [
     "Builtin",
     "Client",
     "ClusterInfo",
+    "Command",
     "Conflict",
     "Forbidden",
     "Function",

@@ -14,7 +14,8 @@ import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Concatenate, ParamSpec, TypeVar
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import httpx
 from pydantic import PrivateAttr
@@ -22,15 +23,17 @@ from pydantic import PrivateAttr
 from gangway import calls
 from gangway.calls import Call
 from gangway.client import ServerSentEvents, api_error, auth_headers, has_ended, read_answer
-from gangway.errors import TransportError
+from gangway.errors import NotFound, TransportError
 from gangway.models import (
     JobCheckpoints,
     JobEvent,
     JobExplanation,
     JobInfo,
+    JobSubmit,
     LogLine,
     MetricPoint,
 )
+from gangway.packaging import DEFAULT_MAX_BYTES, Shipped, pack
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -79,7 +82,29 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    submit = _sends_job(calls.submit)
+    async def ship(self, working_dir: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Shipped:
+        """`Client.ship`: packs in a thread, uploads unless the service has the tree."""
+        package = await asyncio.to_thread(pack, Path(working_dir), max_bytes=max_bytes)
+        try:
+            await self.send(calls.package(package.sha256))
+            return Shipped(package.sha256, 0)
+        except NotFound:
+            await self.send(calls.upload_package(package.sha256, package.data))
+            return Shipped(package.sha256, len(package.data))
+
+    async def submit(
+        self,
+        spec: JobSubmit | None = None,
+        *,
+        idempotency_key: str | None = None,
+        working_dir: str | Path | None = None,
+        **fields: Any,
+    ) -> AsyncJob:
+        """`Client.submit`, awaited."""
+        package = (await self.ship(working_dir)).sha256 if working_dir is not None else None
+        call = calls.submit(spec, idempotency_key=idempotency_key, package=package, **fields)
+        return AsyncJob.bind(await self.send(call), self)
+
     get = _sends_job(calls.get)
     estimate = _sends(calls.estimate)
     prediction_accuracy = _sends(calls.prediction_accuracy)
@@ -146,7 +171,12 @@ class AsyncClient:
     async def send(self, call: Call[T]) -> T:
         try:
             response = await self._http.request(
-                call.method, call.path, params=call.params, json=call.json, headers=call.headers
+                call.method,
+                call.path,
+                params=call.params,
+                json=call.json,
+                headers=call.headers,
+                content=call.content,
             )
         except httpx.TransportError as exc:
             raise TransportError(f"cannot reach Gangway at {self._http.base_url}: {exc}") from exc

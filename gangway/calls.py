@@ -30,6 +30,7 @@ from gangway.models import (
     JobSubmit,
     LogLine,
     MetricPoint,
+    PackageInfo,
     PredictionAccuracy,
     QueueInfo,
     QueueSpec,
@@ -52,6 +53,7 @@ class Call(Generic[T]):
     params: dict[str, Any] = field(default_factory=dict)
     json: Any = None
     headers: dict[str, str] = field(default_factory=dict)
+    content: bytes | None = None  # a raw body (a package upload) instead of `json`
 
 
 def _reader(model: type[T]) -> Callable[[Any], T]:
@@ -82,7 +84,11 @@ def _optional(**params: Any) -> dict[str, Any]:
 
 
 def submit(
-    spec: JobSubmit | None = None, *, idempotency_key: str | None = None, **fields: Any
+    spec: JobSubmit | None = None,
+    *,
+    idempotency_key: str | None = None,
+    package: str | None = None,
+    **fields: Any,
 ) -> Call[JobInfo]:
     """Submit a job: `submit(JobSubmit(...))` or `submit(name=..., entrypoint=Builtin())`.
 
@@ -90,7 +96,9 @@ def submit(
     say): the same key returns the job the first attempt made, never a second one.
     Without a `user`, the job is the API key's user's."""
     if spec is None:
-        spec = _checked(JobSubmit, **fields)
+        spec = _checked(JobSubmit, **fields, **_optional(package=package))
+    elif package is not None:
+        spec = spec.model_copy(update={"package": package})
     body = spec.model_dump(mode="json")
     if "user" not in spec.model_fields_set:
         del body["user"]  # the server fills in the caller
@@ -111,6 +119,19 @@ def estimate(spec: JobSubmit | None = None, **fields: Any) -> Call[Estimate]:
 
 def prediction_accuracy() -> Call[PredictionAccuracy]:
     return Call("GET", "/v1/predictions/accuracy", _reader(PredictionAccuracy))
+
+
+def package(sha256: str) -> Call[PackageInfo]:
+    """An uploaded working directory, by the sha256 of its zip (NotFound: not uploaded)."""
+    return Call("GET", f"/v1/packages/{sha256}", _reader(PackageInfo))
+
+
+def upload_package(sha256: str, data: bytes) -> Call[PackageInfo]:
+    """Upload a working directory's zip (`gangway.packaging.pack`) under its sha256."""
+    headers = {"Content-Type": "application/zip"}
+    return Call(
+        "PUT", f"/v1/packages/{sha256}", _reader(PackageInfo), headers=headers, content=data
+    )
 
 
 def get(job_id: int) -> Call[JobInfo]:

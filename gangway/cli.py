@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -28,9 +29,11 @@ from gangway.cli_spec import (
     job_spec,
 )
 from gangway.client import Client
+from gangway.errors import validation_failed
 from gangway.models import (
     JobInfo,
     JobState,
+    JobSubmit,
     LogLine,
 )
 
@@ -74,7 +77,7 @@ def serve(
 
 
 @app.command()
-def submit(  # the job's flags (`cli_spec`)
+def submit(
     name: NameOption = None,
     file: FileOption = None,
     model: ModelOption = "gpt-tiny",
@@ -94,11 +97,31 @@ def submit(  # the job's flags (`cli_spec`)
     idempotency_key: Annotated[
         str | None, typer.Option(help="retry-safe: the same key returns the same job")
     ] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            help="ship this directory (minus .gitignore/.gangwayignore); ranks run in it",
+        ),
+    ] = None,
+    requirements: Annotated[
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, help="pip requirements file for the ranks"),
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option(help="K=V for the ranks' environment; repeatable")
+    ] = None,
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(help="after --: the command every rank runs (torchrun-style)"),
+    ] = None,
     url: Url = DEFAULT_URL,
     as_json: AsJson = False,
 ) -> None:
     """Submit a job: from flags, or from a job file (the REST body, as YAML or JSON;
-    --name then overrides its name)."""
+    --name then overrides its name). `gangway submit --workdir . -- python train.py`
+    ships the directory and runs the command on every rank."""
     spec = job_spec(
         file=file,
         name=name,
@@ -115,12 +138,52 @@ def submit(  # the job's flags (`cli_spec`)
         max_restarts=max_restarts,
         auto=auto,
         gpu_budget=gpu_budget,
+        command=command,
+        workdir=workdir,
     )
+    spec = _with_fields(spec, _code_fields(spec, requirements, env or []))
     with cli_shared.connect(url) as client:
+        if workdir is not None:
+            shipped = run(lambda: client.ship(workdir))
+            sent = (
+                f"{shipped.bytes_sent} bytes uploaded" if shipped.bytes_sent else "nothing uploaded"
+            )
+            typer.echo(f"working directory {shipped.sha256[:12]}: {sent}", err=True)
+            spec = spec.model_copy(update={"package": shipped.sha256})
         job: JobInfo = run(lambda: client.submit(spec, idempotency_key=idempotency_key))
         if wait:
             job = _wait(client, job, show_progress=not as_json)
     _print_job(job, as_json)
+
+
+def _with_fields(spec: JobSubmit, fields: dict[str, Any]) -> JobSubmit:
+    """The spec with `fields` replaced, validated again (a bad --env name is an error)."""
+    if not fields:
+        return spec
+    try:
+        body = spec.model_dump()
+        if "user" not in spec.model_fields_set:
+            del body["user"]  # the server fills in the caller
+        return JobSubmit.model_validate({**body, **fields})
+    except ValidationError as exc:
+        typer.echo(f"error: {validation_failed(exc)}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def _code_fields(spec: JobSubmit, requirements: Path | None, env: list[str]) -> dict[str, Any]:
+    """--requirements and --env on top of what a job file says."""
+    fields: dict[str, Any] = {}
+    if requirements is not None:
+        lines = [line.strip() for line in requirements.read_text().splitlines()]
+        fields["requirements"] = [line for line in lines if line and not line.startswith("#")]
+    if env:
+        pairs = [item.partition("=") for item in env]
+        bad = [item for item, (_, sep, _) in zip(env, pairs, strict=True) if not sep]
+        if bad:
+            typer.echo(f"error: --env takes K=V, not {bad[0]!r}", err=True)
+            raise typer.Exit(2)
+        fields["env"] = {**spec.env, **{k: v for k, _, v in pairs}}
+    return fields
 
 
 def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:
@@ -399,9 +462,6 @@ def simulate(
         float | None, typer.Option(help="jobs declare limits of duration x F (user estimates)")
     ] = None,
     oracle: Annotated[bool, typer.Option(help="let the policy see true durations")] = False,
-    placement: Annotated[
-        str, typer.Option(help="consolidated (gangs by node) or count (any free GPUs)")
-    ] = "consolidated",
     out: Annotated[Path, typer.Option(help="folder for result.json and plots")] = Path(
         "sim-results"
     ),
@@ -428,7 +488,6 @@ def simulate(
             "restore_s": restore_s,
             "time_limit_factor": time_limit_factor,
             "oracle": oracle,
-            "placement": placement,
         },
     )
 

@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from gangway.errors import validation_failed
-from gangway.models import Builtin, Function, JobSubmit, Parallelism, Resources
+from gangway.models import Builtin, Command, Function, JobSubmit, Parallelism, Resources
 
 NameOption = Annotated[str | None, typer.Option(help="job name (required without --file)")]
 FileOption = Annotated[
@@ -51,16 +51,20 @@ def job_spec(  # one argument per command-line flag
     max_restarts: int,
     auto: bool,
     gpu_budget: int | None,
+    command: list[str] | None = None,
+    workdir: Path | None = None,
 ) -> JobSubmit:
     """From a job file (the REST body, as YAML or JSON; --name overrides its name), or
-    from the flags."""
+    from the flags: `command` (after --) runs on every rank, named after `workdir`."""
     if file is not None:
         return spec_from_file(file, name)
-    if name is None:
+    if name is None and not command:
         typer.echo("error: give --name, or a job file with --file", err=True)
         raise typer.Exit(2)
-    entrypoint: Builtin | Function = (
-        Function(target=function, kwargs=json.loads(kwargs))
+    entrypoint: Builtin | Function | Command = (
+        Command(argv=command)
+        if command
+        else Function(target=function, kwargs=json.loads(kwargs))
         if function
         else Builtin(model=model, steps=steps)
     )
@@ -68,7 +72,7 @@ def job_spec(  # one argument per command-line flag
         "auto" if auto else Parallelism(dp=dp, tp=tp, pp=pp)
     )
     return JobSubmit(
-        name=name,
+        name=name or (workdir or Path.cwd()).resolve().name,
         priority=priority,
         queue=queue,
         parallelism=parallelism,

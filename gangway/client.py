@@ -8,23 +8,26 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import Concatenate, Literal, ParamSpec, TypeVar, overload
+from pathlib import Path
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 import httpx
 from pydantic import PrivateAttr
 
 from gangway import calls
 from gangway.calls import Call
-from gangway.errors import JobFailed, TransportError, WaitTimeout, error_for_status
+from gangway.errors import JobFailed, NotFound, TransportError, WaitTimeout, error_for_status
 from gangway.models import (
     JobCheckpoints,
     JobEvent,
     JobExplanation,
     JobInfo,
     JobState,
+    JobSubmit,
     LogLine,
     MetricPoint,
 )
+from gangway.packaging import DEFAULT_MAX_BYTES, Shipped, pack
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -75,7 +78,33 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    submit = _sends_job(calls.submit)
+    def ship(self, working_dir: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Shipped:
+        """Pack a working directory (`gangway.packaging.pack`) and upload it unless the
+        service has that exact tree already."""
+        package = pack(Path(working_dir), max_bytes=max_bytes)
+        try:
+            self.send(calls.package(package.sha256))
+            return Shipped(package.sha256, 0)
+        except NotFound:
+            self.send(calls.upload_package(package.sha256, package.data))
+            return Shipped(package.sha256, len(package.data))
+
+    def submit(
+        self,
+        spec: JobSubmit | None = None,
+        *,
+        idempotency_key: str | None = None,
+        working_dir: str | Path | None = None,
+        **fields: Any,
+    ) -> Job:
+        """Submit a job: `submit(JobSubmit(...))` or `submit(name=..., entrypoint=...)`.
+        With `working_dir` the directory is shipped first (see `ship`) and the ranks run
+        in it on every node; `requirements=[...]` and `env={...}` are job fields. With
+        an `idempotency_key` a submission is safe to retry."""
+        package = self.ship(working_dir).sha256 if working_dir is not None else None
+        call = calls.submit(spec, idempotency_key=idempotency_key, package=package, **fields)
+        return Job.bind(self.send(call), self)
+
     get = _sends_job(calls.get)
     estimate = _sends(calls.estimate)
     prediction_accuracy = _sends(calls.prediction_accuracy)
@@ -144,7 +173,12 @@ class Client:
         """Send one described call; errors become the typed exceptions of gangway.errors."""
         try:
             response = self._http.request(
-                call.method, call.path, params=call.params, json=call.json, headers=call.headers
+                call.method,
+                call.path,
+                params=call.params,
+                json=call.json,
+                headers=call.headers,
+                content=call.content,
             )
         except httpx.TransportError as exc:
             raise TransportError(f"cannot reach Gangway at {self._http.base_url}: {exc}") from exc

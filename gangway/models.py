@@ -62,7 +62,9 @@ DataParallel = Annotated[
 ]
 
 # Union members name themselves in pydantic's error locations; a user's field path omits them.
-_UNION_TAGS = frozenset({"builtin", "function", "script", "degree", "range", "plan", "auto"})
+_UNION_TAGS = frozenset(
+    {"builtin", "function", "script", "command", "degree", "range", "plan", "auto"}
+)
 
 
 def field_path(loc: Sequence[int | str]) -> str:
@@ -141,6 +143,17 @@ class Script(_Strict):
     args: list[Annotated[str, Field(pattern=NO_NUL)]] = Field(default_factory=list, max_length=1000)
 
 
+class Command(_Strict):
+    """A command line (`["python", "train.py", "--lr", "3e-4"]`) run by every rank in its
+    own process, in the job's working directory, with the variables torchrun sets (RANK,
+    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT)."""
+
+    kind: Literal["command"] = "command"
+    argv: list[Annotated[str, Field(min_length=1, max_length=4096, pattern=NO_NUL)]] = Field(
+        min_length=1, max_length=1000
+    )
+
+
 def _entrypoint_kind(value: Any) -> str:
     """`kind` picks the entrypoint; without one it is the built-in trainer (whose fields
     all have defaults), as the schema says."""
@@ -152,9 +165,16 @@ def _entrypoint_kind(value: Any) -> str:
 Entrypoint = Annotated[
     Annotated[Builtin, Tag("builtin")]
     | Annotated[Function, Tag("function")]
-    | Annotated[Script, Tag("script")],
+    | Annotated[Script, Tag("script")]
+    | Annotated[Command, Tag("command")],
     Discriminator(_entrypoint_kind),
 ]
+
+
+# A package's id: the sha256 of its zip, in hex.
+PACKAGE_ID = r"^[0-9a-f]{64}$"
+# What a process environment takes as a name.
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,255}$"
 
 
 class CheckpointPolicy(_Strict):
@@ -203,6 +223,27 @@ class JobSubmit(_Strict):
     )
     preemptible: bool = Field(True, description="may be stopped for a higher-priority job")
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    package: str | None = Field(
+        None,
+        pattern=PACKAGE_ID,
+        description="the job's working directory: the sha256 of a zip uploaded to "
+        "PUT /v1/packages/{sha256}; the ranks run in it on every node",
+    )
+    requirements: list[Annotated[str, Field(min_length=1, max_length=1000, pattern=NO_NUL)]] = (
+        Field(
+            default_factory=list,
+            max_length=500,
+            description="pip requirement lines, installed in a virtualenv per node",
+        )
+    )
+    env: dict[
+        Annotated[str, Field(pattern=ENV_NAME)],
+        Annotated[str, Field(max_length=32_768, pattern=NO_NUL)],
+    ] = Field(
+        default_factory=dict,
+        max_length=500,
+        description="environment variables for the ranks; they see nothing of the service's",
+    )
 
 
 class RankPlacement(BaseModel):
@@ -484,6 +525,15 @@ class ErrorDetail(BaseModel):
     code: str
     message: str
     field: str | None = None
+
+
+class PackageInfo(BaseModel):
+    """An uploaded working directory, named by the sha256 of its zip."""
+
+    sha256: str
+    size_bytes: int
+    created_at: datetime
+    last_used_at: datetime
 
 
 class ErrorBody(BaseModel):

@@ -158,7 +158,25 @@ class ScriptEntrypoint:
     args: tuple[str, ...]
 
 
-EntrypointSpec = BuiltinEntrypoint | FunctionEntrypoint | ScriptEntrypoint
+@dataclass(frozen=True, slots=True)
+class CommandEntrypoint:
+    """A command line run in a child process per rank, torchrun-style, in the job's
+    working directory."""
+
+    argv: tuple[str, ...]
+
+
+EntrypointSpec = BuiltinEntrypoint | FunctionEntrypoint | ScriptEntrypoint | CommandEntrypoint
+
+
+@dataclass(frozen=True, slots=True)
+class CodeSpec:
+    """The job's own code and environment: a shipped working directory (its package's
+    sha256), pip requirement lines, environment variables for the ranks."""
+
+    package: str | None = None
+    requirements: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +198,7 @@ class JobSpec:
     time_limit_s: float | None
     preemptible: bool
     checkpoint: CheckpointSpec
+    code: CodeSpec = CodeSpec()
 
     def placed(self, placement: Sequence[str] | None) -> GangShape:
         """The gang as placed: an elastic job runs at the dp its placement shows."""

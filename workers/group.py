@@ -21,7 +21,13 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
+from ray.exceptions import (
+    ActorUnavailableError,
+    GetTimeoutError,
+    RayActorError,
+    RayError,
+    RuntimeEnvSetupError,
+)
 from ray.util.placement_group import (
     PlacementGroup,
     get_placement_group,
@@ -63,6 +69,9 @@ class GroupSpec:
     tp: int
     pp: int
     entrypoint: dict[str, Any]
+    # Ray's runtime_env for every rank actor: the job's shipped working directory (a zip
+    # URI) and pip requirements; None: the nodes' own environment.
+    runtime_env: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -175,6 +184,11 @@ class WorkerGroup:
                 self._poll_rendezvous()
             if self._phase is GroupPhase.RUNNING:
                 self._poll_running()
+        except RuntimeEnvSetupError as exc:
+            self._fail(
+                "the job's working directory or requirements could not be installed on a "
+                f"node (was the package shipped, is the packages directory shared?): {exc}"
+            )
         except ActorUnavailableError as exc:  # before RayActorError, its base class
             self._trouble(f"a rank's actor is unreachable: {exc}")
         except RayActorError as exc:
@@ -220,6 +234,7 @@ class WorkerGroup:
             num_gpus=self.spec.gpus_per_rank,
             num_cpus=self.spec.cpus_per_rank,
             max_restarts=0,
+            runtime_env=self.spec.runtime_env,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self._pg, placement_group_bundle_index=rank
             ),

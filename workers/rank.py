@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.context import Progress, RankContext, RankInfo
+from workers.environment import scrub_process
 from workers.logtap import LineBuffer, Tap
 from workers.script import torchrun_env
 
@@ -80,12 +81,14 @@ class RankActor:
             checkpoint_dir=Path(directory) if directory else None,
             keep_last=int(entrypoint.get("keep_last", 2)),
         )
-        # Function entrypoints written for torchrun find the variables it sets.
+        # Function ranks run in this process: it keeps no secret of whoever started the
+        # raylet, and entrypoints written for torchrun find the variables it sets.
+        scrub_process(entrypoint.get("env") or {})
         os.environ.update(torchrun_env(self._ctx, master_addr, master_port))
         self._phase = RUNNING
         target: Callable[..., None]
         args: tuple[Any, ...]
-        if entrypoint["kind"] == "script":  # the script makes its own process group
+        if entrypoint["kind"] in ("script", "command"):  # they make their own process group
             target, args = self._run_script, (self._ctx, entrypoint, master_addr, master_port)
         else:
             init_method = f"tcp://{master_addr}:{master_port}"

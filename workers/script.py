@@ -1,5 +1,10 @@
-"""Run an unmodified torchrun-style script as one rank: a child Python process with the
-environment torchrun would give it, its output captured.
+"""Run an unmodified torchrun-style script or command as one rank: a child process with
+the environment torchrun would give it, its output captured.
+
+The child's environment is the rank environment (`workers.environment`): allow-listed
+names, the job's own `env` and torchrun's variables, never the service's secrets. A script
+or command of a job with a shipped working directory runs in it (Ray made it the actor's
+working directory); a script on the host runs in its own folder.
 
 The script sets up its own process group (`init_process_group()` reads MASTER_ADDR and
 MASTER_PORT from the environment), so the rank actor does not create one. The output goes
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -19,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from workers.context import RankContext
+from workers.environment import rank_environment
 
 TAIL_LINES = 200
 
 
 class ScriptFailed(RuntimeError):
-    """The script exited non-zero; the message carries its last output."""
+    """The script or command exited non-zero; the message carries its last output."""
 
 
 def torchrun_env(ctx: RankContext, master_addr: str, master_port: int) -> dict[str, str]:
@@ -40,6 +47,28 @@ def torchrun_env(ctx: RankContext, master_addr: str, master_port: int) -> dict[s
     }
 
 
+def command_line(entrypoint: dict[str, Any]) -> tuple[list[str], Path]:
+    """argv and working directory of a script or command entrypoint."""
+    if entrypoint["kind"] == "command":
+        return list(entrypoint["argv"]), Path.cwd()
+    path = Path(entrypoint["path"])
+    cwd = Path.cwd() if entrypoint.get("shipped") else path.parent
+    return [sys.executable, str(path), *entrypoint.get("args", [])], cwd
+
+
+def child_environment(
+    ctx: RankContext, entrypoint: dict[str, Any], master_addr: str, master_port: int
+) -> dict[str, str]:
+    env = {
+        **rank_environment(os.environ, entrypoint.get("env") or {}),
+        **torchrun_env(ctx, master_addr, master_port),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if ctx.checkpoint_dir is not None:
+        env["CHECKPOINT_DIR"] = str(ctx.checkpoint_dir)
+    return env
+
+
 def run_script(
     ctx: RankContext,
     entrypoint: dict[str, Any],
@@ -48,12 +77,11 @@ def run_script(
     master_port: int,
     grace_s: float = 10.0,
 ) -> None:
-    path = Path(entrypoint["path"])
-    env = {**os.environ, **torchrun_env(ctx, master_addr, master_port), "PYTHONUNBUFFERED": "1"}
+    argv, cwd = command_line(entrypoint)
     process = subprocess.Popen(
-        [sys.executable, str(path), *entrypoint.get("args", [])],
-        cwd=path.parent,
-        env=env,
+        argv,
+        cwd=cwd,
+        env=child_environment(ctx, entrypoint, master_addr, master_port),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -74,7 +102,8 @@ def run_script(
     ctx.report(step=0)
     if code != 0 and not ctx.should_stop():
         output = "".join(tail)
-        raise ScriptFailed(f"{path.name} exited with code {code}; its last output:\n{output}")
+        what = shlex.join(argv[1:] if entrypoint["kind"] == "script" else argv)
+        raise ScriptFailed(f"{what} exited with code {code}; its last output:\n{output}")
 
 
 def _pump(process: subprocess.Popen[str], tail: collections.deque[str], rank: int) -> None:

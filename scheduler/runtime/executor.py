@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from scheduler.runtime.launch import rank_entrypoint
+from scheduler.runtime.launch import rank_entrypoint, runtime_env
 from scheduler.store import JobRecord
 from workers.group import GroupSpec, GroupStatus, WorkerGroup, reap
 
@@ -25,7 +25,9 @@ class Executor(Protocol):
     def reap(self, job: JobRecord) -> None: ...
 
 
-def group_spec(job: JobRecord, checkpoint_root: Path | None = None) -> GroupSpec:
+def group_spec(
+    job: JobRecord, checkpoint_root: Path | None = None, packages_root: Path | None = None
+) -> GroupSpec:
     if job.placement is None:
         raise ValueError(f"job {job.id} has no placement")
     shape = job.spec.placed(job.placement)  # an elastic job runs at its placed dp
@@ -39,24 +41,35 @@ def group_spec(job: JobRecord, checkpoint_root: Path | None = None) -> GroupSpec
         tp=shape.parallelism.tp,
         pp=shape.parallelism.pp,
         entrypoint=rank_entrypoint(job.spec, job.id, checkpoint_root),
+        runtime_env=runtime_env(job.spec.code, packages_root),
     )
 
 
 class RayExecutor:
-    def __init__(self, *, placement_timeout_s: float, checkpoint_root: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        placement_timeout_s: float,
+        checkpoint_root: Path | None = None,
+        packages_root: Path | None = None,
+    ) -> None:
         self._placement_timeout_s = placement_timeout_s
         self._checkpoint_root = checkpoint_root
+        self._packages_root = packages_root
         self._groups: dict[int, WorkerGroup] = {}
 
     def launch(self, job: JobRecord) -> None:
         self.release(job.id)
         self._groups[job.id] = WorkerGroup.launch(
-            group_spec(job, self._checkpoint_root), placement_timeout_s=self._placement_timeout_s
+            group_spec(job, self._checkpoint_root, self._packages_root),
+            placement_timeout_s=self._placement_timeout_s,
         )
 
     def attach(self, job: JobRecord) -> bool:
         group = (
-            WorkerGroup.attach(group_spec(job, self._checkpoint_root)) if job.placement else None
+            WorkerGroup.attach(group_spec(job, self._checkpoint_root, self._packages_root))
+            if job.placement
+            else None
         )
         if group is not None:
             self._groups[job.id] = group

@@ -2,7 +2,8 @@
 
 Ray's `cluster_utils.Cluster` starts real raylets on this machine, each advertising
 `num_gpus` logical GPUs, so gang placement across nodes is exercised exactly as on a real
-cluster; on a CPU machine the ranks use gloo.
+cluster; on a CPU machine the ranks use gloo. Its processes start with the allow-listed
+environment only: raylets hand theirs to every worker, and the service's holds secrets.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scheduler.runtime.cluster import NODE_NAME_LABEL
+from workers.environment import scrubbed_process
 
 
 @dataclass(frozen=True)
@@ -24,16 +26,17 @@ def start_local_cluster(shape: LocalClusterShape) -> object:
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "num_gpus": 0, "include_dashboard": False},
-    )
-    for index in range(1, shape.num_nodes + 1):
-        cluster.add_node(
-            num_gpus=shape.gpus_per_node,
-            num_cpus=shape.cpus_per_node,
-            labels={NODE_NAME_LABEL: f"local-{index}"},
+    with scrubbed_process():
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 0, "num_gpus": 0, "include_dashboard": False},
         )
+        for index in range(1, shape.num_nodes + 1):
+            cluster.add_node(
+                num_gpus=shape.gpus_per_node,
+                num_cpus=shape.cpus_per_node,
+                labels={NODE_NAME_LABEL: f"local-{index}"},
+            )
     ray.init(address=cluster.address, namespace="gangway", log_to_driver=False)
     cluster.wait_for_nodes()
     return cluster

@@ -94,19 +94,19 @@ class JobStore(Repository):
             return job_record(row)
 
     def create_once(self, new: NewJob, *, reason: str = "submitted") -> tuple[JobRecord, bool]:
-        """`create`, unless a job was already submitted with `new.idempotency_key`: then
+        """`create`, unless `new.user` already submitted a job with `new.idempotency_key`: then
         that job, and False. A key sent again with another body raises `KeyReused`.
         Two requests racing with one key make one job: the unique index lets one insert
         win, and the other finds it."""
         key = new.idempotency_key
         if key is None:
             return self.create(new, reason=reason), True
-        found = self._by_idempotency_key(key)
+        found = self._by_idempotency_key(new.user, key)
         if found is None:
             try:
                 return self.create(new, reason=reason), True
             except IntegrityError:
-                found = self._by_idempotency_key(key)
+                found = self._by_idempotency_key(new.user, key)
                 if found is None:
                     raise
         record, digest = found
@@ -114,9 +114,11 @@ class JobStore(Repository):
             raise KeyReused(key, record.id)
         return record, False
 
-    def _by_idempotency_key(self, key: str) -> tuple[JobRecord, str | None] | None:
+    def _by_idempotency_key(self, user: str, key: str) -> tuple[JobRecord, str | None] | None:
+        """Keys are the submitting user's own: another user's same key is another job."""
         with Session(self._engine) as session:
-            row = session.scalars(select(JobRow).where(JobRow.idempotency_key == key)).first()
+            query = select(JobRow).where(JobRow.user == user, JobRow.idempotency_key == key)
+            row = session.scalars(query).first()
             return (job_record(row), row.request_digest) if row is not None else None
 
     def get(self, job_id: int) -> JobRecord:

@@ -12,10 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gangway.models import Builtin, Function, JobSubmit, Script
+from gangway.models import Builtin, Command, Function, JobSubmit, Script
 from scheduler.model import (
     BuiltinEntrypoint,
     CheckpointSpec,
+    CodeSpec,
+    CommandEntrypoint,
     EntrypointSpec,
     FunctionEntrypoint,
     GangShape,
@@ -49,6 +51,11 @@ def spec_from_json(stored: Mapping[str, Any]) -> JobSpec:
         checkpoint=CheckpointSpec(
             interval_steps=checkpoint["interval_steps"], keep_last=int(checkpoint["keep_last"])
         ),
+        code=CodeSpec(
+            package=data["package"],
+            requirements=tuple(data["requirements"]),
+            env=dict(data["env"]),
+        ),
     )
 
 
@@ -61,6 +68,8 @@ def _entrypoint(stored: Mapping[str, Any]) -> EntrypointSpec:
         return FunctionEntrypoint(target=data["target"], kwargs=dict(data["kwargs"]))
     if kind == "script":
         return ScriptEntrypoint(path=data["path"], args=tuple(data["args"]))
+    if kind == "command":
+        return CommandEntrypoint(argv=tuple(data["argv"]))
     raise ValueError(f"unknown entrypoint kind {kind!r}")
 
 
@@ -78,7 +87,7 @@ def _optional_fields(model: type[BaseModel]) -> dict[str, Any]:
 
 _ENTRYPOINT_DEFAULTS = {
     model.model_fields["kind"].default: _optional_fields(model)
-    for model in (Builtin, Function, Script)
+    for model in (Builtin, Function, Script, Command)
 }
 
 

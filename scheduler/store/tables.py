@@ -11,6 +11,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -90,11 +91,14 @@ class JobRow(Base):
     # Ranks of the current attempt flagged as slower than their peers ({rank, node_id,
     # local_s, ratio} each); cleared when the job is admitted again.
     stragglers: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
-    # A client's Idempotency-Key and a digest of the body it came with.
-    idempotency_key: Mapped[str | None] = mapped_column(
-        String(200), nullable=True, unique=True, index=True
-    )
+    # A client's Idempotency-Key and a digest of the body it came with. Unique per user
+    # (see __table_args__): one user's key never finds another user's job.
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+    __table_args__ = (
+        Index("ix_jobs_user_idempotency_key", "user", "idempotency_key", unique=True),
+    )
 
 
 class JobEventRow(Base):
@@ -195,3 +199,16 @@ class QueueRow(Base):
     borrow_limit_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
     weight: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class PackageRow(Base):
+    """A working directory a client uploaded: a zip named by its sha256, kept under the
+    service's data directory while a job may still run it."""
+
+    __tablename__ = "packages"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    owner: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)

@@ -45,10 +45,41 @@ def test_ray_workers_scale_and_join_the_head() -> None:
 
 
 def test_images_run_the_same_code() -> None:
+    """One Dockerfile; the workers' image differs only in its torch build (CUDA)."""
     services = compose()["services"]
-    images = {services[name]["image"] for name in ("ray-head", "ray-worker", "gangway")}
-    assert images == {"gangway:latest"}
+    assert {services[name]["image"] for name in ("ray-head", "gangway")} == {"gangway:latest"}
+    worker_build = services["ray-worker"]["build"]
+    assert worker_build["context"] == "." and services["ray-head"]["build"] == "."
+    assert "/whl/cu" in worker_build["args"]["TORCH_INDEX_URL"]
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "torch==2.13.0" in dockerfile
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in dockerfile  # default
     for package in ("gangway", "api", "scheduler", "workers", "migrations"):
         assert f"COPY {package} ./{package}" in dockerfile
+
+
+def test_the_production_shape_is_secure_by_default() -> None:
+    data = compose()
+    services = data["services"]
+    gangway = services["gangway"]["environment"]
+    # Auth on, with a bootstrap admin key that must come from the environment.
+    assert gangway["GANGWAY_AUTH"] == "true"
+    assert gangway["GANGWAY_ADMIN_KEY"].startswith("${GANGWAY_ADMIN_KEY:?")
+    assert "ENV GANGWAY_AUTH=true" in (ROOT / "Dockerfile").read_text()
+    assert "gangway:gangway@" not in gangway["GANGWAY_DATABASE_URL"]  # no fixed password
+    # Ray: token auth everywhere, the dashboard (and its Jobs API) published nowhere.
+    for name in ("ray-head", "ray-worker", "gangway"):
+        env = services[name]["environment"]
+        assert env["RAY_AUTH_MODE"] == "token", name
+        assert "ray_token" in services[name]["secrets"], name
+    assert "ports" not in services["ray-head"]
+    assert "--dashboard-host=127.0.0.1" in services["ray-head"]["command"]
+    # PostgreSQL on an internal network the rank containers are not on.
+    assert services["postgres"]["networks"] == ["db"]
+    assert data["networks"]["db"]["internal"] is True
+    assert "db" not in services["ray-worker"]["networks"]
+    assert "ports" not in services["postgres"]
+    # One shared volume for checkpoints and shipped working directories.
+    for name in ("ray-worker", "gangway"):
+        assert "shared:/data" in services[name]["volumes"], name
+    assert gangway["GANGWAY_DATA_DIR"] == "/data"

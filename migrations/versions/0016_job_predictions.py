@@ -1,7 +1,7 @@
 """job_predictions: each job's predicted run time, its source and estimated end
 
 Revision ID: 0016
-Revises: 0015
+Revises: 0012
 Create Date: 2026-12-01 16:40:00
 """
 
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 
 revision = "0016"
-down_revision = "0015"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 

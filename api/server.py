@@ -190,6 +190,7 @@ def build_app(settings: Settings) -> FastAPI:
         on_change=runtime.wake.set,
         checkpoint_root=settings.checkpoint_root(),
         auth=auth,
+        policy=settings.policy(),
         submit_policy=policy_from_settings(
             auth_required=auth.required,
             kinds={str(role): list(k) for role, k in settings.allowed_entrypoints.items()},

@@ -8,7 +8,9 @@ from its checkpoint; no service secret reaches a rank on this external Ray."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,8 +39,9 @@ def running_in(state: Path) -> str:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, postgres_url: str) -> Iterator[tuple[Client, dict[str, str]]]:
-    state = tmp_path / "cluster"
+def cluster(postgres_url: str) -> Iterator[tuple[Client, dict[str, str]]]:
+    # Short: Ray's socket paths under it (session name included) must fit in 107 bytes.
+    state = Path(tempfile.mkdtemp(prefix="gwc-"))
     env = {
         **os.environ,
         "GANGWAY_CLUSTER_DIR": str(state),
@@ -58,6 +61,7 @@ def cluster(tmp_path: Path, postgres_url: str) -> Iterator[tuple[Client, dict[st
         down = cluster_command("down", env)
         assert down.returncode == 0, down.stdout + down.stderr
         assert running_in(state) == ""
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def workdir(root: Path) -> Path:

@@ -34,7 +34,8 @@ def cluster_command(action: str, env: dict[str, str]) -> subprocess.CompletedPro
 
 def running_in(state: Path) -> str:
     """Processes still naming the cluster's state directory (Ray's all do)."""
-    found = subprocess.run(["pgrep", "-af", f"{state}/"], capture_output=True, text=True)
+    pgrep = ["pgrep", "-af", f"{state}/"]
+    found = subprocess.run(pgrep, capture_output=True, text=True, check=False)
     return found.stdout.strip()
 
 

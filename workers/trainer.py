@@ -16,8 +16,9 @@ from workers.plan import ParallelPlan, plan_from_entrypoint
 from workers.training import TrainSpec, train
 
 _SPEC_KEYS = {f.name for f in fields(TrainSpec)}
-# What the launch object may carry besides the trainer's and the plan's fields.
-_LAUNCH_KEYS = {"kind", "checkpoint_dir"}
+# What the launch object carries for every kind (scheduler.runtime.launch.rank_entrypoint)
+# besides the trainer's and the plan's fields.
+_LAUNCH_KEYS = {"kind", "checkpoint_dir", "env", "shipped"}
 KNOWN_KEYS = _SPEC_KEYS | {f.name for f in fields(ParallelPlan)} | _LAUNCH_KEYS
 
 

@@ -5,10 +5,13 @@ them, with the same default, and refuse anything else."""
 from __future__ import annotations
 
 from dataclasses import MISSING, fields
+from pathlib import Path
 
 import pytest
 
-from gangway.models import Builtin
+from gangway.models import Builtin, JobSubmit
+from scheduler.runtime.launch import rank_entrypoint
+from scheduler.store.specs import spec_from_json
 from workers.plan import ParallelPlan
 from workers.trainer import KNOWN_KEYS, builtin_spec
 from workers.training import TrainSpec
@@ -29,9 +32,15 @@ def test_the_ranks_default_is_the_wire_models(name: str) -> None:
     assert rank_default == Builtin.model_fields[name].default, name
 
 
+def test_what_the_service_launches_is_all_known_to_the_trainer() -> None:
+    spec = spec_from_json(JobSubmit(name="j", entrypoint=Builtin()).model_dump(mode="json"))
+    launch = rank_entrypoint(spec, 1, Path("/checkpoints"))
+    assert set(launch) <= KNOWN_KEYS
+    assert builtin_spec(launch).checkpoint_interval_steps is None
+
+
 def test_a_key_the_trainer_does_not_know_is_refused() -> None:
     launch = {**Builtin().model_dump(), "checkpoint_dir": None}
-    assert set(launch) <= KNOWN_KEYS
     builtin_spec(launch)
     with pytest.raises(ValueError, match="does not know learning_rat"):
         builtin_spec({**launch, "learning_rat": 0.1})

@@ -106,8 +106,8 @@ class Leadership:
                 self._executor.reap(job)
                 self._applier.requeue(
                     job,
-                    f"placed on node(s) {', '.join(lost)}, which Ray does not report alive; "
-                    "requeued (not counted as a failure)",
+                    f"the service restarted (or took over) and found node(s) {', '.join(lost)} "
+                    "of its placement not alive in Ray; requeued (not counted as a failure)",
                 )
             elif job.state is JobState.RESIZING:
                 # The store holds the new placement; the old gang cannot be attached by

@@ -173,7 +173,7 @@ def run_segment(
     *,
     server: Server | None,
     should_stop: Callable[[], bool],
-    on_update: Callable[[int], None],
+    on_update: Callable[[], None],
 ) -> bool:
     """Pull, compute, push until the server says the segment is done; True if it ended
     on a stop request. Rank 0 passes its `server` and runs the answering thread."""
@@ -201,7 +201,7 @@ def run_segment(
             grad, loss = worker.gradient(first_sample)
             push = torch.cat([grad, torch.tensor([0.0, 0.0, 0.0, loss])])
             header(push)[:3] = torch.tensor([version, 0, 1])
-            on_update(version)
+            on_update()
     finally:
         if thread is not None:
             thread.join()
@@ -231,9 +231,8 @@ def _to_cpu(value: Any) -> Any:
 @dataclass
 class Outcome:
     step: int
-    losses: list[float]
+    losses: list[float]  # of every applied update (rank 0)
     stopped: bool
-    max_staleness: int
 
 
 def train_async(
@@ -255,7 +254,8 @@ def train_async(
     saved: dict[str, float] = {}
     last = time.perf_counter()
 
-    def report(_: int) -> None:
+    def report() -> None:
+        """Rank 0: the updates applied since the last report."""
         nonlocal last
         applied, dropped = server.take()
         if not applied:
@@ -287,20 +287,19 @@ def train_async(
             group,
             server=server if rank0 else None,
             should_stop=reporter.should_stop,
-            on_update=report if rank0 else lambda _: None,
+            on_update=report if rank0 else lambda: None,
         )
         if rank0:
-            report(server.version)  # the updates applied since rank 0's last own one
+            report()
         counters = torch.tensor([server.version, server.next_sample, int(stopped)])
         dist.broadcast(counters, src=0, group=group)
         server.version, server.next_sample = int(counters[0]), int(counters[1])
         stopped = bool(counters[2])
         share_master(server.model, server.optimizer, group)
-        if server.version == end or stopped:
-            saved = save(server.version, server.next_sample)
-            if saved and rank0:  # the runtime learns how far a resume would start
-                reporter.report(step=server.version, **saved)
-    return Outcome(server.version, losses, stopped, server.staleness_seen)
+        saved = save(server.version, server.next_sample)
+        if saved and rank0:  # the runtime learns how far a resume would start
+            reporter.report(step=server.version, **saved)
+    return Outcome(server.version, losses, stopped)
 
 
 def _seq_len(worker: Worker) -> int:

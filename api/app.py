@@ -15,6 +15,7 @@ from api.admin import router as admin_router
 from api.auth import AuthConfig
 from api.browser import CrossSiteGuard
 from api.errors import install_error_handlers
+from api.estimate import Estimator
 from api.limits import Limits, RequestLimits
 from api.logstream import StreamSlots
 from api.logstream import router as logstream_router
@@ -27,6 +28,7 @@ from api.routes import router as api_router
 from api.ui import fragments as ui_fragments
 from api.ui import shells as ui_shells
 from gangway.packaging import DEFAULT_MAX_BYTES
+from scheduler.core import PolicyConfig
 from scheduler.store import AccountRepository, JobRepository, QueueRepository
 from scheduler.store.packages import PackageStore
 
@@ -40,6 +42,7 @@ def create_app(
     on_change: Callable[[], None] = lambda: None,
     checkpoint_root: Path | None = None,
     auth: AuthConfig | None = None,
+    policy: PolicyConfig | None = None,
     submit_policy: SubmitPolicy | None = None,
     packages_root: Path | None = None,
     package_max_bytes: int = DEFAULT_MAX_BYTES,
@@ -72,6 +75,7 @@ def create_app(
     app.state.streams = StreamSlots(app.state.limits.streams_per_caller)
     app.add_middleware(RequestLimits, limits=app.state.limits)
     app.state.metrics_registry = store_registry(repo)
+    app.state.estimator = Estimator(repo, policy or PolicyConfig())  # the loop's policy
     app.state.submit_policy = submit_policy or SubmitPolicy()
     root = packages_root or Path(tempfile.mkdtemp(prefix="gangway-packages-"))
     app.state.packages = PackageStore(repo.engine, root)

@@ -16,17 +16,21 @@ from gangway.models import (
     JobInfo,
     JobSubmit,
     NodeInfo,
+    PredictionAccuracy,
     Progress,
     QueueInfo,
     RankPlacement,
+    RuntimePrediction,
     Straggler,
     WaitExplanation,
 )
 from scheduler.core import free_capacity
 from scheduler.core.quotas import NO_QUOTA, borrowing_jobs, gpus_by_queue
 from scheduler.model import JobState, Node, Parallelism, QueueQuota
+from scheduler.predict.runtime import accuracy
 from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
+from scheduler.store.predictions import AccuracyPair, JobPrediction
 from workers.checkpoint_layout import job_directory, listing
 
 
@@ -99,7 +103,32 @@ def placed_mesh(job: JobRecord) -> Parallelism:
     return job.spec.placed(job.placement).parallelism
 
 
-def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:
+def prediction_accuracy(pairs: Sequence[AccuracyPair]) -> PredictionAccuracy:
+    found = accuracy([(p.predicted_s, p.actual_s) for p in pairs])
+    return PredictionAccuracy(
+        predicted=found.predicted,
+        unknown=found.unknown,
+        median_ape=found.median_ape,
+        spearman=found.spearman,
+    )
+
+
+def runtime_prediction(p: JobPrediction) -> RuntimePrediction:
+    return RuntimePrediction(
+        runtime_s=p.runtime_s,
+        remaining_s=p.remaining_s,
+        low_s=p.low_s,
+        high_s=p.high_s,
+        source=p.source,
+        basis=p.basis,
+        step_time_s=p.step_time_s,
+    )
+
+
+def job_info(
+    job: JobRecord, node_names: dict[str, str], prediction: JobPrediction | None = None
+) -> JobInfo:
+    """`prediction`: the service's latest for the job (the end only while it is active)."""
     placement = None
     if job.placement is not None:
         mesh = placed_mesh(job)
@@ -136,6 +165,10 @@ def job_info(job: JobRecord, node_names: dict[str, str]) -> JobInfo:
         placement=placement,
         estimated_start_at=job.estimated_start_at,
         explanation=WaitExplanation.model_validate(job.explanation) if job.explanation else None,
+        prediction=runtime_prediction(prediction) if prediction else None,
+        estimated_end_at=None
+        if prediction is None or job.state.is_terminal
+        else prediction.estimated_end_at,
         progress=Progress(
             step=job.step,
             total_steps=job.total_steps,

@@ -19,14 +19,17 @@ from api.convert import (
     job_event,
     job_explanation,
     job_info,
+    prediction_accuracy,
     queue_infos,
 )
 from api.errors import FieldError
+from api.estimate import Estimator
 from api.pages import page_response
 from api.validation import validate_submission
 from gangway.models import (
     ClusterInfo,
     ErrorBody,
+    Estimate,
     JobCheckpoints,
     JobEvent,
     JobExplanation,
@@ -39,6 +42,7 @@ from gangway.models import (
     JobSubmit,
     LogLine,
     MetricPoint,
+    PredictionAccuracy,
     QueueInfo,
     Script,
 )
@@ -113,9 +117,13 @@ def submit_job(
 ) -> JobInfo:
     submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
     request.app.state.submit_policy.check(submit, caller)
+    # Of the body as sent: a retry of an "auto" job matches even if the plan would differ.
+    sent = json.dumps(submit.model_dump(mode="json"), sort_keys=True)
+    digest = hashlib.sha256(sent.encode()).hexdigest()
+    resolved = estimator(request).resolve(submit)
+    submit = resolved.submit
     nodes = repo.nodes()
     spec = submit.model_dump(mode="json")
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
     job_spec = spec_from_json(spec)
     validate_submission(submit, job_spec, nodes)
     if submit.package is not None:
@@ -133,13 +141,38 @@ def submit_job(
             total_steps=getattr(submit.entrypoint, "steps", None),
             idempotency_key=idempotency_key,
             request_digest=digest,
-        )
+        ),
+        reason=f"submitted; parallelism auto chose {resolved.choice.reason}"
+        if resolved.choice
+        else "submitted",
     )
     if created:
         on_change()
     else:
         response.headers["Idempotent-Replayed"] = "true"
     return job_info(record, {n.id: n.name for n in nodes})
+
+
+def estimator(request: Request) -> Estimator:
+    found: Estimator = request.app.state.estimator
+    return found
+
+
+@router.post("/v1/estimate", response_model=Estimate, responses=ERROR_RESPONSES)
+def estimate_job(submit: JobSubmit, caller: Caller, request: Request) -> Estimate:
+    """What the job would get if submitted now: predicted step time (built-in trainer),
+    run time, earliest start on this cluster; with `"parallelism": "auto"` the plan."""
+    submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
+    request.app.state.submit_policy.check(submit, caller)
+    return estimator(request).estimate(submit, request.app.state.queue_store.quotas())
+
+
+@router.get(
+    "/v1/predictions/accuracy", response_model=PredictionAccuracy, responses=ERROR_RESPONSES
+)
+def get_prediction_accuracy(repo: Repo) -> PredictionAccuracy:
+    """How good run-time predictions have been on this cluster's succeeded jobs."""
+    return prediction_accuracy(repo.accuracy_pairs())
 
 
 def _use_package(packages: PackageStore, sha256: str) -> None:
@@ -196,14 +229,16 @@ def list_jobs(
         before_id=cursor,
     )
     names = _node_names(repo)
-    items = (job_info(r, names) for r in records[:limit])
+    shown = records[:limit]
+    predicted = repo.predictions(r.id for r in shown)
+    items = (job_info(r, names, predicted.get(r.id)) for r in shown)
     budget: int = request.app.state.limits.max_page_bytes
     return page_response(items, more=len(records) > limit, max_bytes=budget)
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobInfo, responses=ERROR_RESPONSES)
 def get_job(job_id: JobId, repo: Repo) -> JobInfo:
-    return job_info(repo.get(job_id), _node_names(repo))
+    return job_info(repo.get(job_id), _node_names(repo), repo.predictions([job_id]).get(job_id))
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, responses=ERROR_RESPONSES)

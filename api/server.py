@@ -26,8 +26,8 @@ from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster, 
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRepository, QueueRepository, make_engine, upgrade_to_head
-from scheduler.store.packages import PackageStore
 from scheduler.store.base import utcnow
+from scheduler.store.packages import PackageStore
 from scheduler.store.retention import TelemetrySweeper
 
 log = logging.getLogger("gangway")
@@ -190,6 +190,7 @@ def build_app(settings: Settings) -> FastAPI:
         on_change=runtime.wake.set,
         checkpoint_root=settings.checkpoint_root(),
         auth=auth,
+        policy=settings.policy(),
         submit_policy=policy_from_settings(
             auth_required=auth.required,
             kinds={str(role): list(k) for role, k in settings.allowed_entrypoints.items()},

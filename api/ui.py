@@ -21,11 +21,19 @@ from fastapi.templating import Jinja2Templates
 
 from api.auth import current_caller
 from api.charts import Series, line_chart, sparkline
-from api.convert import cluster_info, job_checkpoints, job_event, job_info, placed_mesh
+from api.convert import (
+    cluster_info,
+    job_checkpoints,
+    job_event,
+    job_info,
+    placed_mesh,
+    prediction_accuracy,
+)
 from api.routes import MAX_ID, JobId, Repo
 from gangway.models import JobState
 from scheduler.model import RESOURCE_HOLDING_STATES
-from scheduler.store import JobRecord, MetricPoint
+from scheduler.store import JobRecord, JobRepository, MetricPoint
+from scheduler.store.predictions import JobPrediction
 
 PAGE_SIZE = 20
 
@@ -124,15 +132,36 @@ def queue_fragment(request: Request, repo: Repo, page: Page = 1) -> HTMLResponse
     ordered = _queue_order(repo.in_states([JobState.PENDING]))
     jobs, page, pages = _paged(ordered, page)
     now = repo.now()
+    predicted = repo.predictions(job.id for job in jobs)
     return _render(
         request,
         "_queue.html",
+        predicted=lambda job: _predicted(predicted.get(job.id)),
+        basis=lambda job: predicted[job.id].basis if job.id in predicted else "",
+        accuracy=_accuracy_line(repo),
         jobs=jobs,
         total=len(ordered),
         page=page,
         pages=pages,
         waited=lambda job: _ago(job.queued_at or job.submitted_at, now),
         eta=lambda job: _eta(job.estimated_start_at, now),
+    )
+
+
+def _predicted(prediction: JobPrediction | None) -> str:
+    if prediction is None or prediction.runtime_s is None:
+        return "unknown"
+    return f"{_duration(prediction.runtime_s)} ({prediction.source})"
+
+
+def _accuracy_line(repo: JobRepository) -> str:
+    """How good run-time predictions were on this cluster's succeeded jobs, in words."""
+    found = prediction_accuracy(repo.accuracy_pairs())
+    if found.median_ape is None:
+        return "Run-time predictions: no predicted job has finished yet."
+    return (
+        f"Run-time predictions were off by {found.median_ape:.0%} (median) on "
+        f"{found.predicted} finished jobs ({found.unknown} unknown)."
     )
 
 
@@ -181,7 +210,8 @@ def jobs_fragment(
 @fragments.get("/ui/jobs/{job_id}/summary", response_class=HTMLResponse)
 def job_summary(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
     record = repo.get(job_id)
-    info = job_info(record, {n.id: n.name for n in repo.nodes()})
+    predicted = repo.predictions([job_id]).get(job_id)
+    info = job_info(record, {n.id: n.name for n in repo.nodes()}, predicted)
     now = repo.now()
     return _render(
         request,
@@ -192,6 +222,8 @@ def job_summary(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
         checkpoints=job_checkpoints(request.app.state.checkpoint_root, job_id).checkpoints,
         runtime=_runtime(record, now),
         eta=_eta(record.estimated_start_at, now),
+        ends=_eta(info.estimated_end_at, now) if info.estimated_end_at else None,
+        predicted=_predicted(predicted),
     )
 
 

@@ -16,6 +16,7 @@ from gangway.errors import validation_failed
 from gangway.models import (
     ApiKeyInfo,
     ClusterInfo,
+    Estimate,
     IssuedApiKey,
     JobCheckpoints,
     JobEvent,
@@ -30,6 +31,7 @@ from gangway.models import (
     LogLine,
     MetricPoint,
     PackageInfo,
+    PredictionAccuracy,
     QueueInfo,
     QueueSpec,
     Role,
@@ -102,6 +104,21 @@ def submit(
         del body["user"]  # the server fills in the caller
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
     return Call("POST", "/v1/jobs", _reader(JobInfo), json=body, headers=headers)
+
+
+def estimate(spec: JobSubmit | None = None, **fields: Any) -> Call[Estimate]:
+    """What a job would get if submitted now: `estimate(JobSubmit(...))` or the same
+    fields as `submit`; `parallelism="auto"` (with `gpu_budget`) asks for a plan."""
+    if spec is None:
+        spec = _checked(JobSubmit, **fields)
+    body = spec.model_dump(mode="json")
+    if "user" not in spec.model_fields_set:
+        del body["user"]
+    return Call("POST", "/v1/estimate", _reader(Estimate), json=body)
+
+
+def prediction_accuracy() -> Call[PredictionAccuracy]:
+    return Call("GET", "/v1/predictions/accuracy", _reader(PredictionAccuracy))
 
 
 def package(sha256: str) -> Call[PackageInfo]:

@@ -9,26 +9,33 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gangway import cli_shared
 from gangway.cli_admin import queues_app, users_app, whoami
+from gangway.cli_predict import accuracy, describe, estimate, when
 from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
+from gangway.cli_spec import (
+    AutoOption,
+    BudgetOption,
+    FileOption,
+    FunctionOption,
+    KwargsOption,
+    ModelOption,
+    NameOption,
+    SettingsOption,
+    StepsOption,
+    job_spec,
+)
 from gangway.client import Client
 from gangway.errors import validation_failed
 from gangway.models import (
-    Builtin,
-    Command,
-    Function,
     JobInfo,
     JobState,
     JobSubmit,
     LogLine,
-    Parallelism,
-    Resources,
 )
 
 app = typer.Typer(
@@ -37,6 +44,8 @@ app = typer.Typer(
 app.add_typer(queues_app, name="queues")
 app.add_typer(users_app, name="users")
 app.command()(whoami)
+app.command()(estimate)
+app.command()(accuracy)
 
 
 def _needs_server_extra(command: str, exc: ModuleNotFoundError) -> typer.Exit:
@@ -70,28 +79,13 @@ def serve(
 
 @app.command()
 def submit(
-    name: Annotated[str | None, typer.Option(help="job name (required without --file)")] = None,
-    file: Annotated[
-        Path | None,
-        typer.Option(
-            "--file", "-f", exists=True, dir_okay=False, help="a job spec in YAML or JSON"
-        ),
-    ] = None,
-    model: Annotated[str, typer.Option(help="built-in model")] = "gpt-tiny",
-    steps: Annotated[int, typer.Option(help="training steps (built-in trainer)")] = 100,
-    function: Annotated[
-        str | None, typer.Option(help="run pkg.mod:fn instead of the built-in trainer")
-    ] = None,
-    kwargs: Annotated[
-        str, typer.Option(help="JSON object of keyword arguments for --function")
-    ] = "{}",
-    settings: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            help="a built-in trainer field, key=value (repeatable): --set update_mode=local-sgd",
-        ),
-    ] = None,
+    name: NameOption = None,
+    file: FileOption = None,
+    model: ModelOption = "gpt-tiny",
+    steps: StepsOption = 100,
+    function: FunctionOption = None,
+    kwargs: KwargsOption = "{}",
+    settings: SettingsOption = None,
     dp: int = 1,
     tp: int = 1,
     pp: int = 1,
@@ -99,6 +93,8 @@ def submit(
     priority: int = 0,
     queue: str = "default",
     max_restarts: int = 0,
+    auto: AutoOption = False,
+    gpu_budget: BudgetOption = None,
     wait: Annotated[bool, typer.Option(help="wait until the job ends")] = False,
     idempotency_key: Annotated[
         str | None, typer.Option(help="retry-safe: the same key returns the same job")
@@ -128,28 +124,26 @@ def submit(
     """Submit a job: from flags, or from a job file (the REST body, as YAML or JSON;
     --name then overrides its name). `gangway submit --workdir . -- python train.py`
     ships the directory and runs the command on every rank."""
-    if file is not None:
-        spec = _spec_from_file(file, name)
-    elif name is None and not command:
-        typer.echo("error: give --name, or a job file with --file", err=True)
-        raise typer.Exit(2)
-    else:
-        entrypoint: Builtin | Function | Command = (
-            Command(argv=command)
-            if command
-            else Function(target=function, kwargs=json.loads(kwargs))
-            if function
-            else _builtin(model, steps, settings or [])
-        )
-        spec = JobSubmit(
-            name=name or (workdir or Path.cwd()).resolve().name,
-            priority=priority,
-            queue=queue,
-            parallelism=Parallelism(dp=dp, tp=tp, pp=pp),
-            resources=Resources(gpus_per_rank=gpus_per_rank),
-            entrypoint=entrypoint,
-            max_restarts=max_restarts,
-        )
+    spec = job_spec(
+        file=file,
+        name=name,
+        model=model,
+        steps=steps,
+        function=function,
+        kwargs=kwargs,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        gpus_per_rank=gpus_per_rank,
+        priority=priority,
+        queue=queue,
+        max_restarts=max_restarts,
+        settings=settings,
+        auto=auto,
+        gpu_budget=gpu_budget,
+        command=command,
+        workdir=workdir,
+    )
     spec = _with_fields(spec, _code_fields(spec, requirements, env or []))
     with cli_shared.connect(url) as client:
         if workdir is not None:
@@ -195,28 +189,6 @@ def _code_fields(spec: JobSubmit, requirements: Path | None, env: list[str]) -> 
     return fields
 
 
-def _builtin(model: str, steps: int, settings: list[str]) -> Builtin:
-    """The built-in trainer from flags and `--set key=value` pairs (a value is read as
-    JSON when it parses, else as text); a bad key or value exits 2 naming it."""
-    fields: dict[str, Any] = {"model": model, "steps": steps}
-    for item in settings:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            typer.echo(f"error: --set {item!r}: expected key=value", err=True)
-            raise typer.Exit(2)
-        try:
-            fields[key] = json.loads(text)
-        except json.JSONDecodeError:
-            fields[key] = text
-    try:
-        return Builtin.model_validate(fields)
-    except ValidationError as error:
-        for problem in error.errors():
-            where = ".".join(str(part) for part in problem["loc"])
-            typer.echo(f"error: --set {where}: {problem['msg']}", err=True)
-        raise typer.Exit(2) from None
-
-
 def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:
     """Until the job ends, with a bar on stderr fed by its step count."""
     if not show_progress:
@@ -233,20 +205,6 @@ def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:
 
         done: JobInfo = run(lambda: client.wait(job.id, timeout_s=24 * 3600, on_poll=show))
     return done
-
-
-def _spec_from_file(path: Path, name: str | None) -> JobSubmit:
-    """YAML is a superset of JSON: one loader reads both."""
-    try:
-        body = yaml.safe_load(path.read_text())
-        if name is not None and isinstance(body, dict):
-            body["name"] = name
-        return JobSubmit.model_validate(body)
-    except yaml.YAMLError as exc:
-        typer.echo(f"error: {path} is not YAML or JSON: {exc}", err=True)
-    except ValidationError as exc:
-        typer.echo(f"error: {path}: {validation_failed(exc)}", err=True)
-    raise typer.Exit(1)
 
 
 @app.command()
@@ -302,8 +260,9 @@ def jobs(
     for job in page.items:
         total = job.progress.total_steps
         step = f"{job.progress.step}/{total}" if total else str(job.progress.step)
-        rows.append([job.id, job.state.value, job.num_gpus, job.priority, step, job.name])
-    cli_shared.print_table([">ID", "STATE", ">GPUS", ">PRI", ">STEP", "NAME"], rows)
+        ends = when(job.estimated_end_at) if job.estimated_end_at else "-"
+        rows.append([job.id, job.state.value, job.num_gpus, job.priority, step, ends, job.name])
+    cli_shared.print_table([">ID", "STATE", ">GPUS", ">PRI", ">STEP", "EXPECTED END", "NAME"], rows)
 
 
 @app.command()
@@ -508,9 +467,6 @@ def simulate(
         float | None, typer.Option(help="jobs declare limits of duration x F (user estimates)")
     ] = None,
     oracle: Annotated[bool, typer.Option(help="let the policy see true durations")] = False,
-    placement: Annotated[
-        str, typer.Option(help="consolidated (gangs by node) or count (any free GPUs)")
-    ] = "consolidated",
     out: Annotated[Path, typer.Option(help="folder for result.json and plots")] = Path(
         "sim-results"
     ),
@@ -537,7 +493,6 @@ def simulate(
             "restore_s": restore_s,
             "time_limit_factor": time_limit_factor,
             "oracle": oracle,
-            "placement": placement,
         },
     )
 
@@ -550,6 +505,9 @@ def _print_job(job: JobInfo, as_json: bool) -> None:
     progress = job.progress
     loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
     typer.echo(f"  step {progress.step}/{progress.total_steps or '?'}  loss {loss}")
+    typer.echo(f"  predicted run time: {describe(job.prediction)}")
+    if job.estimated_end_at is not None:
+        typer.echo(f"  expected end: {when(job.estimated_end_at)}")
     if job.placement:
         ranks = ", ".join(f"{p.rank}->{p.node_name}" for p in job.placement)
         typer.echo(f"  placement: {ranks}")

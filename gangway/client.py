@@ -108,6 +108,8 @@ class Client:
         return Job.bind(self.send(call), self)
 
     get = _sends_job(calls.get)
+    estimate = _sends(calls.estimate)
+    prediction_accuracy = _sends(calls.prediction_accuracy)
     list = _sends(calls.list_jobs)
     set_priority = _sends_job(calls.set_priority)
     cancel = _sends_job(calls.cancel)

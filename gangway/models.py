@@ -64,7 +64,9 @@ DataParallel = Annotated[
 ]
 
 # Union members name themselves in pydantic's error locations; a user's field path omits them.
-_UNION_TAGS = frozenset({"builtin", "function", "script", "command", "degree", "range"})
+_UNION_TAGS = frozenset(
+    {"builtin", "function", "script", "command", "degree", "range", "plan", "auto"}
+)
 
 
 def field_path(loc: Sequence[int | str]) -> str:
@@ -221,6 +223,16 @@ class CheckpointPolicy(_Strict):
     keep_last: Int = Field(2, ge=1, le=100)
 
 
+def _plan_kind(value: Any) -> str:
+    return "auto" if value == "auto" else "plan"
+
+
+PlanOrAuto = Annotated[
+    Annotated[Parallelism, Tag("plan")] | Annotated[Literal["auto"], Tag("auto")],
+    Discriminator(_plan_kind),
+]
+
+
 class JobSubmit(_Strict):
     name: str = Field(min_length=1, max_length=200)
     priority: Int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
@@ -233,7 +245,14 @@ class JobSubmit(_Strict):
         description="who the job counts against for fair share; with auth, the key's user "
         "unless an admin submits for someone else",
     )
-    parallelism: Parallelism = Field(default_factory=Parallelism)
+    parallelism: PlanOrAuto = Field(
+        default_factory=Parallelism,
+        description='"auto": the service picks the plan that finishes soonest and fits '
+        "memory within `gpu_budget` (built-in trainer; the job's first event says which)",
+    )
+    gpu_budget: Int | None = Field(
+        None, ge=1, le=4096, description='with parallelism "auto": at most this many GPUs'
+    )
     resources: Resources = Field(default_factory=Resources)
     entrypoint: Entrypoint
     max_restarts: Int = Field(0, ge=0, le=100)
@@ -307,6 +326,21 @@ class WaitExplanation(BaseModel):
     )
 
 
+class RuntimePrediction(BaseModel):
+    """How long the service expects a job to run, and from what."""
+
+    runtime_s: float | None = Field(description="total run time; null: unknown")
+    remaining_s: float | None = Field(description="of which still ahead; null: unknown")
+    low_s: float | None = Field(None, description="history: quartile range of similar jobs")
+    high_s: float | None = None
+    source: Literal["steps", "model", "history", "unknown"] = Field(
+        description="steps: measured step time x steps left; model: the step-time model; "
+        "history: similar finished jobs; unknown: nothing similar has finished"
+    )
+    basis: str = Field(description="the evidence, in plain text")
+    step_time_s: float | None = None
+
+
 class JobInfo(BaseModel):
     id: int
     name: str
@@ -330,6 +364,12 @@ class JobInfo(BaseModel):
         None, description="pending jobs: when the scheduler expects it to start"
     )
     explanation: WaitExplanation | None = None
+    prediction: RuntimePrediction | None = Field(
+        None, description="the service's latest run-time prediction (null: none made yet)"
+    )
+    estimated_end_at: datetime | None = Field(
+        None, description="running: now + predicted remaining; pending: start + run time"
+    )
 
 
 class JobPatch(_Strict):
@@ -499,6 +539,30 @@ class WhoAmI(BaseModel):
     name: str
     role: Role
     auth_enabled: bool = Field(description="false: the service lets everyone in as admin")
+
+
+class PredictionAccuracy(BaseModel):
+    """Run-time predictions made while jobs waited, against how long they then ran."""
+
+    predicted: int = Field(description="succeeded jobs that had a prediction")
+    unknown: int = Field(description="succeeded jobs whose prediction was unknown")
+    median_ape: float | None = Field(description="median absolute percentage error (0.1: 10%)")
+    spearman: float | None = Field(description="rank correlation of predicted and actual")
+
+
+class Estimate(BaseModel):
+    """What the service expects of a job if it were submitted now."""
+
+    step_time_s: float | None = Field(description="built-in trainer: predicted s/step")
+    prediction: RuntimePrediction
+    estimated_start_at: datetime | None = Field(description="earliest start on this cluster now")
+    estimated_end_at: datetime | None
+    parallelism: Parallelism = Field(description="the plan estimated (chosen, with auto)")
+    batch_size: int | None = Field(None, description="with auto: per dp rank and micro-step")
+    grad_accumulation: int | None = None
+    microbatches: int | None = None
+    plan_reason: str | None = Field(None, description="with auto: why this plan")
+    wait_reason: str | None = Field(None, description="why it could not start at once")
 
 
 class ErrorDetail(BaseModel):

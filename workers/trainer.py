@@ -12,15 +12,23 @@ from dataclasses import fields
 from typing import Any
 
 from workers.context import RankContext
-from workers.plan import plan_from_entrypoint
+from workers.plan import ParallelPlan, plan_from_entrypoint
 from workers.training import TrainSpec, train
 
 _SPEC_KEYS = {f.name for f in fields(TrainSpec)}
+# What the launch object may carry besides the trainer's and the plan's fields.
+_LAUNCH_KEYS = {"kind", "checkpoint_dir"}
+KNOWN_KEYS = _SPEC_KEYS | {f.name for f in fields(ParallelPlan)} | _LAUNCH_KEYS
 
 
 def builtin_spec(entrypoint: dict[str, Any]) -> TrainSpec:
-    chosen = {k: v for k, v in entrypoint.items() if k in _SPEC_KEYS}
-    return TrainSpec(**chosen)
+    """The training spec from the launch object. A key neither the spec nor the plan
+    knows is an error, not dropped: a field added to `gangway.models.Builtin` and not
+    plumbed through would otherwise be ignored silently on every rank."""
+    unknown = sorted(set(entrypoint) - KNOWN_KEYS)
+    if unknown:
+        raise ValueError(f"the built-in trainer does not know {', '.join(unknown)}")
+    return TrainSpec(**{k: v for k, v in entrypoint.items() if k in _SPEC_KEYS})
 
 
 def train_builtin(ctx: RankContext, entrypoint: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,12 @@ Ray's `cluster_utils.Cluster` starts real raylets on this machine, each advertis
 `num_gpus` logical GPUs, so gang placement across nodes is exercised exactly as on a real
 cluster; on a CPU machine the ranks use gloo. Its processes start with the allow-listed
 environment only: raylets hand theirs to every worker, and the service's holds secrets.
+
+All its raylets share the head's session directory, and by default Ray keeps each node's
+runtime_env cache (unpacked working directories, pip virtualenvs) in that session's
+`runtime_resources`: two raylets building the same virtualenv there at once collide
+("dest dir ... exists"; Ray issue #17086 is the same race for conda). Each node gets a
+directory of its own (RayParams `runtime_env_dir_name`), as on separate hosts.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ def start_local_cluster(shape: LocalClusterShape) -> object:
                 num_gpus=shape.gpus_per_node,
                 num_cpus=shape.cpus_per_node,
                 labels={NODE_NAME_LABEL: f"local-{index}"},
+                runtime_env_dir_name=f"runtime_resources_node{index}",
             )
     ray.init(address=cluster.address, namespace="gangway", log_to_driver=False)
     cluster.wait_for_nodes()

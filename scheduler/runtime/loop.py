@@ -36,6 +36,7 @@ from scheduler.runtime.leadership import Leadership
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.lifecycle import LifecycleConfig, next_transition
 from scheduler.runtime.nodes import NodeWatch
+from scheduler.runtime.predictions import Predictions
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.runtime.views import job_view
 from scheduler.store import Fenced, FenceSlot, JobRecord, JobRepository
@@ -99,6 +100,7 @@ class SchedulerLoop:
             fence=fence,
             sweep_every=sweep_every,
         )
+        self._predictions = Predictions(repo)
 
     def reconcile(self) -> None:
         """Match every active job in the store with what Ray runs: reattach or requeue."""
@@ -157,9 +159,10 @@ class SchedulerLoop:
 
     def _schedule(self, nodes: list[Node], jobs: list[JobRecord]) -> None:
         now = self._clock()
+        views = self._predictions.views(jobs, [job_view(job) for job in jobs], nodes, now)
         decisions = schedule(
             ClusterSnapshot(tuple(nodes)),
-            [job_view(job) for job in jobs],
+            views,
             now,
             self._policy,
             queues=self._queues(),
@@ -167,6 +170,7 @@ class SchedulerLoop:
         )
         faults.inject("scheduler.decided")  # a pass stalled between deciding and writing
         self._applier.decisions({job.id: job for job in jobs}, decisions)
+        self._predictions.record(decisions, now)
 
     def _recent_usage(self, now: datetime) -> dict[tuple[str, str], float]:
         """Decayed GPU-seconds per (queue, user); runs older than 10 half-lives count < 0.1%."""

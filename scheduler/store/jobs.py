@@ -94,7 +94,7 @@ class JobStore(Repository):
             session.flush()
             return job_record(row)
 
-    def create_once(self, new: NewJob) -> tuple[JobRecord, bool]:
+    def create_once(self, new: NewJob, *, reason: str = "submitted") -> tuple[JobRecord, bool]:
         """`create`, unless `new.user` already submitted a job with `new.idempotency_key`: then
         that job, and False. A key sent again with another body raises `KeyReused`.
         The insert comes first (a fresh key, the common case, costs no lookup): the
@@ -102,9 +102,9 @@ class JobStore(Repository):
         that one then finds the job that won."""
         key = new.idempotency_key
         if key is None:
-            return self.create(new), True
+            return self.create(new, reason=reason), True
         try:
-            return self.create(new), True
+            return self.create(new, reason=reason), True
         except IntegrityError:
             found = self._by_idempotency_key(new.user, key)
             if found is None:

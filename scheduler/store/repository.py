@@ -9,8 +9,9 @@ from __future__ import annotations
 from scheduler.store.jobs import JobStore
 from scheduler.store.leases import LeaseStore
 from scheduler.store.nodes import NodeStore
+from scheduler.store.predictions import PredictionStore
 from scheduler.store.telemetry import TelemetryStore
 
 
-class JobRepository(JobStore, TelemetryStore, NodeStore, LeaseStore):
-    """Every read and write of jobs, events, logs, metrics, nodes and leases."""
+class JobRepository(JobStore, TelemetryStore, NodeStore, LeaseStore, PredictionStore):
+    """Every read and write of jobs, events, logs, metrics, nodes, leases and predictions."""

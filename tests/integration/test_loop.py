@@ -127,18 +127,21 @@ SPEC: dict[str, Any] = {
 }
 
 
-def submit(repo: JobRepository, *, dp: int = 2, priority: int = 0, **spec: Any) -> JobRecord:
+def submit(
+    repo: JobRepository, *, dp: int = 2, priority: int = 0, steps: int = 10, **spec: Any
+) -> JobRecord:
     full = {
         "parallelism": {"dp": dp, "tp": 1, "pp": 1},
         "resources": {"gpus_per_rank": 1, "cpus_per_rank": 1.0},
-        "entrypoint": {"kind": "builtin", "model": "gpt-tiny", "steps": 10},
+        "entrypoint": {"kind": "builtin", "model": "gpt-tiny", "steps": steps},
         "max_restarts": 0,
         "time_limit_s": None,
         **spec,
     }
-    return repo.create(
-        NewJob(name="j", queue="default", priority=priority, spec=full, num_gpus=dp, total_steps=10)
+    new = NewJob(
+        name="j", queue="default", priority=priority, spec=full, num_gpus=dp, total_steps=steps
     )
+    return repo.create(new)
 
 
 def transitions(repo: JobRepository, job_id: int) -> list[str]:
@@ -453,13 +456,23 @@ ELASTIC = {"dp": {"min": 2, "max": 8}, "tp": 1, "pp": 1}
 
 
 def running_elastic_job(
-    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, *, blocker_dp: int
+    repo: JobRepository,
+    loop: SchedulerLoop,
+    executor: FakeExecutor,
+    clock: Clock,
+    *,
+    blocker_dp: int,
 ) -> tuple[JobRecord, JobRecord]:
-    """An elastic job (dp 2..8) running beside a blocker of `blocker_dp` GPUs."""
+    """An elastic job (dp 2..8) running beside a blocker of `blocker_dp` GPUs, 4 steps
+    into 1,000 at 10 s a step: a long way to go, so growing pays for its restart."""
     blocker = submit(repo, dp=blocker_dp)
     loop.tick()
-    elastic = submit(repo, parallelism=ELASTIC)
+    elastic = submit(repo, parallelism=ELASTIC, steps=1000)
     loop.tick()
+    for job in (blocker, elastic):
+        executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=0)
+    loop.tick()
+    clock.now += timedelta(seconds=40)
     for job in (blocker, elastic):
         executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=4)
     loop.tick()
@@ -467,10 +480,10 @@ def running_elastic_job(
 
 
 def growing_elastic_job(
-    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
 ) -> JobRecord:
     """An elastic job at dp=3 whose blocker (dp=5) finished: it is RESIZING to dp=8."""
-    blocker, elastic = running_elastic_job(repo, loop, executor, blocker_dp=5)
+    blocker, elastic = running_elastic_job(repo, loop, executor, clock, blocker_dp=5)
     assert group_spec(elastic).dp == 3 and elastic.state is JobState.RUNNING
     executor.statuses[blocker.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
     loop.tick()  # sees the blocker finish
@@ -479,9 +492,9 @@ def growing_elastic_job(
 
 
 def test_an_elastic_job_grows_onto_freed_gpus_through_a_checkpoint(
-    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
 ) -> None:
-    elastic = growing_elastic_job(repo, loop, executor)
+    elastic = growing_elastic_job(repo, loop, executor, clock)
     resizing = repo.get(elastic.id)
     assert resizing.state is JobState.RESIZING
     assert resizing.placement is not None and len(resizing.placement) == 8  # held at once
@@ -510,7 +523,7 @@ def test_an_elastic_job_grows_onto_freed_gpus_through_a_checkpoint(
 def test_an_elastic_job_shrinks_for_a_higher_priority_job_before_any_preemption(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
 ) -> None:
-    blocker, elastic = running_elastic_job(repo, loop, executor, blocker_dp=2)
+    blocker, elastic = running_elastic_job(repo, loop, executor, clock, blocker_dp=2)
     assert group_spec(elastic).dp == 6
     high = submit(repo, dp=3, priority=5)
     loop.tick()
@@ -532,7 +545,7 @@ def test_an_elastic_job_shrinks_for_a_higher_priority_job_before_any_preemption(
 def test_a_resize_past_its_deadline_relaunches_from_the_previous_checkpoint(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
 ) -> None:
-    elastic = growing_elastic_job(repo, loop, executor)
+    elastic = growing_elastic_job(repo, loop, executor, clock)
     executor.statuses[elastic.id] = GroupStatus(GroupPhase.RUNNING, True, step=7, checkpoint_step=5)
     clock.now += timedelta(minutes=10)
     loop.tick()
@@ -544,9 +557,9 @@ def test_a_resize_past_its_deadline_relaunches_from_the_previous_checkpoint(
 
 
 def test_a_rank_that_crashes_while_resizing_fails_the_job(
-    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
 ) -> None:
-    elastic = growing_elastic_job(repo, loop, executor)
+    elastic = growing_elastic_job(repo, loop, executor, clock)
     executor.statuses[elastic.id] = GroupStatus(GroupPhase.FAILED, True, step=5, error="disk full")
     loop.tick()
     failed = repo.get(elastic.id)
@@ -556,7 +569,7 @@ def test_a_rank_that_crashes_while_resizing_fails_the_job(
 def test_a_service_restart_mid_resize_reaps_the_old_gang_and_relaunches(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
 ) -> None:
-    elastic = growing_elastic_job(repo, loop, executor)
+    elastic = growing_elastic_job(repo, loop, executor, clock)
     fresh = FakeExecutor()
     make_loop(repo, fresh, clock).reconcile()
     assert fresh.reaped == [(elastic.id, 1)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import time
 import zipfile
 from dataclasses import replace
@@ -16,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 
 from gangway.packaging import pack
 from scheduler.model import CodeSpec
 from scheduler.runtime.launch import runtime_env
-from tests.integration.test_ray_runtime import run_to_end, spec
+from tests.integration.test_ray_runtime import poll_until, run_to_end, spec
 from workers.group import GroupPhase, GroupSpec, GroupStatus, WorkerGroup
 
 pytestmark = pytest.mark.ray
@@ -119,7 +121,7 @@ def run_collecting_logs(group_spec: GroupSpec, timeout_s: float = 400) -> tuple[
 
 
 @pytest.mark.timeout(600)
-def test_a_shipped_command_and_function_run_in_their_directory_on_both_nodes_without_secrets(
+def test_shipped_command_script_and_function_run_in_their_directory_on_both_nodes_without_secrets(
     gpu_node_ids: list[str], tmp_path: Path
 ) -> None:
     sha, root = shipped_job(tmp_path)
@@ -130,6 +132,12 @@ def test_a_shipped_command_and_function_run_in_their_directory_on_both_nodes_wit
         assert f"rank {rank} of 2 group 0 payload-from-the-workdir on leaked []" in text
     assert "super-secret" not in text and "pw@" not in text
 
+    script = {"kind": "script", "path": "show.py", "args": []}
+    status, text = run_collecting_logs(with_code(305, gpu_node_ids, script, sha=sha, root=root))
+    assert status.phase is GroupPhase.SUCCEEDED, status.error
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 group 0 payload-from-the-workdir on leaked []" in text
+
     function = {"kind": "function", "target": "helper:check"}
     status, text = run_collecting_logs(with_code(302, gpu_node_ids, function, sha=sha, root=root))
     assert status.phase is GroupPhase.SUCCEEDED, status.error
@@ -137,15 +145,38 @@ def test_a_shipped_command_and_function_run_in_their_directory_on_both_nodes_wit
 
 
 @pytest.mark.timeout(600)
-def test_requirements_are_installed_for_the_ranks(gpu_node_ids: list[str], tmp_path: Path) -> None:
-    """One rank: the embedded Ray's logical nodes share one session directory, and two
-    raylets building the same pip virtualenv there at once collide (Ray's own cache)."""
+def test_builtin_ranks_hold_no_secret(gpu_node_ids: list[str]) -> None:
+    """The built-in trainer prints no environment: read each rank actor's own, after it
+    ran, with the secrets planted the way an external Ray's raylets would pass them."""
+    builtin = {"kind": "builtin", "model": "gpt-tiny", "steps": 2, "batch_size": 2, "env": {}}
+    group_spec = replace(spec(306, gpu_node_ids, builtin), runtime_env={"env_vars": SECRETS})
+    group = WorkerGroup.launch(group_spec, placement_timeout_s=60)
+    try:
+        status = poll_until(group, {GroupPhase.SUCCEEDED, GroupPhase.FAILED})
+        assert status.phase is GroupPhase.SUCCEEDED, status.error
+        calls = [a.__ray_call__.remote(lambda _: dict(os.environ)) for a in group._actors]
+        environments = ray.get(calls, timeout=60)
+    finally:
+        group.teardown()
+    assert len(environments) == 2
+    for environ in environments:
+        assert not [k for k in environ if k.startswith("GANGWAY_") or k in SECRETS]
+        assert not [k for k, v in environ.items() if "pw@" in v or "super-secret" in v]
+        assert environ["RANK"] in ("0", "1")  # what the rank really ran with
+
+
+@pytest.mark.timeout(600)
+def test_requirements_are_installed_for_the_ranks_on_two_nodes_at_once(
+    gpu_node_ids: list[str], tmp_path: Path
+) -> None:
+    """Both raylets build the same virtualenv at the same time: each in its own node's
+    runtime_env directory (scheduler/runtime/local_ray.py), not in one shared folder."""
     sha, root = shipped_job(tmp_path)
     code = {"sha": sha, "root": root, "wheel": tiny_wheel(tmp_path)}
     command = {"kind": "command", "argv": ["python", "-c", "import tinydep; print(tinydep.ANSWER)"]}
-    status, text = run_collecting_logs(with_code(303, gpu_node_ids[:1], command, **code))
+    status, text = run_collecting_logs(with_code(303, gpu_node_ids, command, **code))
     assert status.phase is GroupPhase.SUCCEEDED, status.error
-    assert "from-the-wheel" in text
+    assert text.count("from-the-wheel") == 2
 
 
 def test_a_job_whose_working_directory_is_missing_fails_saying_so(

@@ -1,0 +1,121 @@
+"""`gangway estimate` (what a job would get if submitted now) and `gangway accuracy`
+(how good the service's run-time predictions have been)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import typer
+
+from gangway import cli_shared
+from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
+from gangway.cli_spec import (
+    AutoOption,
+    BudgetOption,
+    FileOption,
+    FunctionOption,
+    KwargsOption,
+    ModelOption,
+    NameOption,
+    StepsOption,
+    job_spec,
+)
+from gangway.models import RuntimePrediction
+
+
+def estimate(  # the job's flags, as `gangway submit` takes them
+    name: NameOption = None,
+    file: FileOption = None,
+    model: ModelOption = "gpt-tiny",
+    steps: StepsOption = 100,
+    function: FunctionOption = None,
+    kwargs: KwargsOption = "{}",
+    dp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    gpus_per_rank: int = 1,
+    priority: int = 0,
+    queue: str = "default",
+    max_restarts: int = 0,
+    auto: AutoOption = False,
+    gpu_budget: BudgetOption = None,
+    url: Url = DEFAULT_URL,
+    as_json: AsJson = False,
+) -> None:
+    """Ask before you submit: predicted step time, run time and earliest start of a job
+    (the same flags and files as submit); with --auto, the plan that finishes soonest."""
+    spec = job_spec(
+        file=file,
+        name=name,
+        model=model,
+        steps=steps,
+        function=function,
+        kwargs=kwargs,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        gpus_per_rank=gpus_per_rank,
+        priority=priority,
+        queue=queue,
+        max_restarts=max_restarts,
+        auto=auto,
+        gpu_budget=gpu_budget,
+    )
+    with cli_shared.connect(url) as client:
+        answer = run(lambda: client.estimate(spec))
+    if as_json:
+        typer.echo(answer.model_dump_json(indent=2))
+        return
+    mesh = answer.parallelism
+    fsdp = " fsdp" if mesh.fsdp else ""
+    typer.echo(f"plan: dp={mesh.dp} tp={mesh.tp} pp={mesh.pp}{fsdp}")
+    if answer.plan_reason:
+        typer.echo(f"  chosen: {answer.plan_reason}")
+    if answer.step_time_s is not None:
+        typer.echo(f"step time: {answer.step_time_s:.3f} s")
+    typer.echo(f"run time: {describe(answer.prediction)}")
+    typer.echo(f"earliest start: {when(answer.estimated_start_at)}")
+    if answer.wait_reason:
+        typer.echo(f"  waits because: {answer.wait_reason}")
+    typer.echo(f"expected end: {when(answer.estimated_end_at)}")
+
+
+def accuracy(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
+    """How far run-time predictions were from the actual run times of finished jobs."""
+    with cli_shared.connect(url) as client:
+        found = run(client.prediction_accuracy)
+    if as_json:
+        typer.echo(found.model_dump_json(indent=2))
+        return
+    if found.median_ape is None:
+        typer.echo(f"no predicted job has finished yet ({found.unknown} unknown)")
+        return
+    rho = f"{found.spearman:.2f}" if found.spearman is not None else "-"
+    typer.echo(
+        f"median absolute error {found.median_ape:.1%} over {found.predicted} finished jobs "
+        f"(rank correlation {rho}; {found.unknown} were unknown)"
+    )
+
+
+def describe(prediction: RuntimePrediction | None) -> str:
+    """`1.5 h (history: median of 4 finished jobs of the same user, name)`."""
+    if prediction is None:
+        return "not predicted yet"
+    if prediction.runtime_s is None:
+        return f"unknown ({prediction.basis})"
+    span = ""
+    if prediction.low_s is not None and prediction.high_s is not None:
+        span = f", {duration(prediction.low_s)}-{duration(prediction.high_s)}"
+    return f"{duration(prediction.runtime_s)}{span} ({prediction.source}: {prediction.basis})"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def when(at: datetime | None) -> str:
+    return f"{at:%Y-%m-%d %H:%M:%S} UTC" if at is not None else "unknown"

@@ -1,0 +1,284 @@
+"""Every job's predicted run time, from this cluster's history, for the core and for users.
+
+The loop asks `views` for the jobs it schedules (each `JobView` gets its
+`predicted_remaining_s`), then `record`s what changed with the pass's estimated starts.
+Where a prediction comes from, best first:
+
+- steps: a built-in trainer that has reported steps: steps left x its measured step time;
+- model: a built-in trainer not yet measured, on a node type with enough recorded runs of
+  built-in jobs to calibrate the step-time model (`scheduler.predict.steptime`);
+- history: the median run time of the most similar finished jobs
+  (`scheduler.predict.runtime`), conditional on the time already run;
+- unknown: nothing similar has finished; the core then falls back to its default.
+
+History is loaded from the store at start and then incrementally (succeeded jobs only:
+a failed or cancelled run says nothing about how long the work takes).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timedelta
+
+from gangway.models import Builtin
+from scheduler.core.decisions import Admit, Decision, Wait
+from scheduler.model import (
+    RESOURCE_HOLDING_STATES,
+    BuiltinEntrypoint,
+    JobSpec,
+    JobState,
+    JobView,
+    Node,
+)
+from scheduler.predict.runtime import JobFeatures, RuntimePredictor
+from scheduler.predict.steptime import (
+    Calibration,
+    Measured,
+    ModelShape,
+    NodeType,
+    StepPlan,
+    calibrate,
+    job_time_s,
+)
+from scheduler.store import JobRecord, JobRepository
+from scheduler.store.predictions import FinishedRun, JobPrediction
+from workers.model_configs import MODEL_CONFIGS
+
+# Memory of one device, for plans that must fit (`auto`); H100/H200-class by default.
+DEVICE_MEMORY_BYTES = 80 * 2**30
+# Recorded runs of a node type needed before its step-time model is trusted.
+MIN_CALIBRATION_RUNS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerJob:
+    """A built-in trainer job as the step-time model sees it."""
+
+    model: ModelShape
+    plan: StepPlan
+    steps: int
+
+
+def trainer_job(spec: JobSpec, dp: int | None = None) -> TrainerJob | None:
+    """The job's model and plan at data-parallel degree `dp` (default: its largest);
+    None for opaque jobs and unknown model names."""
+    entry = spec.entrypoint
+    if not isinstance(entry, BuiltinEntrypoint):
+        return None
+    settings = Builtin.model_validate({**entry.settings, "kind": "builtin"})
+    config = MODEL_CONFIGS.get(settings.model)
+    if config is None:
+        return None
+    mesh = spec.shape.parallelism
+    plan = StepPlan(
+        dp=dp or mesh.dp,
+        tp=mesh.tp,
+        pp=mesh.pp,
+        fsdp=spec.fsdp,
+        microbatches=settings.microbatches,
+        schedule=settings.pipeline_schedule,
+        precision=settings.precision,
+        batch_size=settings.batch_size,
+        grad_accumulation=settings.grad_accumulation,
+    )
+    return TrainerJob(ModelShape(**asdict(config)), plan, settings.steps)
+
+
+def node_type(node: Node, memory_bytes: float = DEVICE_MEMORY_BYTES) -> NodeType:
+    """Nodes of one shape are one type: a GPU node runs a rank per GPU, a CPU node as
+    many ranks at once as it has cores."""
+    cpus = max(1, int(node.num_cpus))
+    if node.num_gpus:
+        name = f"{node.num_gpus} GPU / {cpus} CPU"
+        return NodeType(name, node.num_gpus, node.num_gpus, memory_bytes)
+    return NodeType(f"{cpus} CPU", cpus, cpus, memory_bytes)
+
+
+def common_node_type(nodes: Iterable[Node]) -> NodeType | None:
+    """The type most of the live nodes have: where a job not yet placed will likely run."""
+    counts = Counter(node_type(n) for n in nodes if n.alive)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+class Predictions:
+    """History and calibrations of one cluster, kept current from the store."""
+
+    def __init__(self, repo: JobRepository) -> None:
+        self._repo = repo
+        self._history = RuntimePredictor()
+        self._measured: dict[str, list[Measured]] = defaultdict(list)
+        self._calibrations: dict[str, Calibration] = {}
+        self._since: datetime | None = None
+        self._seen_at_since: set[int] = set()
+        self._written: dict[int, JobPrediction] = {}
+        self._current: dict[int, JobPrediction] = {}
+        self._pending: set[int] = set()
+
+    # -- history ------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Learn from the jobs that succeeded since the last call."""
+        for run in self._repo.finished_runs(self._since):
+            if run.job_id in self._seen_at_since:
+                continue
+            if self._since is None or run.finished_at > self._since:
+                self._since, self._seen_at_since = run.finished_at, set()
+            self._seen_at_since.add(run.job_id)
+            self._learn(run)
+
+    def _learn(self, run: FinishedRun) -> None:
+        self._history.observe(_features(run.queue, run.user, run.name, run.num_gpus), run.runtime_s)
+        trainer = trainer_job(run.spec, run.dp)
+        if trainer and run.step_time_s and run.node_type:
+            self._measured[run.node_type].append(
+                Measured(trainer.model, trainer.plan, run.step_time_s)
+            )
+            self._calibrations.pop(run.node_type, None)
+
+    def calibration(self, node: NodeType) -> Calibration | None:
+        """The step-time model for `node`, once enough of its runs were recorded."""
+        runs = self._measured.get(node.name, [])
+        if len(runs) < MIN_CALIBRATION_RUNS:
+            return None
+        if node.name not in self._calibrations:
+            self._calibrations[node.name] = calibrate(node, runs)
+        return self._calibrations[node.name]
+
+    # -- the loop's side ----------------------------------------------------------------
+
+    def views(
+        self,
+        jobs: Sequence[JobRecord],
+        base: Sequence[JobView],
+        nodes: Sequence[Node],
+        now: datetime,
+    ) -> list[JobView]:
+        """`base` (the jobs' views) with each one's predicted remaining run time."""
+        self.refresh()
+        by_id = {n.id: n for n in nodes}
+        common = common_node_type(nodes)
+        self._current = {job.id: self.predict_record(job, by_id, common, now) for job in jobs}
+        self._pending = {job.id for job in jobs if job.state is JobState.PENDING}
+        return [
+            replace(view, predicted_remaining_s=self._current[view.id].remaining_s) for view in base
+        ]
+
+    def record(self, decisions: Sequence[Decision], now: datetime) -> None:
+        """Store what changed since last written; a waiting job's end is its estimated
+        start (now, for one this pass admits) plus its predicted run time."""
+        starts = {d.job_id: d.estimated_start_at for d in decisions if isinstance(d, Wait)}
+        starts.update({d.job_id: now for d in decisions if isinstance(d, Admit)})
+        unseen = [job_id for job_id in self._current if job_id not in self._written]
+        self._written.update(self._repo.predictions(unseen))
+        changed = []
+        for job_id, current in self._current.items():
+            p = _ending(current, starts.get(job_id))
+            if _moved(self._written.get(job_id), p):
+                changed.append((job_id, p))
+                self._written[job_id] = p
+        if changed:
+            self._repo.record_predictions(changed, pending=self._pending)
+        self._written = {j: p for j, p in self._written.items() if j in self._current}
+
+    # -- one job ------------------------------------------------------------------------
+
+    def predict_record(
+        self,
+        job: JobRecord,
+        nodes: Mapping[str, Node],
+        common: NodeType | None,
+        now: datetime,
+    ) -> JobPrediction:
+        holding = job.state in RESOURCE_HOLDING_STATES and job.started_at is not None
+        elapsed_s = (now - job.started_at).total_seconds() if holding and job.started_at else 0.0
+        placed = job.spec.placed(job.placement)
+        first = nodes.get(job.placement[0]) if job.placement else None
+        node = node_type(first) if first else common
+        trainer = trainer_job(job.spec, placed.parallelism.dp)
+        measured = _measured_step_s(job) if holding else None
+        if trainer and measured is not None:
+            left = max(0, (job.total_steps or trainer.steps) - job.step)
+            remaining = left * measured
+            basis = f"{measured:.3f} s/step measured over {job.step} steps, {left} steps left"
+            prediction = JobPrediction(
+                elapsed_s + remaining, remaining, None, None, "steps", basis, measured
+            )
+        else:
+            features = _features(job.queue, job.user, job.name, placed.num_gpus)
+            prediction = self.predict_new(job.spec, features, node, elapsed_s, trainer)
+        if node is not None:
+            prediction = replace(prediction, node_type=node.name)
+        if holding and prediction.remaining_s is not None:
+            end = now + timedelta(seconds=prediction.remaining_s)
+            prediction = replace(prediction, estimated_end_at=end)
+        return prediction
+
+    def predict_new(
+        self,
+        spec: JobSpec,
+        features: JobFeatures,
+        node: NodeType | None,
+        elapsed_s: float = 0.0,
+        trainer: TrainerJob | None = None,
+    ) -> JobPrediction:
+        """A job's run time from the step-time model (trainers on a calibrated node type)
+        else from similar finished jobs; `elapsed_s` already run."""
+        trainer = trainer or trainer_job(spec)
+        calibration = self.calibration(node) if node else None
+        if trainer and calibration:
+            step_s = calibration.step_time_s(trainer.model, trainer.plan)
+            total = job_time_s(calibration, trainer.model, trainer.plan, trainer.steps)
+            basis = (
+                f"step-time model for {calibration.node.name} ({calibration.runs} recorded "
+                f"runs): {step_s:.3f} s/step x {trainer.steps} steps + start-up"
+            )
+            return JobPrediction(
+                total, max(0.0, total - elapsed_s), None, None, "model", basis, step_s
+            )
+        history = self._history.predict(features, elapsed_s)
+        if history.runtime_s is None:
+            return JobPrediction(None, None, None, None, "unknown", history.basis)
+        remaining = max(0.0, history.runtime_s - elapsed_s)
+        return JobPrediction(
+            history.runtime_s, remaining, history.low_s, history.high_s, "history", history.basis
+        )
+
+
+def _features(queue: str, user: str, name: str, num_gpus: int) -> JobFeatures:
+    return JobFeatures(queue=queue, user=user, name=name, num_gpus=num_gpus)
+
+
+def _measured_step_s(job: JobRecord) -> float | None:
+    """Mean seconds per step of this attempt so far (start-up included: it is paid)."""
+    if job.step <= 0 or job.progress_at is None or job.started_at is None:
+        return None
+    return max(0.0, (job.progress_at - job.started_at).total_seconds()) / job.step
+
+
+def _ending(p: JobPrediction, start: datetime | None) -> JobPrediction:
+    """A waiting job ends its predicted run time after its estimated start."""
+    if p.estimated_end_at is None and start is not None and p.runtime_s is not None:
+        return replace(p, estimated_end_at=start + timedelta(seconds=p.runtime_s))
+    return p
+
+
+def _moved(old: JobPrediction | None, new: JobPrediction) -> bool:
+    """Worth a write: a new source, or a total or end that moved by more than 2% (30 s
+    at least). Measured step times wobble every poll; rewriting each would be noise."""
+    if old is None or old.source != new.source:
+        return True
+    slack = max(30.0, 0.02 * (new.runtime_s or 0.0))
+    old_end, new_end = _seconds(old.estimated_end_at), _seconds(new.estimated_end_at)
+    return _apart(old.runtime_s, new.runtime_s, slack) or _apart(old_end, new_end, slack)
+
+
+def _seconds(at: datetime | None) -> float | None:
+    return at.timestamp() if at is not None else None
+
+
+def _apart(a: float | None, b: float | None, slack: float) -> bool:
+    if a is None or b is None:
+        return (a is None) != (b is None)
+    return abs(a - b) > slack

@@ -1,0 +1,298 @@
+"""Run-time predictions in the service: the loop predicts and stores, the API, CLI and
+page show them, `POST /v1/estimate` answers before a submit (no Ray: fake executor)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+import gangway.cli
+import gangway.cli_shared
+from api.app import create_app
+from gangway import AsyncClient, Client
+from gangway.models import Builtin, Estimate, JobSubmit, Parallelism
+from scheduler.runtime.loop import SchedulerLoop
+from scheduler.store import JobRecord, JobRepository, NewJob
+from tests.integration.test_loop import NODES, Clock, FakeCluster, FakeExecutor
+from workers.group import GroupPhase, GroupStatus
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def executor() -> FakeExecutor:
+    return FakeExecutor()
+
+
+@pytest.fixture
+def repo(repo: JobRepository, clock: Clock) -> JobRepository:
+    repo = repo.with_clock(clock)
+    repo.replace_nodes(NODES)
+    return repo
+
+
+@pytest.fixture
+def loop(repo: JobRepository, executor: FakeExecutor, clock: Clock) -> SchedulerLoop:
+    return SchedulerLoop(repo=repo, cluster=FakeCluster(), executor=executor, clock=clock)
+
+
+@pytest.fixture
+def api(repo: JobRepository) -> TestClient:
+    return TestClient(create_app(repo), raise_server_exceptions=False)
+
+
+def submit(
+    repo: JobRepository,
+    name: str,
+    *,
+    dp: int = 1,
+    user: str = "ann",
+    queue: str = "default",
+    entrypoint: dict[str, Any] | None = None,
+) -> JobRecord:
+    spec = {
+        "name": name,
+        "queue": queue,
+        "user": user,
+        "parallelism": {"dp": dp},
+        "entrypoint": entrypoint or {"kind": "function", "target": "pkg.mod:fn"},
+    }
+    steps = (entrypoint or {}).get("steps")
+    return repo.create(
+        NewJob(
+            name=name, queue=queue, user=user, priority=0, spec=spec, num_gpus=dp, total_steps=steps
+        )
+    )
+
+
+def run_to_end(
+    loop: SchedulerLoop,
+    executor: FakeExecutor,
+    clock: Clock,
+    job: JobRecord,
+    seconds: float,
+    *,
+    step_time_s: float | None = None,
+) -> None:
+    """Admit, start, run `seconds` (reporting a step time if given), succeed."""
+    loop.tick()
+    executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True)
+    loop.tick()
+    clock.now += timedelta(seconds=seconds)
+    if step_time_s is not None:
+        executor.statuses[job.id] = GroupStatus(
+            GroupPhase.RUNNING, True, step=5, step_time_s=step_time_s
+        )
+        loop.tick()
+    executor.statuses[job.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
+    loop.tick()
+
+
+def test_history_predicts_similar_jobs_and_says_unknown_for_the_rest(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock, api: TestClient
+) -> None:
+    for seconds in (90, 100, 110):
+        run_to_end(loop, executor, clock, submit(repo, "etl"), seconds)
+    similar = submit(repo, "etl")
+    stranger = submit(repo, "etl", user="bob", queue="other")
+    loop.tick()
+    started = repo.get(similar.id).started_at or repo.get(similar.id).admitted_at
+    assert started is not None
+
+    info = api.get(f"/v1/jobs/{similar.id}").json()
+    assert info["prediction"]["source"] == "history"
+    assert info["prediction"]["runtime_s"] == 100.0
+    assert (info["prediction"]["low_s"], info["prediction"]["high_s"]) == (90.0, 110.0)
+    assert "same user, name" in info["prediction"]["basis"]
+    assert info["estimated_end_at"] is not None
+
+    unknown = api.get(f"/v1/jobs/{stranger.id}").json()["prediction"]
+    assert (unknown["source"], unknown["runtime_s"]) == ("unknown", None)
+
+    # The prediction made while it waited (100 s) against the 125 s it then ran.
+    executor.statuses[similar.id] = GroupStatus(GroupPhase.RUNNING, True)
+    loop.tick()
+    clock.now += timedelta(seconds=125)
+    executor.statuses[similar.id] = GroupStatus(GroupPhase.SUCCEEDED, True)
+    loop.tick()
+    accuracy = api.get("/v1/predictions/accuracy").json()
+    assert accuracy["predicted"] == 1
+    assert accuracy["median_ape"] == pytest.approx(25 / 125)
+    assert (
+        "Run-time predictions were off by 20% (median) on 1 finished" in api.get("/ui/queue").text
+    )
+
+
+def test_a_running_trainer_is_predicted_from_its_measured_steps(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock, api: TestClient
+) -> None:
+    job = submit(repo, "train", entrypoint={"kind": "builtin", "steps": 10})
+    loop.tick()
+    executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True)
+    loop.tick()
+    clock.now += timedelta(seconds=40)
+    executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=4, step_time_s=10.0)
+    loop.tick()  # ingests the progress
+    loop.tick()  # predicts from it
+    info = api.get(f"/v1/jobs/{job.id}").json()
+    assert info["prediction"]["source"] == "steps"
+    assert info["prediction"]["remaining_s"] == pytest.approx(60.0)  # 6 steps x 10 s
+    assert info["prediction"]["step_time_s"] == pytest.approx(10.0)
+    end = clock.now + timedelta(seconds=60)
+    assert info["estimated_end_at"] == end.isoformat().replace("+00:00", "Z")
+    page = api.get(f"/ui/jobs/{job.id}/summary").text
+    assert "Expected end" in page and "steps" in page
+
+
+def test_predictions_are_written_only_when_they_change(
+    repo: JobRepository, loop: SchedulerLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes: list[int] = []
+    record = repo.record_predictions
+    monkeypatch.setattr(
+        repo,
+        "record_predictions",
+        lambda changed, pending: (writes.append(len(changed)), record(changed, pending)),
+    )
+    submit(repo, "blocked", dp=8)
+    submit(repo, "also", dp=8)
+    loop.tick()
+    loop.tick()
+    loop.tick()
+    assert writes == [2]
+
+
+def calibrated(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
+) -> None:
+    """Three recorded runs of the built-in trainer at dp 1, 2 and 4."""
+    for dp, step_s in ((1, 0.4), (2, 0.25), (4, 0.2)):
+        job = submit(repo, f"cal{dp}", dp=dp, entrypoint={"kind": "builtin", "steps": 10})
+        run_to_end(loop, executor, clock, job, 30, step_time_s=step_s)
+
+
+def test_the_step_time_model_predicts_trainers_once_calibrated_and_plans_auto(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock, api: TestClient
+) -> None:
+    trainer = {"kind": "builtin", "model": "gpt-tiny", "steps": 100, "batch_size": 8}
+    before = api.post(
+        "/v1/estimate", json={"name": "t", "parallelism": "auto", "entrypoint": trainer}
+    )
+    assert before.status_code == 422
+    assert before.json()["error"]["field"] == "parallelism"
+
+    calibrated(repo, loop, executor, clock)
+    answer = api.post(
+        "/v1/estimate",
+        json={"name": "t", "parallelism": "auto", "gpu_budget": 4, "entrypoint": trainer},
+    )
+    assert answer.status_code == 200, answer.text
+    estimate = answer.json()
+    assert estimate["prediction"]["source"] == "model"
+    assert estimate["step_time_s"] > 0
+    assert estimate["plan_reason"].startswith(f"dp={estimate['parallelism']['dp']}")
+    assert estimate["estimated_start_at"] == clock.now.isoformat().replace("+00:00", "Z")
+
+    created = api.post(
+        "/v1/jobs",
+        json={"name": "t", "parallelism": "auto", "gpu_budget": 4, "entrypoint": trainer},
+    )
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert job["spec"]["parallelism"] == estimate["parallelism"]
+    [first] = api.get(f"/v1/jobs/{job['id']}/events").json()
+    assert first["reason"].startswith("submitted; parallelism auto chose dp=")
+    loop.tick()
+    assert api.get(f"/v1/jobs/{job['id']}").json()["prediction"]["source"] in {"model", "steps"}
+
+
+def test_estimate_reads_the_earliest_start_from_the_core(
+    repo: JobRepository, loop: SchedulerLoop, api: TestClient
+) -> None:
+    opaque = {
+        "name": "x",
+        "parallelism": {"dp": 4},
+        "entrypoint": {"kind": "function", "target": "workers.examples:allreduce_ranks"},
+    }
+    free = api.post("/v1/estimate", json=opaque).json()
+    assert free["wait_reason"] is None
+    assert free["prediction"]["source"] == "unknown"
+
+    submit(repo, "hog", dp=8)
+    loop.tick()
+    busy = api.post("/v1/estimate", json=opaque).json()
+    assert busy["wait_reason"].startswith("needs 4 GPUs")
+    assert busy["estimated_start_at"] > free["estimated_start_at"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (
+            {
+                "parallelism": "auto",
+                "entrypoint": {"kind": "function", "target": "workers.examples:allreduce_ranks"},
+            },
+            "parallelism",
+        ),
+        ({"parallelism": "fast", "entrypoint": {"kind": "builtin"}}, "parallelism"),
+        ({"gpu_budget": 0, "entrypoint": {"kind": "builtin"}}, "gpu_budget"),
+        ({"parallelism": {"dp": 64}, "entrypoint": {"kind": "builtin"}}, "parallelism"),
+    ],
+)
+def test_bad_estimates_are_422_naming_the_field(
+    api: TestClient, body: dict[str, Any], field: str
+) -> None:
+    answer = api.post("/v1/estimate", json={"name": "x", **body})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["field"].startswith(field)
+
+
+def test_cli_estimate_and_accuracy(
+    repo: JobRepository, api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def in_process(url: str) -> Client:
+        client = Client(url)
+        client._http = TestClient(api.app, raise_server_exceptions=False)
+        return client
+
+    monkeypatch.setattr(gangway.cli_shared, "connect", in_process)
+    runner = CliRunner()
+    shown = runner.invoke(gangway.cli.app, ["estimate", "--name", "x", "--dp", "2"])
+    assert shown.exit_code == 0, shown.output
+    assert "plan: dp=2 tp=1 pp=1" in shown.output
+    assert "run time: unknown" in shown.output
+    assert "earliest start:" in shown.output
+    answer = runner.invoke(gangway.cli.app, ["accuracy", "--json"])
+    assert answer.exit_code == 0, answer.output
+    assert json.loads(answer.output)["predicted"] == 0
+    refused = runner.invoke(gangway.cli.app, ["estimate", "--name", "x", "--auto"])
+    assert refused.exit_code != 0
+    assert "parallelism" in refused.output
+
+
+def test_the_sdk_estimates_sync_and_async(api: TestClient) -> None:
+    client = Client("http://testserver")
+    client._http = TestClient(api.app, raise_server_exceptions=False)
+    job = {"name": "x", "parallelism": Parallelism(dp=2), "entrypoint": Builtin(steps=5)}
+    answer = client.estimate(**job)
+    assert answer.parallelism.dp == 2
+    assert answer.prediction.source == "unknown"
+    assert client.prediction_accuracy().predicted == 0
+
+    async def ask() -> Estimate:
+        transport = httpx.ASGITransport(app=api.app)
+        async with AsyncClient("http://testserver", transport=transport) as aclient:
+            return await aclient.estimate(JobSubmit(**job))
+
+    assert asyncio.run(ask()).estimated_start_at == answer.estimated_start_at

@@ -121,17 +121,22 @@ class Builtin(_Strict):
         None, max_length=4096, description="uint16 token file (nanoGPT .bin); null: synthetic"
     )
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    update_mode: Literal["sync", "local-sgd", "diloco", "adaptive"] = Field(
+    update_mode: Literal["sync", "local-sgd", "diloco", "adaptive", "async"] = Field(
         "sync",
         description="sync: all-reduce gradients every step; local-sgd: average parameters "
         "every sync_period steps; diloco: plus an outer Nesterov step; adaptive: local SGD "
-        "whose period follows the replicas' drift (pure data parallel)",
+        "whose period follows the replicas' drift; async: a parameter server on rank 0 "
+        "applies each rank's gradient unless it is over max_staleness updates old (pure "
+        "data parallel)",
     )
     sync_period: Int = Field(8, ge=1, le=100_000, description="H: steps between averages")
     outer_lr: float = Field(0.7, gt=0, le=10, description="diloco's outer learning rate")
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="diloco's Nesterov momentum")
     drift_target: float = Field(
         0.01, gt=0, le=1, description="adaptive: relative replica spread to stay under"
+    )
+    max_staleness: Int = Field(
+        4, ge=0, le=10_000, description="async: the oldest parameters an applied update may use"
     )
     balance_stages: bool = Field(False, description="pipeline stages by measured layer cost")
     balance_batch: bool = Field(False, description="smaller batch shares for slower dp ranks")

@@ -99,7 +99,14 @@ def build_parts(
         if plan.fsdp:
             apply_fsdp(model, mesh["dp"], plan)
     result = ModelParts(parts, stage_ids)
-    if plan.dp > 1 and not plan.fsdp and plan.tp == 1 and plan.pp == 1:
+    # async: no DDP, the ranks exchange with a parameter server (workers.async_ps)
+    if (
+        plan.dp > 1
+        and not plan.fsdp
+        and plan.tp == 1
+        and plan.pp == 1
+        and plan.update_mode != "async"
+    ):
         result.ddp = apply_ddp(parts[0], mesh["dp"], plan, ddp_hook)
     if plan.pp > 1:
         result.schedule = build_schedule(

@@ -16,7 +16,7 @@ from workers.model_configs import GPTConfig
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Precision = Literal["fp32", "bf16"]
 Compression = Literal["none", "fp16", "bf16", "powersgd"]
-UpdateMode = Literal["sync", "local-sgd", "diloco", "adaptive"]
+UpdateMode = Literal["sync", "local-sgd", "diloco", "adaptive", "async"]
 
 
 class PlanError(ValueError):
@@ -42,7 +42,9 @@ class ParallelPlan:
         `sync` all-reduces gradients every step; `local-sgd` steps alone and averages
         parameters every `sync_period` steps; `diloco` also takes an outer Nesterov step
         (`outer_lr`, `outer_momentum`) over the averaged change; `adaptive` is local SGD
-        whose period grows while the replicas stay within `drift_target` of each other.
+        whose period grows while the replicas stay within `drift_target` of each other;
+        `async` pushes gradients to a parameter server on rank 0, which drops any computed
+        on parameters more than `max_staleness` updates old (`workers.async_ps`).
     balance_stages: split pipeline stages by each layer's measured cost, not its count.
     balance_batch: give persistently slower data-parallel ranks a smaller share of the
         global batch (the same global batch, so the same loss).
@@ -63,6 +65,7 @@ class ParallelPlan:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     drift_target: float = 0.01
+    max_staleness: int = 4
     balance_stages: bool = False
     balance_batch: bool = False
 
@@ -116,13 +119,19 @@ def _check_updates(plan: ParallelPlan) -> None:
     if plan.update_mode != "sync" and not _pure_data_parallel(plan):
         raise PlanError(
             "entrypoint.update_mode",
-            f"{plan.update_mode} averages whole replicas: it needs pure data parallel "
+            f"{plan.update_mode} combines whole replicas: it needs pure data parallel "
             "(tp = pp = 1, fsdp off)",
         )
     if plan.update_mode != "sync" and plan.grad_compression != "none":
         raise PlanError(
             "entrypoint.grad_compression",
             f"{plan.update_mode} sends parameters, not gradients: compression applies to sync",
+        )
+    if plan.max_staleness < 0:
+        raise PlanError("entrypoint.max_staleness", "must be >= 0")
+    if plan.balance_batch and plan.update_mode == "async":
+        raise PlanError(
+            "entrypoint.balance_batch", "async already lets each rank run at its own speed"
         )
     if plan.balance_batch and not _pure_data_parallel(plan):
         raise PlanError(

@@ -10,6 +10,7 @@ process is the same code with a plan of 1 x 1 x 1, which is what loss parity com
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import resource
 import statistics
@@ -24,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from workers import balance
+from workers import async_ps, balance
 from workers.checkpoint import Checkpointer, is_rank0, stop_agreed
 from workers.data import SyntheticTokens, TokenFile, TokenStream
 from workers.gpt import next_token_loss, parameter_count
@@ -142,6 +143,15 @@ def train(
     )
     # Checkpoints written before the position was saved ran at this plan's batch.
     loop.next_sample = checkpointer.counters.get(NEXT_SAMPLE, step * loop.samples_per_step)
+    if plan.update_mode == "async" and plan.dp > 1:
+        return _train_async(
+            reporter,
+            loop,
+            checkpointer=checkpointer,
+            optimizer=optimizers[0],
+            scheduler=schedulers[0],
+            step=step,
+        )
     result = TrainResult(step=step, resumed_from=step)
     # The newest saved step goes out with every report, so the runtime can say how many
     # steps a stop or a crash loses.
@@ -171,6 +181,53 @@ def train(
         # at the end, and on a stop request (preemption notice)
         reporter.report(step=step, **metrics, checkpoint_step=step)
     return result
+
+
+def _train_async(
+    reporter: Reporter,
+    loop: _Loop,
+    *,
+    checkpointer: Checkpointer,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    step: int,
+) -> TrainResult:
+    """`async` (`workers.async_ps`): the built model and optimizer are the master, rank
+    0's serves; every rank computes on a copy. A step is one applied update."""
+    spec, model = loop.spec, loop.parts.parts[0]
+    worker = async_ps.Worker(
+        model=copy.deepcopy(model),
+        stream=loop.stream,
+        batch_size=spec.batch_size,
+        accumulation=spec.grad_accumulation,
+        loss_fn=loop.loss_fn,
+        max_grad_norm=spec.max_grad_norm,
+        slowdown=loop.slowdown,
+        device=loop.device,
+    )
+    server = async_ps.Server(
+        model,
+        optimizer,
+        scheduler,
+        version=step,
+        next_sample=loop.next_sample,
+        samples=worker.samples,
+        max_staleness=loop.plan.max_staleness,
+    )
+
+    def save(at: int, next_sample: int) -> dict[str, float]:
+        loop.next_sample = next_sample
+        return {"checkpoint_step": at} if loop.save(checkpointer, at) else {}
+
+    outcome = async_ps.train_async(
+        worker,
+        server,
+        steps=spec.steps,
+        checkpoint_interval=spec.checkpoint_interval_steps,
+        reporter=reporter,
+        save=save,
+    )
+    return TrainResult(outcome.step, outcome.losses, resumed_from=step, stopped=outcome.stopped)
 
 
 class _Loop:

@@ -270,7 +270,7 @@ def build_rule(
     params: Sequence[nn.Parameter],
 ) -> UpdateRule:
     """The rule for `plan.update_mode`."""
-    if plan.dp == 1 or plan.update_mode == "sync":
+    if plan.dp == 1 or plan.update_mode in ("sync", "async"):  # async: workers.async_ps
         return UpdateRule(group, meter)
     if plan.update_mode == "local-sgd":
         return LocalSGD(group, meter, period=plan.sync_period)

@@ -129,7 +129,16 @@ def test_submit_function_entrypoint(client: TestClient) -> None:
             {"parallelism": {"pp": 2}, "entrypoint": {"update_mode": "local-sgd"}},
             "entrypoint.update_mode",
         ),
-        ({"entrypoint": {"update_mode": "async"}}, "entrypoint.update_mode"),
+        ({"entrypoint": {"update_mode": "bogus"}}, "entrypoint.update_mode"),
+        (
+            {"parallelism": {"tp": 2}, "entrypoint": {"update_mode": "async"}},
+            "entrypoint.update_mode",
+        ),
+        ({"entrypoint": {"max_staleness": -1}}, "entrypoint.max_staleness"),
+        (
+            {"entrypoint": {"update_mode": "async", "balance_batch": True}},
+            "entrypoint.balance_batch",
+        ),
         ({"entrypoint": {"sync_period": 0}}, "entrypoint.sync_period"),
         ({"entrypoint": {"balance_stages": True}}, "entrypoint.balance_stages"),
         (

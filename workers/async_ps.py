@@ -1,0 +1,307 @@
+"""Asynchronous data parallel with bounded staleness, parameter-server style.
+
+Global rank 0 holds the master parameters and optimizer (the model part and optimizer
+the trainer built, so checkpoints and resume are the usual ones). Every rank, rank 0's
+main thread included, loops: pull the master parameters (with their version, the count
+of updates applied so far, and a slice of samples), compute a gradient on its own batch
+on a working copy, push it. The server applies a gradient computed on version v when
+the master is at version <= v + S (`max_staleness`) and drops it otherwise: the rank
+refreshes and tries again. No rank waits for another, so the gang's tokens/s is the sum
+of the ranks' rates, and a straggler's updates are applied while they are fresh enough.
+
+Wire: a dedicated gloo group, point-to-point. A push is one float32 tensor, the flat
+gradient followed by a header (version, stop asked, loss, kind); a reply is the flat
+parameters followed by (version, done, first sample). A background thread on rank 0
+answers the other ranks (`recv` from any source); rank 0's own worker calls the server
+directly under the same lock.
+
+The run goes in segments that end at a checkpoint step, at `spec.steps` or on a stop
+request: every rank leaves the loop, rank 0 broadcasts the master model and optimizer
+state so that every rank holds them (DCP saves replicated tensors from any rank), and
+the usual checkpoint is taken.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.utils import clip_grad_norm_, parameters_to_vector, vector_to_parameters
+
+from workers.data import TokenStream
+from workers.updates import CommMeter
+
+# Each message ends in 4 float32 slots: the first 3 hold int32 bits (exact however large),
+# push: version, stop asked, kind (0: a pull only), then the loss as a float;
+# reply: version, done (0, DONE_TARGET or DONE_STOP), first sample, unused.
+HEADER = 4
+DONE_TARGET, DONE_STOP = 1, 2
+
+
+def header(message: torch.Tensor) -> torch.Tensor:
+    """The header's int32 view (writes go through to the message)."""
+    return message[-HEADER:].view(torch.int32)
+
+
+@dataclass
+class Worker:
+    """What a rank needs to compute one update on its own."""
+
+    model: nn.Module  # the working copy: the master's parameters at some version
+    stream: TokenStream
+    batch_size: int
+    accumulation: int
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    max_grad_norm: float | None
+    slowdown: float
+    device: torch.device
+
+    @property
+    def samples(self) -> int:
+        return self.batch_size * self.accumulation
+
+    def gradient(self, first_sample: int) -> tuple[torch.Tensor, float]:
+        """This rank's flat gradient (CPU) and loss on samples from `first_sample`."""
+        began = time.perf_counter()
+        self.model.zero_grad(set_to_none=True)
+        loss = 0.0
+        for micro in range(self.accumulation):
+            inputs, targets = self.stream.samples(
+                first_sample + micro * self.batch_size, self.batch_size
+            )
+            value = self.loss_fn(self.model(inputs.to(self.device)), targets.to(self.device))
+            value.backward()  # type: ignore[no-untyped-call]
+            loss += float(value.detach())
+        if self.max_grad_norm is not None:
+            clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if self.slowdown > 1:  # an injected straggler: this compute takes slowdown x as long
+            time.sleep((self.slowdown - 1) * (time.perf_counter() - began))
+        grads = [
+            p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()
+        ]
+        return parameters_to_vector(grads).cpu(), loss
+
+
+class Server:
+    """The master parameters and the staleness rule, shared by rank 0's two threads."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        *,
+        version: int,
+        next_sample: int,
+        samples: int,
+        max_staleness: int,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.params = list(model.parameters())
+        self.version, self.next_sample, self.samples = version, next_sample, samples
+        self.max_staleness = max_staleness
+        self.target = version
+        self.stopping = False
+        self.lock = threading.Lock()
+        # Since the last `take()`: applied updates, their losses, dropped updates.
+        self.applied: list[float] = []
+        self.dropped = 0
+        self.staleness_seen = 0  # the largest staleness of any applied update, ever
+        # The wire: each remote exchange's bytes (in and out) and time sending the reply.
+        self.meter = CommMeter()
+
+    def exchange(self, push: torch.Tensor) -> torch.Tensor:
+        """Apply a push if fresh enough; the reply (see the module doc)."""
+        version, stop, kind = (int(x) for x in header(push)[:3])
+        with self.lock:
+            if kind:
+                self._apply(push[:-HEADER], version, float(push[-1]))
+            self.stopping = self.stopping or bool(stop)
+            reply = torch.zeros(push.numel())
+            if self.stopping or self.version >= self.target:
+                done = DONE_STOP if self.stopping else DONE_TARGET
+                header(reply)[:3] = torch.tensor([self.version, done, 0])
+                return reply
+            reply[:-HEADER] = parameters_to_vector(self.params).detach().cpu()
+            header(reply)[:3] = torch.tensor([self.version, 0, self.next_sample])
+            self.next_sample += self.samples
+            return reply
+
+    def _apply(self, grad: torch.Tensor, version: int, loss: float) -> None:
+        staleness = self.version - version
+        if staleness > self.max_staleness or self.version >= self.target:
+            self.dropped += 1
+            return
+        grads = [torch.empty_like(p) for p in self.params]
+        vector_to_parameters(grad.to(self.params[0].device), grads)
+        for param, g in zip(self.params, grads, strict=True):
+            param.grad = g
+        self.optimizer.step()
+        self.scheduler.step()
+        self.version += 1
+        self.staleness_seen = max(self.staleness_seen, staleness)
+        self.applied.append(loss)
+
+    def take(self) -> tuple[list[float], int]:
+        with self.lock:
+            taken = (self.applied, self.dropped)
+            self.applied, self.dropped = [], 0
+            return taken
+
+
+def serve(server: Server, group: dist.ProcessGroup, size: int, remotes: int) -> None:
+    """Answer the other ranks until each has been told the segment is done."""
+    push = torch.empty(size)
+    while remotes:
+        source = dist.recv(push, group=group)  # from any rank
+        reply = server.exchange(push)
+        with server.meter.timed(2 * size * push.element_size()):  # a push in, a reply out
+            dist.send(reply, dst=source, group=group)
+        if header(reply)[1]:
+            remotes -= 1
+
+
+def run_segment(
+    worker: Worker,
+    group: dist.ProcessGroup,
+    *,
+    server: Server | None,
+    should_stop: Callable[[], bool],
+    on_update: Callable[[], None],
+) -> bool:
+    """Pull, compute, push until the server says the segment is done; True if it ended
+    on a stop request. Rank 0 passes its `server` and runs the answering thread."""
+    size = sum(p.numel() for p in worker.model.parameters()) + HEADER
+    thread = None
+    if server is not None and dist.get_world_size() > 1:
+        remotes = dist.get_world_size() - 1
+        thread = threading.Thread(target=serve, args=(server, group, size, remotes), daemon=True)
+        thread.start()
+    push = torch.zeros(size)  # kind 0: a pull
+    try:
+        while True:
+            header(push)[1] = int(should_stop())
+            if server is not None:
+                reply = server.exchange(push)
+            else:
+                dist.send(push, dst=0, group=group)
+                reply = torch.empty(size)
+                dist.recv(reply, src=0, group=group)
+            version, done, first_sample = (int(x) for x in header(reply)[:3])
+            if done:
+                return done == DONE_STOP
+            with torch.no_grad():
+                vector_to_parameters(reply[:-HEADER].to(worker.device), worker.model.parameters())
+            grad, loss = worker.gradient(first_sample)
+            push = torch.cat([grad, torch.tensor([0.0, 0.0, 0.0, loss])])
+            header(push)[:3] = torch.tensor([version, 0, 1])
+            on_update()
+    finally:
+        if thread is not None:
+            thread.join()
+
+
+def share_master(
+    model: nn.Module, optimizer: torch.optim.Optimizer, group: dist.ProcessGroup
+) -> None:
+    """Give every rank rank 0's master model and optimizer state (before a checkpoint)."""
+    state = [_to_cpu({"model": model.state_dict(), "optimizer": optimizer.state_dict()})]
+    dist.broadcast_object_list(state, src=0, group=group)
+    if dist.get_rank() != 0:
+        model.load_state_dict(state[0]["model"])
+        optimizer.load_state_dict(state[0]["optimizer"])
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    return value
+
+
+@dataclass
+class Outcome:
+    step: int
+    losses: list[float]  # of every applied update (rank 0)
+    stopped: bool
+
+
+def train_async(
+    worker: Worker,
+    server: Server,
+    *,
+    steps: int,
+    checkpoint_interval: int | None,
+    reporter: Any,
+    save: Callable[[int, int], dict[str, float]],
+) -> Outcome:
+    """Run segments up to `steps` applied updates. `server` exists on every rank (its
+    model and optimizer are the checkpointed ones) but only rank 0's serves. `save(step,
+    next_sample)` checkpoints on every rank; the metrics it returns join the reports."""
+    group = dist.new_group(backend="gloo")
+    rank0 = dist.get_rank() == 0
+    tokens_per_update = worker.samples * _seq_len(worker)
+    losses: list[float] = []
+    saved: dict[str, float] = {}
+    last = time.perf_counter()
+
+    def report() -> None:
+        """Rank 0: the updates applied since the last report."""
+        nonlocal last
+        applied, dropped = server.take()
+        if not applied:
+            return
+        now = time.perf_counter()
+        elapsed, last = now - last, now
+        losses.extend(applied)
+        comm_s, comm_bytes = server.meter.take()
+        reporter.report(
+            step=server.version,
+            loss=sum(applied) / len(applied),
+            tokens_per_s=len(applied) * tokens_per_update / elapsed,
+            step_time_s=elapsed / len(applied),
+            updates_dropped=float(dropped),
+            max_staleness=float(server.staleness_seen),
+            comm_s=comm_s / len(applied),
+            comm_bytes=comm_bytes / len(applied),
+            **saved,
+        )
+
+    stopped = False
+    while server.version < steps and not stopped:
+        end = steps
+        if checkpoint_interval:
+            end = min(steps, (server.version // checkpoint_interval + 1) * checkpoint_interval)
+        server.target = end
+        stopped = run_segment(
+            worker,
+            group,
+            server=server if rank0 else None,
+            should_stop=reporter.should_stop,
+            on_update=report if rank0 else lambda: None,
+        )
+        if rank0:
+            report()
+        counters = torch.tensor([server.version, server.next_sample, int(stopped)])
+        dist.broadcast(counters, src=0, group=group)
+        server.version, server.next_sample = int(counters[0]), int(counters[1])
+        stopped = bool(counters[2])
+        share_master(server.model, server.optimizer, group)
+        saved = save(server.version, server.next_sample)
+        if saved and rank0:  # the runtime learns how far a resume would start
+            reporter.report(step=server.version, **saved)
+    return Outcome(server.version, losses, stopped)
+
+
+def _seq_len(worker: Worker) -> int:
+    inputs, _ = worker.stream.samples(0, 1)
+    return int(inputs.shape[-1])

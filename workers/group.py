@@ -241,16 +241,17 @@ class WorkerGroup:
 
     def _create_actor(self, rank: int) -> Any:
         remote_cls = ray.remote(RankActor)
-        injected = faults.passthrough()  # a test's faults reach the ranks too
+        runtime_env = dict(self.spec.runtime_env or {})
+        if injected := faults.passthrough():  # a test's faults reach the ranks too
+            runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **injected}
         return remote_cls.options(
-            **({"runtime_env": {"env_vars": injected}} if injected else {}),
             name=_actor_name(self.spec, rank),
             namespace=NAMESPACE,
             lifetime="detached",
             num_gpus=self.spec.gpus_per_rank,
             num_cpus=self.spec.cpus_per_rank,
             max_restarts=0,
-            runtime_env=self.spec.runtime_env,
+            runtime_env=runtime_env or None,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self._pg, placement_group_bundle_index=rank
             ),

@@ -381,15 +381,23 @@ def _grow_shrink_grow(service: Service) -> None:
     resizes = [e.reason for e in events if e.to_state is JobState.RESIZING]
     assert "grown from dp=4 to dp=8" in resizes[0]
     assert f"shrunk from dp=8 to dp=4 to make room for job {high.id}" in resizes[1]
-    assert "grown from dp=4 to dp=8" in resizes[2]
+    # Growing back after the high job pays only while enough steps are left to win back
+    # the restart (scheduler.core: a grow must pay for itself); on a fast machine the last
+    # steps are too few, so the job may finish at dp=4.
+    assert len(resizes) in (2, 3)
+    grown_back = len(resizes) == 3
+    if grown_back:
+        assert "grown from dp=4 to dp=8" in resizes[2]
     assert "PREEMPTING" not in states(client, elastic.id) + states(client, high.id)
     relaunches = [e.reason for e in events if e.from_state is JobState.RESIZING]
     assert all(" s after the notice)" in r for r in relaunches), relaunches
-    assert len(relaunches) == 3 and all("(0 steps lost)" in r for r in relaunches), relaunches
+    assert len(relaunches) == len(resizes), relaunches
+    assert all("(0 steps lost)" in r for r in relaunches), relaunches
     assert done.state is JobState.SUCCEEDED and done.progress.step == 300
-    assert done.attempt == 4 and len(done.placement or ()) == 8
+    assert done.attempt == 1 + len(resizes)
+    assert len(done.placement or ()) == (8 if grown_back else 4)
     logs = client.logs(elastic.id, tail=2000)
-    for relaunch, attempt in zip(relaunches, (2, 3, 4), strict=True):
+    for relaunch, attempt in zip(relaunches, range(2, 2 + len(relaunches)), strict=True):
         stopped_at = int(relaunch.split("stopped at step ")[1].split()[0].rstrip(";"))
         first = next(x.line for x in logs if x.attempt == attempt and x.line.startswith("step "))
         assert first.startswith(f"step {stopped_at + 1}/300"), (relaunch, first)

@@ -121,6 +121,8 @@ class Settings(BaseSettings):
     aging_interval_s: float = Field(3600.0, gt=0)
     min_runtime_s: float = Field(600.0, ge=0)
     checkpoint_grace_s: float = Field(120.0, ge=0)
+    # A resized or resumed run's warm-up: a grow must win back more than this plus the grace.
+    restart_cost_s: float = Field(PolicyConfig().restart_cost_s, ge=0)
     default_runtime_s: float = Field(24 * 3600.0, gt=0)
     backfill: bool = True
     preemption: bool = True
@@ -175,6 +177,7 @@ class Settings(BaseSettings):
             aging_interval_s=self.aging_interval_s,
             min_runtime_s=self.min_runtime_s,
             checkpoint_grace_s=self.checkpoint_grace_s,
+            restart_cost_s=self.restart_cost_s,
             default_runtime_s=self.default_runtime_s,
             backfill=self.backfill,
             preemption=self.preemption,

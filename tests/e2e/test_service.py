@@ -349,7 +349,9 @@ def test_an_elastic_job_grows_and_shrinks_through_checkpoints(
     notice and the next attempt goes on from that step: no step lost. (SQLite only: the
     store's part is covered on both databases by tests/integration/test_loop.py.)"""
     service = Service(data_dir=tmp_path, ray_address=ray_cluster.address)
-    service.env.update(GANGWAY_CHECKPOINT_GRACE_S="60")
+    # A grow must pay for its stop and restart (issue 17); with no warm-up cost and a 20 s
+    # grace, 600 short steps leave enough to win back.
+    service.env.update(GANGWAY_CHECKPOINT_GRACE_S="20", GANGWAY_RESTART_COST_S="0")
     try:
         _grow_shrink_grow(service)
     finally:
@@ -365,7 +367,7 @@ def _grow_shrink_grow(service: Service) -> None:
     elastic = client.submit(
         name="elastic",
         parallelism=Parallelism(dp={"min": 2, "max": 8}),
-        entrypoint=Builtin(steps=300, batch_size=1),
+        entrypoint=Builtin(steps=600, batch_size=1),
     )
     assert len(wait_for(client, elastic.id, "stepping").placement or ()) == 4
     client.cancel(blocker.id)
@@ -393,14 +395,14 @@ def _grow_shrink_grow(service: Service) -> None:
     assert all(" s after the notice)" in r for r in relaunches), relaunches
     assert len(relaunches) == len(resizes), relaunches
     assert all("(0 steps lost)" in r for r in relaunches), relaunches
-    assert done.state is JobState.SUCCEEDED and done.progress.step == 300
+    assert done.state is JobState.SUCCEEDED and done.progress.step == 600
     assert done.attempt == 1 + len(resizes)
     assert len(done.placement or ()) == (8 if grown_back else 4)
     logs = client.logs(elastic.id, tail=2000)
     for relaunch, attempt in zip(relaunches, range(2, 2 + len(relaunches)), strict=True):
         stopped_at = int(relaunch.split("stopped at step ")[1].split()[0].rstrip(";"))
         first = next(x.line for x in logs if x.attempt == attempt and x.line.startswith("step "))
-        assert first.startswith(f"step {stopped_at + 1}/300"), (relaunch, first)
+        assert first.startswith(f"step {stopped_at + 1}/600"), (relaunch, first)
 
 
 def wait_for_attempt(client: Client, job_id: int, attempt: int, timeout_s: float = 120) -> None:

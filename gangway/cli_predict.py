@@ -17,6 +17,7 @@ from gangway.cli_spec import (
     KwargsOption,
     ModelOption,
     NameOption,
+    SettingsOption,
     StepsOption,
     job_spec,
 )
@@ -30,6 +31,7 @@ def estimate(  # the job's flags, as `gangway submit` takes them
     steps: StepsOption = 100,
     function: FunctionOption = None,
     kwargs: KwargsOption = "{}",
+    settings: SettingsOption = None,
     dp: int = 1,
     tp: int = 1,
     pp: int = 1,
@@ -51,6 +53,7 @@ def estimate(  # the job's flags, as `gangway submit` takes them
         steps=steps,
         function=function,
         kwargs=kwargs,
+        settings=settings,
         dp=dp,
         tp=tp,
         pp=pp,

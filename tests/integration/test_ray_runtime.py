@@ -171,16 +171,28 @@ def test_a_dead_rank_fails_the_gang_names_its_node_and_keeps_the_last_lines(
     entrypoint = {"kind": "function", "target": "workers.examples:hang_at_step"}
     group_spec = spec(107, gpu_node_ids, entrypoint)  # rank i on node i
     group = WorkerGroup.launch(group_spec, placement_timeout_s=60)
+    lines: list[tuple[int, str]] = []  # every poll's new lines, as the service keeps them
+
+    def poll() -> GroupStatus:
+        status = group.poll()
+        lines.extend((rank, line) for rank, _, line in status.logs)
+        return status
+
     try:
-        poll_until(group, {GroupPhase.RUNNING})
-        time.sleep(1.0)  # the ranks print their steps; no poll fetches them
+        deadline = time.monotonic() + 60
+        while poll().step < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # rank 0 prints "reached step 3" after reporting it; no poll fetches it
         ray.kill(ray.get_actor(f"{group_spec.name}-rank1", namespace="gangway"))
-        status = poll_until(group, {GroupPhase.FAILED}, timeout_s=30)
+        deadline = time.monotonic() + 30
+        while (status := poll()).phase is not GroupPhase.FAILED and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         group.teardown()
+    assert status.phase is GroupPhase.FAILED
     assert "a rank's actor died" in (status.error or "")
     assert status.lost_nodes == (gpu_node_ids[1],)
-    assert (0, "rank 0 reached step 3") in [(rank, line) for rank, _, line in status.logs]
+    assert (0, "rank 0 reached step 3") in lines
     wait_for_free_gpus(8.0)
 
 

@@ -28,7 +28,8 @@ from scheduler.core.decisions import Admit, Wait
 from scheduler.model import RESOURCE_HOLDING_STATES, ClusterSnapshot, JobState, JobView, QueueQuota
 from scheduler.predict.runtime import JobFeatures
 from scheduler.predict.steptime import Choice, auto_plan
-from scheduler.runtime.predictions import Predictions, common_node_type, trainer_job
+from scheduler.runtime.predictions import Predictions
+from scheduler.runtime.trainer_shapes import common_node_type, trainer_job
 from scheduler.runtime.views import job_view
 from scheduler.store import JobRepository
 from scheduler.store.predictions import JobPrediction

@@ -17,7 +17,7 @@ from scheduler.model import JobState
 from scheduler.runtime import metrics
 from scheduler.runtime.executor import Executor
 from scheduler.runtime.lifecycle import Transition
-from scheduler.store import Fenced, JobRecord, JobRepository, StaleState
+from scheduler.store import Fenced, JobRecord, JobRepository, StaleState, WaitNote
 from workers import faults
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ class Applier:
         self._clock = clock
         self._policy = policy
         self._suspect = suspect  # a node where ranks were lost
+        # job id -> (row version, the Wait and position) the row was seen to hold already:
+        # the next pass with the same row and the same Wait skips building the comparison.
+        self._explained: dict[int, tuple[int, Wait, int]] = {}
 
     # -- the core's decisions -----------------------------------------------------------
 
@@ -46,6 +49,7 @@ class Applier:
         # Waits come in queue order (schedule's contract): number them.
         waiting = (d.job_id for d in decisions if isinstance(d, Wait))
         positions = {job_id: position for position, job_id in enumerate(waiting, start=1)}
+        notes: list[WaitNote] = []
         for decision in decisions:
             job = records[decision.job_id]
             if isinstance(decision, Admit):
@@ -54,12 +58,17 @@ class Applier:
                 self._preempt(job, decision)
             elif isinstance(decision, Resize):
                 self._resize(job, decision)
-            else:
-                self._explain(job, decision, positions[decision.job_id])
+            elif note := self._changed_note(job, decision, positions[decision.job_id]):
+                notes.append(note)
+        self._repo.explain_waits(notes)
+        self._explained = {j: seen for j, seen in self._explained.items() if j in positions}
 
-    def _explain(self, job: JobRecord, decision: Wait, position: int) -> None:
-        """Store why the job waits and its place in the queue; unchanged explanations
-        cost no statement (a big queue is explained on every pass)."""
+    def _changed_note(self, job: JobRecord, decision: Wait, position: int) -> WaitNote | None:
+        """Why the job waits and its place in the queue, unless the store has that already
+        (a big queue is explained on every pass; unchanged explanations cost nothing)."""
+        seen = (job.version, decision, position)
+        if self._explained.get(job.id) == seen:
+            return None
         explanation = {**asdict(decision.explanation), "queue_position": position}
         unchanged = (
             job.status_reason == decision.reason
@@ -67,13 +76,9 @@ class Applier:
             and job.explanation == explanation
         )
         if unchanged:
-            return
-        self._repo.explain_wait(
-            decision.job_id,
-            decision.reason,
-            explanation=explanation,
-            estimated_start_at=decision.estimated_start_at,
-        )
+            self._explained[job.id] = seen
+            return None
+        return WaitNote(job.id, decision.reason, explanation, decision.estimated_start_at)
 
     def _preempt(self, job: JobRecord, decision: Preempt) -> None:
         """Send the stop notice; the gang is released when it exits or at the deadline."""

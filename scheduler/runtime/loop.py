@@ -38,7 +38,7 @@ from scheduler.runtime.lifecycle import LifecycleConfig, next_transition
 from scheduler.runtime.nodes import NodeWatch
 from scheduler.runtime.predictions import Predictions
 from scheduler.runtime.stragglers import StragglerWatch
-from scheduler.runtime.views import job_view
+from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import Fenced, FenceSlot, JobRecord, JobRepository
 from scheduler.store.base import utcnow
 from workers import faults
@@ -101,6 +101,7 @@ class SchedulerLoop:
             sweep_every=sweep_every,
         )
         self._predictions = Predictions(repo)
+        self._jobs = WorkingSet(repo, _SCHEDULED_STATES)
 
     def reconcile(self) -> None:
         """Match every active job in the store with what Ray runs: reattach or requeue."""
@@ -117,8 +118,8 @@ class SchedulerLoop:
         its way somewhere (starting, stopping, resizing): the next pass should come soon."""
         with metrics.PASS_SECONDS.time():
             nodes = self._nodes.refresh()  # 1. Ray's nodes, suspects marked dead
-            self._release_inactive_groups()  # 2. gangs whose job ended in the store
-            jobs = self._repo.in_states(_SCHEDULED_STATES)  # 3. what the core decides on
+            jobs = self._jobs.load()  # 2. what the core decides on (what changed, reloaded)
+            self._release_inactive_groups(jobs)  # 3. gangs whose job ended in the store
             self._schedule(nodes, jobs)  # 4. decide, write, act
             busy = self._poll_groups()  # 5. what the gangs report
             self._leadership.after_pass()  # 6. now and then, reap what no job owns
@@ -152,14 +153,14 @@ class SchedulerLoop:
             wake.clear()
         self._leadership.step_down()
 
-    def _release_inactive_groups(self) -> None:
-        for job_id in self._executor.job_ids():
-            if self._repo.get(job_id).state not in RESOURCE_HOLDING_STATES:
-                self._executor.release(job_id)
+    def _release_inactive_groups(self, jobs: list[JobRecord]) -> None:
+        holding = {job.id for job in jobs if job.state in RESOURCE_HOLDING_STATES}
+        for job_id in self._executor.job_ids() - holding:
+            self._executor.release(job_id)
 
     def _schedule(self, nodes: list[Node], jobs: list[JobRecord]) -> None:
         now = self._clock()
-        views = self._predictions.views(jobs, [job_view(job) for job in jobs], nodes, now)
+        views = self._predictions.views(jobs, [self._jobs.view(job) for job in jobs], nodes, now)
         decisions = schedule(
             ClusterSnapshot(tuple(nodes)),
             views,
@@ -182,14 +183,15 @@ class SchedulerLoop:
     def _poll_groups(self) -> bool:
         """Observe every group; True if one is still on its way (see `tick`)."""
         self._ingest.keep_only(self._executor.job_ids())
+        current = {job.id: job for job in self._jobs.load()}  # after this pass's writes
         busy = False
         for job_id, status in self._executor.poll().items():
-            job = self._repo.get(job_id)
-            busy = busy or job.state in _TRANSITIONAL_STATES
-            if job.state in RESOURCE_HOLDING_STATES:
-                self._observe(job, status)
-            else:
+            job = current.get(job_id)
+            if job is None or job.state not in RESOURCE_HOLDING_STATES:
                 self._executor.release(job_id)
+                continue
+            busy = busy or job.state in _TRANSITIONAL_STATES
+            self._observe(job, status)
         return busy
 
     def _observe(self, job: JobRecord, status: GroupStatus) -> None:

@@ -17,16 +17,14 @@ a failed or cancelled run says nothing about how long the work takes).
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 
-from gangway.models import Builtin
 from scheduler.core.decisions import Admit, Decision, Wait
 from scheduler.model import (
     RESOURCE_HOLDING_STATES,
-    BuiltinEntrypoint,
     JobSpec,
     JobState,
     JobView,
@@ -36,70 +34,16 @@ from scheduler.predict.runtime import JobFeatures, RuntimePredictor
 from scheduler.predict.steptime import (
     Calibration,
     Measured,
-    ModelShape,
     NodeType,
-    StepPlan,
     calibrate,
     job_time_s,
 )
+from scheduler.runtime.trainer_shapes import TrainerJob, common_node_type, node_type, trainer_job
 from scheduler.store import JobRecord, JobRepository
 from scheduler.store.predictions import FinishedRun, JobPrediction
-from workers.model_configs import MODEL_CONFIGS
 
-# Memory of one device, for plans that must fit (`auto`); H100/H200-class by default.
-DEVICE_MEMORY_BYTES = 80 * 2**30
 # Recorded runs of a node type needed before its step-time model is trusted.
 MIN_CALIBRATION_RUNS = 3
-
-
-@dataclass(frozen=True, slots=True)
-class TrainerJob:
-    """A built-in trainer job as the step-time model sees it."""
-
-    model: ModelShape
-    plan: StepPlan
-    steps: int
-
-
-def trainer_job(spec: JobSpec, dp: int | None = None) -> TrainerJob | None:
-    """The job's model and plan at data-parallel degree `dp` (default: its largest);
-    None for opaque jobs and unknown model names."""
-    entry = spec.entrypoint
-    if not isinstance(entry, BuiltinEntrypoint):
-        return None
-    settings = Builtin.model_validate({**entry.settings, "kind": "builtin"})
-    config = MODEL_CONFIGS.get(settings.model)
-    if config is None:
-        return None
-    mesh = spec.shape.parallelism
-    plan = StepPlan(
-        dp=dp or mesh.dp,
-        tp=mesh.tp,
-        pp=mesh.pp,
-        fsdp=spec.fsdp,
-        microbatches=settings.microbatches,
-        schedule=settings.pipeline_schedule,
-        precision=settings.precision,
-        batch_size=settings.batch_size,
-        grad_accumulation=settings.grad_accumulation,
-    )
-    return TrainerJob(ModelShape(**asdict(config)), plan, settings.steps)
-
-
-def node_type(node: Node, memory_bytes: float = DEVICE_MEMORY_BYTES) -> NodeType:
-    """Nodes of one shape are one type: a GPU node runs a rank per GPU, a CPU node as
-    many ranks at once as it has cores."""
-    cpus = max(1, int(node.num_cpus))
-    if node.num_gpus:
-        name = f"{node.num_gpus} GPU / {cpus} CPU"
-        return NodeType(name, node.num_gpus, node.num_gpus, memory_bytes)
-    return NodeType(f"{cpus} CPU", cpus, cpus, memory_bytes)
-
-
-def common_node_type(nodes: Iterable[Node]) -> NodeType | None:
-    """The type most of the live nodes have: where a job not yet placed will likely run."""
-    counts = Counter(node_type(n) for n in nodes if n.alive)
-    return counts.most_common(1)[0][0] if counts else None
 
 
 class Predictions:
@@ -115,6 +59,11 @@ class Predictions:
         self._written: dict[int, JobPrediction] = {}
         self._current: dict[int, JobPrediction] = {}
         self._pending: set[int] = set()
+        # Between passes: a waiting job's prediction until its row or the history moves,
+        # and each job's trainer shape (its spec never changes).
+        self._learned = 0
+        self._waiting: dict[int, tuple[tuple[int, int, str | None], JobPrediction]] = {}
+        self._trainers: dict[tuple[int, int], TrainerJob | None] = {}
 
     # -- history ------------------------------------------------------------------------
 
@@ -129,6 +78,7 @@ class Predictions:
             self._learn(run)
 
     def _learn(self, run: FinishedRun) -> None:
+        self._learned += 1
         self._history.observe(_features(run.queue, run.user, run.name, run.num_gpus), run.runtime_s)
         trainer = trainer_job(run.spec, run.dp)
         if trainer and run.step_time_s and run.node_type:
@@ -159,8 +109,10 @@ class Predictions:
         self.refresh()
         by_id = {n.id: n for n in nodes}
         common = common_node_type(nodes)
-        self._current = {job.id: self.predict_record(job, by_id, common, now) for job in jobs}
+        self._current = {job.id: self._predict_cached(job, by_id, common, now) for job in jobs}
         self._pending = {job.id for job in jobs if job.state is JobState.PENDING}
+        self._waiting = {j: memo for j, memo in self._waiting.items() if j in self._current}
+        self._trainers = {key: t for key, t in self._trainers.items() if key[0] in self._current}
         return [
             replace(view, predicted_remaining_s=self._current[view.id].remaining_s) for view in base
         ]
@@ -184,6 +136,24 @@ class Predictions:
 
     # -- one job ------------------------------------------------------------------------
 
+    def _predict_cached(
+        self, job: JobRecord, nodes: Mapping[str, Node], common: NodeType | None, now: datetime
+    ) -> JobPrediction:
+        """`predict_record`; a job not holding resources has nothing that moves with the
+        clock, so its answer is kept until its row, the history or the node type moves."""
+        if job.state in RESOURCE_HOLDING_STATES:
+            return self.predict_record(job, nodes, common, now)
+        key = (job.version, self._learned, common.name if common else None)
+        memo = self._waiting.get(job.id)
+        if memo is None or memo[0] != key:
+            memo = self._waiting[job.id] = (key, self.predict_record(job, nodes, common, now))
+        return memo[1]
+
+    def _trainer(self, job: JobRecord, dp: int) -> TrainerJob | None:
+        if (job.id, dp) not in self._trainers:
+            self._trainers[job.id, dp] = trainer_job(job.spec, dp)
+        return self._trainers[job.id, dp]
+
     def predict_record(
         self,
         job: JobRecord,
@@ -196,7 +166,7 @@ class Predictions:
         placed = job.spec.placed(job.placement)
         first = nodes.get(job.placement[0]) if job.placement else None
         node = node_type(first) if first else common
-        trainer = trainer_job(job.spec, placed.parallelism.dp)
+        trainer = self._trainer(job, placed.parallelism.dp)
         measured = _measured_step_s(job) if holding else None
         if trainer and measured is not None:
             left = max(0, (job.total_steps or trainer.steps) - job.step)

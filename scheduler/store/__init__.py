@@ -28,6 +28,7 @@ from scheduler.store.records import (
     NewJob,
     ProgressPoint,
     StaleState,
+    WaitNote,
 )
 from scheduler.store.repository import JobRepository
 
@@ -55,6 +56,7 @@ __all__ = [
     "User",
     "UserExists",
     "UserNotFound",
+    "WaitNote",
     "make_engine",
     "upgrade_to_head",
 ]

@@ -15,6 +15,8 @@ from scheduler.store.base import Repository
 from scheduler.store.records import EventRecord, JobRecord, event_record, job_record, job_row
 from scheduler.store.tables import JobEventRow, JobRow
 
+_CHUNK = 500  # ids per IN (...) list
+
 
 class JobReads(Repository):
     def get(self, job_id: int) -> JobRecord:
@@ -66,18 +68,39 @@ class JobReads(Repository):
         with Session(self._engine) as session:
             return [job_record(r) for r in session.scalars(query)]
 
+    def versions(self, states: Iterable[JobState]) -> dict[int, int]:
+        """Each job in `states` -> its row version: one narrow query that tells the loop
+        which of the jobs it holds changed (see `scheduler.runtime.working_set`)."""
+        query = select(JobRow.id, JobRow.version).where(JobRow.state.in_([s.value for s in states]))
+        with self._engine.connect() as connection:
+            return {job_id: version for job_id, version in connection.execute(query)}
+
+    def many(self, job_ids: Iterable[int]) -> list[JobRecord]:
+        """The jobs with these ids that exist, in id order; in chunks, so a big reload stays
+        under every database's limit on bound parameters."""
+        ids = sorted(set(job_ids))
+        records: list[JobRecord] = []
+        with Session(self._engine) as session:
+            for start in range(0, len(ids), _CHUNK):
+                chunk = ids[start : start + _CHUNK]
+                query = select(JobRow).where(JobRow.id.in_(chunk)).order_by(JobRow.id)
+                records.extend(job_record(r) for r in session.scalars(query))
+        return records
+
     def usage_intervals(self, since: datetime) -> list[UsageInterval]:
         """GPU use of every run that started, and was still going at or after `since`
         (for fair share). A requeued job counts from its latest start."""
-        query = select(JobRow).where(
+        query = select(
+            JobRow.queue, JobRow.user, JobRow.num_gpus, JobRow.started_at, JobRow.finished_at
+        ).where(
             JobRow.started_at.is_not(None),
             JobRow.finished_at.is_(None) | (JobRow.finished_at >= since),
         )
-        with Session(self._engine) as session:
+        with self._engine.connect() as connection:  # columns only: every pass reads them
             return [
-                UsageInterval(r.queue, r.user, r.num_gpus, r.started_at, r.finished_at)
-                for r in session.scalars(query)
-                if r.started_at is not None
+                UsageInterval(queue, user, gpus, started, finished)
+                for queue, user, gpus, started, finished in connection.execute(query)
+                if started is not None
             ]
 
     def events(self, job_id: int) -> list[EventRecord]:

@@ -7,10 +7,11 @@ the same transaction, so the event log can never disagree with the job's state.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -24,6 +25,7 @@ from scheduler.store.records import (
     KeyReused,
     NewJob,
     StaleState,
+    WaitNote,
     job_record,
     job_row,
 )
@@ -148,7 +150,12 @@ class JobStore(JobReads):
                 raise StaleState(job_id, old, old, detail)
             if not is_legal_transition(old, new_state):
                 raise IllegalTransition(job_id, old, new_state)
-            values: dict[str, Any] = {"state": new_state.value, "updated_at": now, **fields}
+            values: dict[str, Any] = {
+                "state": new_state.value,
+                "updated_at": now,
+                "version": JobRow.version + 1,
+                **fields,
+            }
             values.setdefault("status_reason", reason)
             if new_state is not JobState.PENDING:
                 values.setdefault("estimated_start_at", None)
@@ -190,21 +197,39 @@ class JobStore(JobReads):
         explanation: dict[str, Any] | None = None,
         estimated_start_at: datetime | None = None,
     ) -> None:
-        """Record why a pending job waits and when it should start (no event: it is not a
-        state change). A job no longer pending keeps what it has. The caller skips calls
-        that would change nothing."""
+        """`explain_waits` for one job."""
+        self.explain_waits([WaitNote(job_id, reason, explanation, estimated_start_at)])
+
+    def explain_waits(self, notes: Sequence[WaitNote]) -> None:
+        """Record why pending jobs wait and when each should start (no event: it is not
+        a state change), all in one transaction: a pass that re-explains thousands of
+        waits pays one commit and one fence check. A job no longer pending keeps what it
+        has. The caller leaves out notes that would change nothing."""
+        if not notes:
+            return
+        statement = (
+            update(JobRow)
+            .where(JobRow.id == bindparam("note_id"), JobRow.state == JobState.PENDING.value)
+            .values(
+                status_reason=bindparam("note_reason"),
+                explanation=bindparam("note_explanation", type_=JobRow.explanation.type),
+                estimated_start_at=bindparam("note_start", type_=JobRow.estimated_start_at.type),
+                updated_at=self._clock(),
+                version=JobRow.version + 1,
+            )
+        )
+        rows = [
+            {
+                "note_id": note.job_id,
+                "note_reason": keep_tail(note.reason, MAX_REASON_CHARS),
+                "note_explanation": note.explanation,
+                "note_start": note.estimated_start_at,
+            }
+            for note in notes
+        ]
         with Session(self._engine) as session, session.begin():
             self._guard(session)
-            session.execute(
-                update(JobRow)
-                .where(JobRow.id == job_id, JobRow.state == JobState.PENDING.value)
-                .values(
-                    status_reason=keep_tail(reason, MAX_REASON_CHARS),
-                    explanation=explanation,
-                    estimated_start_at=estimated_start_at,
-                    updated_at=self._clock(),
-                )
-            )
+            session.connection().execute(statement, rows)
 
     def annotate(self, job_id: int, reason: str, **fields: Any) -> JobRecord:
         """Set `fields` and say so in an event that keeps the state (from = to): not a
@@ -221,6 +246,7 @@ class JobStore(JobReads):
             for name, value in fields.items():
                 setattr(row, name, value)
             row.updated_at = now
+            row.version = JobRow.version + 1  # in SQL: no lost bump
             session.add(
                 JobEventRow(
                     job_id=job_id,

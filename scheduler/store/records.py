@@ -101,8 +101,19 @@ class JobRecord:
     waited_s: float = 0.0
     attained_gpu_s: float = 0.0
     stragglers: tuple[dict[str, Any], ...] = ()
+    version: int = 0  # moves with every write to the job's row
     # The body as submitted (JobSubmit's JSON): what the API shows back.
     spec_json: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class WaitNote:
+    """Why a pending job waits, as the loop writes it after a pass."""
+
+    job_id: int
+    reason: str
+    explanation: dict[str, Any] | None = None
+    estimated_start_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +196,7 @@ def job_record(row: JobRow) -> JobRecord:
         waited_s=row.waited_s,
         attained_gpu_s=row.attained_gpu_s,
         stragglers=tuple(row.stragglers or ()),
+        version=row.version,
     )
 
 

@@ -73,6 +73,9 @@ class JobRow(Base):
     status_reason: Mapped[str] = mapped_column(Text, default="")
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Bumped (in SQL, so concurrent writers never share one) by every write to the row:
+    # the loop's working set reloads a job only when its version moved.
+    version: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     placement: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     step: Mapped[int] = mapped_column(Integer, default=0)

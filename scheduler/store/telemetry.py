@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, aliased
 from scheduler.store.base import Repository
 from scheduler.store.records import LogLine, MetricPoint, ProgressPoint, job_row
 from scheduler.store.retention import newest_log_seqs
-from scheduler.store.tables import JobLogRow, JobMetricRow
+from scheduler.store.tables import JobLogRow, JobMetricRow, JobRow
 
 
 class TelemetryStore(Repository):
@@ -28,6 +28,7 @@ class TelemetryStore(Repository):
                 row.first_loss = point.first_loss
             row.step, row.loss, row.tokens_per_s = point.step, point.loss, point.tokens_per_s
             row.progress_at = now
+            row.version = JobRow.version + 1  # in SQL: no lost bump
             session.add(
                 JobMetricRow(
                     job_id=job_id,

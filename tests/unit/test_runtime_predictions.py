@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from scheduler.model import Node
-from scheduler.runtime.predictions import _moved, common_node_type, node_type, trainer_job
+from scheduler.runtime.predictions import _moved
+from scheduler.runtime.trainer_shapes import common_node_type, node_type, trainer_job
 from scheduler.store.predictions import JobPrediction
 from scheduler.store.specs import spec_from_json
 

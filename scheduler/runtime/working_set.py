@@ -1,0 +1,59 @@
+"""The jobs the loop schedules, kept between passes and reloaded only where they changed.
+
+A pass over 10,000 waiting jobs used to load and convert every row (ORM object, spec
+parsed, core view built) to find that almost none had changed. Every write to a job row
+bumps its `version` in SQL, so one narrow query (id, version) per pass says which rows to
+load again; the rest keep their record and their core view. The store stays the source of
+truth: a job another writer changed (a cancel, a priority change, the loop's own
+transitions) has a new version and is read again; one that left the scheduled states is
+dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from scheduler.model import JobState, JobView
+from scheduler.runtime.views import job_view
+from scheduler.store import JobRecord, JobRepository
+
+
+class WorkingSet:
+    def __init__(self, repo: JobRepository, states: Iterable[JobState]) -> None:
+        self._repo = repo
+        self._states = tuple(states)
+        self._records: dict[int, JobRecord] = {}
+        self._views: dict[int, JobView] = {}
+
+    def load(self) -> list[JobRecord]:
+        """Every job now in the states, in id order, as the store has it."""
+        versions = self._repo.versions(self._states)
+        stale = [
+            job_id
+            for job_id, version in versions.items()
+            if (known := self._records.get(job_id)) is None or known.version != version
+        ]
+        for gone in self._records.keys() - versions.keys():
+            del self._records[gone]
+            self._views.pop(gone, None)
+        for job_id in stale:
+            self._records.pop(job_id, None)
+            self._views.pop(job_id, None)
+        for record in self._repo.many(stale):  # a row deleted meanwhile is not there
+            self._records[record.id] = record
+        # A job that moved out of the states between the two queries is not returned.
+        return sorted(
+            (r for r in self._records.values() if r.state in self._states), key=lambda r: r.id
+        )
+
+    def view(self, record: JobRecord) -> JobView:
+        """The core's view of a record `load` returned, built once per version."""
+        view = self._views.get(record.id)
+        if view is None:
+            view = self._views[record.id] = job_view(record)
+        return view
+
+    def forget(self) -> None:
+        """Drop everything: the next `load` reads every job (after a takeover)."""
+        self._records.clear()
+        self._views.clear()

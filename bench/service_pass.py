@@ -20,7 +20,9 @@ Timed, in one process, one run:
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import pstats
 import random
 import statistics
 import tempfile
@@ -162,25 +164,41 @@ def main() -> None:
     parser.add_argument("--churn", type=int, default=20, help="submits before each busy pass")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--profile", type=int, default=0, help="print the top N of a pass")
     args = parser.parse_args()
 
     url = args.database_url or f"sqlite:///{tempfile.mkdtemp()}/bench.db"
     upgrade_to_head(url)
     repo = JobRepository(make_engine(url))
-    rng = random.Random(args.seed)
     sizes = [gpus for gpus in trace_sizes(TRACE) if gpus <= 64]
     nodes = [
         Node(f"node-{i}", f"gpu-{i}", 8, 64.0, rack=f"rack-{i // 32}") for i in range(args.nodes)
     ]
     core = CoreCalls()
     loop_module.schedule = core  # type: ignore[assignment]  # the loop's own call, timed
+    lease = LeaderLease(repo, ttl_s=60)
     loop = SchedulerLoop(
         repo=repo,
         cluster=StaticCluster(nodes),
         executor=RunsEverything(),
-        lease=LeaderLease(repo, ttl_s=60),
+        lease=lease,
         queues=lambda: QUEUES,
     )
+    lease.start()  # renewed by its own thread, as in the service: a long pass stays fenced
+    try:
+        run(args, repo, loop, sizes, core)
+    finally:
+        lease.stop()
+
+
+def run(
+    args: argparse.Namespace,
+    repo: JobRepository,
+    loop: SchedulerLoop,
+    sizes: list[int],
+    core: CoreCalls,
+) -> None:
+    rng = random.Random(args.seed)
 
     started = time.perf_counter()
     finish(repo, submit(repo, sizes, args.finished, rng))
@@ -192,7 +210,7 @@ def main() -> None:
     submit(repo, sizes, args.pending, rng)
     print(
         f"store: {args.finished} finished, {running} running on {args.nodes} x 8 GPUs, "
-        f"{args.pending} submitted; filled in {time.perf_counter() - started:.0f} s ({url})"
+        f"{args.pending} submitted; filled in {time.perf_counter() - started:.0f} s"
     )
 
     first = timed(loop.tick, 1)
@@ -205,6 +223,10 @@ def main() -> None:
     alone = timed(lambda: schedule(*call_args, **call_kwargs), args.repeat)
     busy = timed(loop.tick, args.repeat, before=lambda: submit(repo, sizes, args.churn, rng))
 
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.runcall(loop.tick)
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(args.profile)
     print(f"pending in the steady passes: {waiting}")
     print(f"first pass over the new queue: {ms(first)}")
     print(f"service pass, steady:          {ms(steady)}")

@@ -99,6 +99,7 @@ class Leadership:
         """Match every active job in the store with what Ray runs: reattach the running
         gangs; requeue the rest, reaping by name whatever Ray still runs for them (the
         previous leader's handles are gone with it); then sweep Ray for the rest."""
+        self._nodes.restore()
         alive = {node.id for node in self._nodes.refresh() if node.alive}
         for job in self._repo.in_states(RESOURCE_HOLDING_STATES):
             lost = sorted(set(job.placement or ()) - alive)

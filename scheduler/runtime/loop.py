@@ -183,7 +183,8 @@ class SchedulerLoop:
     def _poll_groups(self) -> bool:
         """Observe every group; True if one is still on its way (see `tick`)."""
         self._ingest.keep_only(self._executor.job_ids())
-        current = {job.id: job for job in self._jobs.load()}  # after this pass's writes
+        # The gangs' jobs as this pass left them (its own writes moved their versions).
+        current = {job.id: job for job in self._jobs.load(RESOURCE_HOLDING_STATES)}
         busy = False
         for job_id, status in self._executor.poll().items():
             job = current.get(job_id)

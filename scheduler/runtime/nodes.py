@@ -28,9 +28,15 @@ class NodeWatch:
         self._suspect_s = suspect_s
         self._suspects: dict[str, datetime] = {}
         self.names: dict[str, str] = {}
+        self._stored: list[Node] | None = None  # what the store holds, once written
 
     def suspect(self, node_id: str) -> None:
         self._suspects[node_id] = self._clock()
+
+    def restore(self) -> None:
+        """Write the nodes at the next refresh even if unchanged: after a takeover the
+        store holds what another leader saw."""
+        self._stored = None
 
     def refresh(self) -> list[Node]:
         """Read the nodes, store them, and return them with suspects marked dead."""
@@ -44,6 +50,8 @@ class NodeWatch:
             replace(node, alive=False) if node.id in self._suspects else node
             for node in self._cluster.nodes()
         ]
-        self._repo.replace_nodes(nodes)
+        if nodes != self._stored:  # a thousand nodes rewritten every pass cost more than a pass
+            self._repo.replace_nodes(nodes)
+            self._stored = nodes
         self.names = {node.id: node.name for node in nodes}
         return nodes

@@ -64,6 +64,8 @@ class Predictions:
         self._learned = 0
         self._waiting: dict[int, tuple[tuple[int, int, str | None], JobPrediction]] = {}
         self._trainers: dict[tuple[int, int], TrainerJob | None] = {}
+        self._views: dict[int, tuple[JobView, JobView]] = {}
+        self._recorded: dict[int, tuple[JobPrediction, datetime | None]] = {}
 
     # -- history ------------------------------------------------------------------------
 
@@ -113,9 +115,16 @@ class Predictions:
         self._pending = {job.id for job in jobs if job.state is JobState.PENDING}
         self._waiting = {j: memo for j, memo in self._waiting.items() if j in self._current}
         self._trainers = {key: t for key, t in self._trainers.items() if key[0] in self._current}
-        return [
-            replace(view, predicted_remaining_s=self._current[view.id].remaining_s) for view in base
-        ]
+        self._views = {view.id: self._with_prediction(view) for view in base}
+        return [out for _, out in self._views.values()]
+
+    def _with_prediction(self, view: JobView) -> tuple[JobView, JobView]:
+        """(the view, it with its prediction); the last pass's pair when neither moved."""
+        remaining = self._current[view.id].remaining_s
+        last = self._views.get(view.id)
+        if last is None or last[0] is not view or last[1].predicted_remaining_s != remaining:
+            last = (view, replace(view, predicted_remaining_s=remaining))
+        return last
 
     def record(self, decisions: Sequence[Decision], now: datetime) -> None:
         """Store what changed since last written; a waiting job's end is its estimated
@@ -126,13 +135,19 @@ class Predictions:
         self._written.update(self._repo.predictions(unseen))
         changed = []
         for job_id, current in self._current.items():
-            p = _ending(current, starts.get(job_id))
+            start = starts.get(job_id)
+            last = self._recorded.get(job_id)
+            if last is not None and last[0] is current and last[1] == start:
+                continue  # what the last pass compared (a waiting job's kept prediction)
+            self._recorded[job_id] = (current, start)
+            p = _ending(current, start)
             if _moved(self._written.get(job_id), p):
                 changed.append((job_id, p))
                 self._written[job_id] = p
         if changed:
             self._repo.record_predictions(changed, pending=self._pending)
         self._written = {j: p for j, p in self._written.items() if j in self._current}
+        self._recorded = {j: r for j, r in self._recorded.items() if j in self._current}
 
     # -- one job ------------------------------------------------------------------------
 

@@ -25,26 +25,24 @@ class WorkingSet:
         self._records: dict[int, JobRecord] = {}
         self._views: dict[int, JobView] = {}
 
-    def load(self) -> list[JobRecord]:
-        """Every job now in the states, in id order, as the store has it."""
-        versions = self._repo.versions(self._states)
+    def load(self, only: Iterable[JobState] | None = None) -> list[JobRecord]:
+        """Every job now in the states (or in `only`, some of them), in id order, as the
+        store has it."""
+        states = self._states if only is None else tuple(only)
+        versions = self._repo.versions(states)
         stale = [
             job_id
             for job_id, version in versions.items()
             if (known := self._records.get(job_id)) is None or known.version != version
         ]
-        for gone in self._records.keys() - versions.keys():
-            del self._records[gone]
-            self._views.pop(gone, None)
-        for job_id in stale:
+        left = [j for j, r in self._records.items() if r.state in states and j not in versions]
+        for job_id in (*left, *stale):
             self._records.pop(job_id, None)
             self._views.pop(job_id, None)
         for record in self._repo.many(stale):  # a row deleted meanwhile is not there
             self._records[record.id] = record
         # A job that moved out of the states between the two queries is not returned.
-        return sorted(
-            (r for r in self._records.values() if r.state in self._states), key=lambda r: r.id
-        )
+        return sorted((r for r in self._records.values() if r.state in states), key=lambda r: r.id)
 
     def view(self, record: JobRecord) -> JobView:
         """The core's view of a record `load` returned, built once per version."""

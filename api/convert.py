@@ -34,7 +34,10 @@ from scheduler.predict.runtime import accuracy
 from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
 from scheduler.store.predictions import AccuracyPair, JobPrediction
-from workers.checkpoint_layout import job_directory, listing
+from workers.checkpoint_layout import ListingCache, job_directory
+
+# The status page polls a job's checkpoints: listed again only when they change.
+_CHECKPOINTS = ListingCache()
 
 
 def job_checkpoints(root: Path | None, job_id: int) -> JobCheckpoints:
@@ -45,7 +48,7 @@ def job_checkpoints(root: Path | None, job_id: int) -> JobCheckpoints:
         directory=str(directory),
         checkpoints=[
             CheckpointInfo(step=c.step, path=str(c.path), bytes=c.bytes, saved_at=c.saved_at)
-            for c in listing(directory)
+            for c in _CHECKPOINTS.listing(directory)
         ],
     )
 

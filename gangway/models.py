@@ -40,6 +40,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def wire_default(model: type[BaseModel], name: str) -> Any:
+    """A field's default as the wire model declares it: the CLI's flags and the ranks'
+    plan and training spec take theirs from here, so each default is written once."""
+    return model.model_fields[name].default
+
+
 class ElasticDP(_Strict):
     """An elastic data-parallel degree: the job starts with the largest degree in
     [min, max] that fits, and the scheduler may grow or shrink it within the range."""

@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from pydantic import BaseModel
-
 from gangway.models import (
     Builtin,
     Compression,
@@ -20,14 +18,9 @@ from gangway.models import (
     PipelineSchedule,
     Precision,
     UpdateMode,
+    wire_default,
 )
 from workers.model_configs import GPTConfig
-
-
-def wire_default(model: type[BaseModel], name: str) -> Any:
-    """A job-spec field's default, as the wire model declares it: the ranks' plan and
-    training spec take theirs from here, so each default is written once."""
-    return model.model_fields[name].default
 
 
 class PlanError(ValueError):

@@ -25,14 +25,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from gangway.models import Builtin, CheckpointPolicy, Optimizer
+from gangway.models import Builtin, CheckpointPolicy, Optimizer, wire_default
 from workers import async_ps, balance
 from workers.checkpoint import Checkpointer, is_rank0, stop_agreed
 from workers.data import SyntheticTokens, TokenFile, TokenStream
 from workers.gpt import next_token_loss, parameter_count
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.parallelize import ModelParts, build_mesh, build_parts
-from workers.plan import ParallelPlan, validate_plan, wire_default
+from workers.plan import ParallelPlan, validate_plan
 from workers.updates import AdaptivePeriod, CommMeter, DiLoCo, UpdateRule, build_rule, ddp_hook
 
 # The checkpoint counter that holds the data position (the next sample index).

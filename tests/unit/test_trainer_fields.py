@@ -1,7 +1,7 @@
 """The built-in trainer's fields are declared by the wire model (`gangway.models.Builtin`,
 with `Parallelism` and `CheckpointPolicy`), which holds their defaults; the ranks'
 TrainSpec and ParallelPlan take every one of them, default them from the wire model
-(`workers.plan.wire_default`), and refuse anything else."""
+(`gangway.models.wire_default`), and refuse anything else."""
 
 from __future__ import annotations
 

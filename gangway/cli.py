@@ -17,18 +17,7 @@ from gangway import cli_shared
 from gangway.cli_admin import queues_app, users_app, whoami
 from gangway.cli_predict import accuracy, describe, estimate, when
 from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
-from gangway.cli_spec import (
-    AutoOption,
-    BudgetOption,
-    FileOption,
-    FunctionOption,
-    KwargsOption,
-    ModelOption,
-    NameOption,
-    SettingsOption,
-    StepsOption,
-    job_spec,
-)
+from gangway.cli_spec import SpecFlags, job_spec, with_spec_flags
 from gangway.client import Client
 from gangway.errors import validation_failed
 from gangway.models import (
@@ -78,23 +67,9 @@ def serve(
 
 
 @app.command()
+@with_spec_flags
 def submit(
-    name: NameOption = None,
-    file: FileOption = None,
-    model: ModelOption = "gpt-tiny",
-    steps: StepsOption = 100,
-    function: FunctionOption = None,
-    kwargs: KwargsOption = "{}",
-    settings: SettingsOption = None,
-    dp: int = 1,
-    tp: int = 1,
-    pp: int = 1,
-    gpus_per_rank: int = 1,
-    priority: int = 0,
-    queue: str = "default",
-    max_restarts: int = 0,
-    auto: AutoOption = False,
-    gpu_budget: BudgetOption = None,
+    flags: SpecFlags,
     wait: Annotated[bool, typer.Option(help="wait until the job ends")] = False,
     idempotency_key: Annotated[
         str | None, typer.Option(help="retry-safe: the same key returns the same job")
@@ -124,26 +99,7 @@ def submit(
     """Submit a job: from flags, or from a job file (the REST body, as YAML or JSON;
     --name then overrides its name). `gangway submit --workdir . -- python train.py`
     ships the directory and runs the command on every rank."""
-    spec = job_spec(
-        file=file,
-        name=name,
-        model=model,
-        steps=steps,
-        function=function,
-        kwargs=kwargs,
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        gpus_per_rank=gpus_per_rank,
-        priority=priority,
-        queue=queue,
-        max_restarts=max_restarts,
-        settings=settings,
-        auto=auto,
-        gpu_budget=gpu_budget,
-        command=command,
-        workdir=workdir,
-    )
+    spec = job_spec(flags, command=command, workdir=workdir)
     spec = _with_fields(spec, _code_fields(spec, requirements, env or []))
     with cli_shared.connect(url) as client:
         if workdir is not None:

@@ -9,61 +9,15 @@ import typer
 
 from gangway import cli_shared
 from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
-from gangway.cli_spec import (
-    AutoOption,
-    BudgetOption,
-    FileOption,
-    FunctionOption,
-    KwargsOption,
-    ModelOption,
-    NameOption,
-    SettingsOption,
-    StepsOption,
-    job_spec,
-)
+from gangway.cli_spec import SpecFlags, job_spec, with_spec_flags
 from gangway.models import RuntimePrediction
 
 
-def estimate(  # the job's flags, as `gangway submit` takes them
-    name: NameOption = None,
-    file: FileOption = None,
-    model: ModelOption = "gpt-tiny",
-    steps: StepsOption = 100,
-    function: FunctionOption = None,
-    kwargs: KwargsOption = "{}",
-    settings: SettingsOption = None,
-    dp: int = 1,
-    tp: int = 1,
-    pp: int = 1,
-    gpus_per_rank: int = 1,
-    priority: int = 0,
-    queue: str = "default",
-    max_restarts: int = 0,
-    auto: AutoOption = False,
-    gpu_budget: BudgetOption = None,
-    url: Url = DEFAULT_URL,
-    as_json: AsJson = False,
-) -> None:
+@with_spec_flags
+def estimate(flags: SpecFlags, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     """Ask before you submit: predicted step time, run time and earliest start of a job
     (the same flags and files as submit); with --auto, the plan that finishes soonest."""
-    spec = job_spec(
-        file=file,
-        name=name,
-        model=model,
-        steps=steps,
-        function=function,
-        kwargs=kwargs,
-        settings=settings,
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        gpus_per_rank=gpus_per_rank,
-        priority=priority,
-        queue=queue,
-        max_restarts=max_restarts,
-        auto=auto,
-        gpu_budget=gpu_budget,
-    )
+    spec = job_spec(flags)
     with cli_shared.connect(url) as client:
         answer = run(lambda: client.estimate(spec))
     if as_json:

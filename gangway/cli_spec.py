@@ -1,18 +1,31 @@
 """A job body from the command line: `gangway submit` and `gangway estimate` take the
-same flags and files, built here once."""
+same flags and files, declared here once (`SpecFlags`, added to a command by
+`with_spec_flags`), with their defaults read from the wire model."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 
 import typer
 import yaml
 from pydantic import ValidationError
 
 from gangway.errors import validation_failed
-from gangway.models import Builtin, Command, Function, JobSubmit, Parallelism, Resources
+from gangway.models import (
+    Builtin,
+    Command,
+    Function,
+    JobSubmit,
+    Parallelism,
+    Resources,
+    wire_default,
+)
 
 NameOption = Annotated[str | None, typer.Option(help="job name (required without --file)")]
 FileOption = Annotated[
@@ -41,53 +54,82 @@ SettingsOption = Annotated[
 ]
 
 
-def job_spec(  # one argument per command-line flag
-    *,
-    file: Path | None,
-    name: str | None,
-    model: str,
-    steps: int,
-    function: str | None,
-    kwargs: str,
-    dp: int,
-    tp: int,
-    pp: int,
-    gpus_per_rank: int,
-    priority: int,
-    queue: str,
-    max_restarts: int,
-    auto: bool,
-    gpu_budget: int | None,
-    settings: list[str] | None = None,
-    command: list[str] | None = None,
-    workdir: Path | None = None,
+@dataclass(frozen=True)
+class SpecFlags:
+    """The flags that build a job body, for every command that takes one."""
+
+    name: NameOption = None
+    file: FileOption = None
+    model: ModelOption = wire_default(Builtin, "model")
+    steps: StepsOption = wire_default(Builtin, "steps")
+    function: FunctionOption = None
+    kwargs: KwargsOption = "{}"
+    settings: SettingsOption = None
+    dp: int = wire_default(Parallelism, "dp")
+    tp: int = wire_default(Parallelism, "tp")
+    pp: int = wire_default(Parallelism, "pp")
+    gpus_per_rank: int = wire_default(Resources, "gpus_per_rank")
+    priority: int = wire_default(JobSubmit, "priority")
+    queue: str = wire_default(JobSubmit, "queue")
+    max_restarts: int = wire_default(JobSubmit, "max_restarts")
+    auto: AutoOption = False
+    gpu_budget: BudgetOption = None
+
+
+def with_spec_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """A Typer command that takes `SpecFlags`' flags, besides its own, and receives them
+    as its first argument, `flags`."""
+    hints = get_type_hints(SpecFlags, include_extras=True)
+    shared = [
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
+        )
+        for f in fields(SpecFlags)
+    ]
+    own = inspect.signature(command, eval_str=True)
+    rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values()]
+    rest = [p for p in rest if p.name != "flags"]
+
+    @functools.wraps(command)
+    def wrapper(**given: Any) -> None:
+        flags = SpecFlags(**{f.name: given.pop(f.name) for f in fields(SpecFlags)})
+        command(flags, **given)
+
+    parameters = [*shared, *rest]
+    wrapper.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
+    return wrapper
+
+
+def job_spec(
+    flags: SpecFlags, *, command: list[str] | None = None, workdir: Path | None = None
 ) -> JobSubmit:
     """From a job file (the REST body, as YAML or JSON; --name overrides its name), or
     from the flags: `command` (after --) runs on every rank, named after `workdir`."""
-    if file is not None:
-        return spec_from_file(file, name)
-    if name is None and not command:
+    if flags.file is not None:
+        return spec_from_file(flags.file, flags.name)
+    if flags.name is None and not command:
         typer.echo("error: give --name, or a job file with --file", err=True)
         raise typer.Exit(2)
     entrypoint: Builtin | Function | Command = (
         Command(argv=command)
         if command
-        else Function(target=function, kwargs=json.loads(kwargs))
-        if function
-        else builtin(model, steps, settings or [])
+        else Function(target=flags.function, kwargs=json.loads(flags.kwargs))
+        if flags.function
+        else builtin(flags.model, flags.steps, flags.settings or [])
     )
     parallelism: Parallelism | Literal["auto"] = (
-        "auto" if auto else Parallelism(dp=dp, tp=tp, pp=pp)
+        "auto" if flags.auto else Parallelism(dp=flags.dp, tp=flags.tp, pp=flags.pp)
     )
     return JobSubmit(
-        name=name or (workdir or Path.cwd()).resolve().name,
-        priority=priority,
-        queue=queue,
+        name=flags.name or (workdir or Path.cwd()).resolve().name,
+        priority=flags.priority,
+        queue=flags.queue,
         parallelism=parallelism,
-        gpu_budget=gpu_budget,
-        resources=Resources(gpus_per_rank=gpus_per_rank),
+        gpu_budget=flags.gpu_budget,
+        resources=Resources(gpus_per_rank=flags.gpus_per_rank),
         entrypoint=entrypoint,
-        max_restarts=max_restarts,
+        max_restarts=flags.max_restarts,
     )
 
 

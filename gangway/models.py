@@ -40,6 +40,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def wire_default(model: type[BaseModel], name: str) -> Any:
+    """A field's default as the wire model declares it: the CLI's flags and the ranks'
+    plan and training spec take theirs from here, so each default is written once."""
+    return model.model_fields[name].default
+
+
 class ElasticDP(_Strict):
     """An elastic data-parallel degree: the job starts with the largest degree in
     [min, max] that fits, and the scheduler may grow or shrink it within the range."""
@@ -95,6 +101,14 @@ class Resources(_Strict):
     cpus_per_rank: float = Field(1.0, gt=0, le=1024)
 
 
+# The built-in trainer's choices, named once: the ranks' plan and spec take these types.
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Precision = Literal["fp32", "bf16"]
+Compression = Literal["none", "fp16", "bf16", "powersgd"]
+UpdateMode = Literal["sync", "local-sgd", "diloco", "adaptive", "async"]
+Optimizer = Literal["adamw", "sgd"]
+
+
 class Builtin(_Strict):
     """The built-in trainer: a GPT-style model on synthetic tokens."""
 
@@ -108,9 +122,9 @@ class Builtin(_Strict):
     grad_accumulation: Int = Field(1, ge=1, le=1024)
     max_grad_norm: float | None = Field(1.0, gt=0, description="clip; null: no clipping")
     microbatches: Int = Field(1, ge=1, le=1024, description="per step, for the pipeline")
-    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
-    precision: Literal["fp32", "bf16"] = "fp32"
-    grad_compression: Literal["none", "fp16", "bf16", "powersgd"] = Field(
+    pipeline_schedule: PipelineSchedule = "1f1b"
+    precision: Precision = "fp32"
+    grad_compression: Compression = Field(
         "none", description="DDP communication hook (pure data parallel only)"
     )
     activation_checkpointing: bool = False
@@ -120,8 +134,8 @@ class Builtin(_Strict):
     data_path: str | None = Field(
         None, max_length=4096, description="uint16 token file (nanoGPT .bin); null: synthetic"
     )
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    update_mode: Literal["sync", "local-sgd", "diloco", "adaptive", "async"] = Field(
+    optimizer: Optimizer = "adamw"
+    update_mode: UpdateMode = Field(
         "sync",
         description="sync: all-reduce gradients every step; local-sgd: average parameters "
         "every sync_period steps; diloco: plus an outer Nesterov step; adaptive: local SGD "

@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from gangway.models import CheckpointPolicy, wire_default
 from workers import faults
 from workers.checkpoint_layout import (
     PARTIAL,
@@ -54,7 +55,7 @@ class Checkpointer:
         directory: Path | None,
         parts: Sequence[nn.Module],
         optimizers: Sequence[torch.optim.Optimizer],
-        keep_last: int = 2,
+        keep_last: int = wire_default(CheckpointPolicy, "keep_last"),
         extra: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.directory, self.parts, self.optimizers = directory, parts, optimizers

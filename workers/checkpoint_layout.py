@@ -10,12 +10,18 @@ in charge and nothing half-written under a final name. A checkpoint counts when 
 is `step-<digits>` and it holds `.metadata`; anything else there is ignored.
 
 Listings run while rank 0 prunes old checkpoints: a checkpoint that disappears while it
-is being listed is left out, never an error.
+is being listed is left out, never an error. `ListingCache` lists a directory again only
+when one of its `step-*` entries came, went or changed.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -79,3 +85,65 @@ def listing(directory: Path) -> list[CheckpointFiles]:
         saved_at = datetime.fromtimestamp(mtime, UTC)
         found.append(CheckpointFiles(path, step_of(path), size, saved_at))
     return found
+
+
+# What a listing depends on: each `step-*` entry's name and modification time.
+Stamp = tuple[tuple[str, int], ...]
+
+
+def stamp(directory: Path) -> Stamp | None:
+    """The name and mtime of every `step-*` entry (None: no directory). An entry comes,
+    goes or changes its mtime when a save is renamed into place, rank 0 prunes, or a
+    file is added inside it (`.metadata` last); a listing changes only with these."""
+    try:
+        with os.scandir(directory) as entries:
+            found = []
+            for entry in entries:
+                if entry.name.startswith(PREFIX):
+                    try:
+                        found.append((entry.name, entry.stat().st_mtime_ns))
+                    except FileNotFoundError:
+                        continue  # pruned as we looked
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return tuple(sorted(found))
+
+
+class ListingCache:
+    """`listing(directory)` done again only when the directory's `stamp` changed: the
+    status page polls a job's checkpoints every few seconds, and a listing stats every
+    file of every checkpoint. A stamp holding an mtime from the last `settle_s` is not
+    trusted (a file system's clock ticks coarsely: a change in the same tick would keep
+    it), so a directory that just changed is listed each time until it settles."""
+
+    def __init__(
+        self,
+        *,
+        max_directories: int = 1024,
+        settle_s: float = 2.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._max = max_directories
+        self._settle_ns = int(settle_s * 1e9)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Path, tuple[Stamp, list[CheckpointFiles]]] = OrderedDict()
+
+    def listing(self, directory: Path) -> list[CheckpointFiles]:
+        before = stamp(directory)
+        if before is None:
+            return []
+        with self._lock:
+            cached = self._entries.get(directory)
+            if cached is not None and cached[0] == before:
+                self._entries.move_to_end(directory)
+                return list(cached[1])
+        found = listing(directory)
+        newest = max((mtime for _, mtime in before), default=0)
+        if int(self._clock() * 1e9) - newest >= self._settle_ns:
+            with self._lock:
+                self._entries[directory] = (before, found)
+                self._entries.move_to_end(directory)
+                while len(self._entries) > self._max:
+                    self._entries.popitem(last=False)
+        return list(found)

@@ -10,6 +10,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from gangway.models import CheckpointPolicy, wire_default
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -48,7 +50,7 @@ class RankContext:
         stop_event: threading.Event,
         *,
         checkpoint_dir: Path | None = None,
-        keep_last: int = 2,
+        keep_last: int = wire_default(CheckpointPolicy, "keep_last"),
     ) -> None:
         self.info = info
         self.checkpoint_dir = checkpoint_dir  # the job's, the same on every attempt

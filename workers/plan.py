@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
+from gangway.models import (
+    Builtin,
+    Compression,
+    Parallelism,
+    PipelineSchedule,
+    Precision,
+    UpdateMode,
+    wire_default,
+)
 from workers.model_configs import GPTConfig
-
-PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
-Precision = Literal["fp32", "bf16"]
-Compression = Literal["none", "fp16", "bf16", "powersgd"]
-UpdateMode = Literal["sync", "local-sgd", "diloco", "adaptive", "async"]
 
 
 class PlanError(ValueError):
@@ -50,24 +54,24 @@ class ParallelPlan:
         global batch (the same global batch, so the same loss).
     """
 
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    fsdp: bool = False
-    microbatches: int = 1
-    pipeline_schedule: PipelineSchedule = "1f1b"
-    precision: Precision = "fp32"
-    grad_compression: Compression = "none"
-    activation_checkpointing: bool = False
-    sequence_parallel: bool = False
-    update_mode: UpdateMode = "sync"
-    sync_period: int = 8
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    drift_target: float = 0.01
-    max_staleness: int = 4
-    balance_stages: bool = False
-    balance_batch: bool = False
+    dp: int = wire_default(Parallelism, "dp")
+    tp: int = wire_default(Parallelism, "tp")
+    pp: int = wire_default(Parallelism, "pp")
+    fsdp: bool = wire_default(Parallelism, "fsdp")
+    microbatches: int = wire_default(Builtin, "microbatches")
+    pipeline_schedule: PipelineSchedule = wire_default(Builtin, "pipeline_schedule")
+    precision: Precision = wire_default(Builtin, "precision")
+    grad_compression: Compression = wire_default(Builtin, "grad_compression")
+    activation_checkpointing: bool = wire_default(Builtin, "activation_checkpointing")
+    sequence_parallel: bool = wire_default(Builtin, "sequence_parallel")
+    update_mode: UpdateMode = wire_default(Builtin, "update_mode")
+    sync_period: int = wire_default(Builtin, "sync_period")
+    outer_lr: float = wire_default(Builtin, "outer_lr")
+    outer_momentum: float = wire_default(Builtin, "outer_momentum")
+    drift_target: float = wire_default(Builtin, "drift_target")
+    max_staleness: int = wire_default(Builtin, "max_staleness")
+    balance_stages: bool = wire_default(Builtin, "balance_stages")
+    balance_batch: bool = wire_default(Builtin, "balance_batch")
 
     @property
     def world_size(self) -> int:

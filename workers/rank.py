@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from gangway.models import CheckpointPolicy, wire_default
 from workers.context import Progress, RankContext, RankInfo
 from workers.environment import scrub_process
 from workers.logtap import LineBuffer, Tap
@@ -79,7 +80,7 @@ class RankActor:
             info,
             self._stop_event,
             checkpoint_dir=Path(directory) if directory else None,
-            keep_last=int(entrypoint.get("keep_last", 2)),
+            keep_last=int(entrypoint.get("keep_last", wire_default(CheckpointPolicy, "keep_last"))),
         )
         # Function ranks run in this process: it keeps no secret of whoever started the
         # raylet, and entrypoints written for torchrun find the variables it sets.

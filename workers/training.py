@@ -18,13 +18,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from gangway.models import Builtin, CheckpointPolicy, Optimizer, wire_default
 from workers import async_ps, balance
 from workers.checkpoint import Checkpointer, is_rank0, stop_agreed
 from workers.data import SyntheticTokens, TokenFile, TokenStream
@@ -57,20 +58,21 @@ class TrainSpec:
     """What to train and how long. `batch_size` is per data-parallel rank and micro-step;
     one optimizer step sees dp x batch_size x grad_accumulation sequences."""
 
-    model: str = "gpt-tiny"
-    steps: int = 100
-    batch_size: int = 8
-    learning_rate: float = 3e-3
-    warmup_steps: int = 0
+    model: str = wire_default(Builtin, "model")
+    steps: int = wire_default(Builtin, "steps")
+    batch_size: int = wire_default(Builtin, "batch_size")
+    learning_rate: float = wire_default(Builtin, "learning_rate")
+    warmup_steps: int = wire_default(Builtin, "warmup_steps")
+    grad_accumulation: int = wire_default(Builtin, "grad_accumulation")
+    max_grad_norm: float | None = wire_default(Builtin, "max_grad_norm")
+    optimizer: Optimizer = wire_default(Builtin, "optimizer")  # sgd: plain, no momentum
+    seed: int = wire_default(Builtin, "seed")
+    data_path: str | None = wire_default(Builtin, "data_path")  # None: synthetic tokens
+    checkpoint_interval_steps: int | None = wire_default(CheckpointPolicy, "interval_steps")
+    keep_last: int = wire_default(CheckpointPolicy, "keep_last")
+    # The engine's own knobs, not in the job spec:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
-    grad_accumulation: int = 1
-    max_grad_norm: float | None = 1.0
-    optimizer: Literal["adamw", "sgd"] = "adamw"  # sgd: plain, no momentum
-    seed: int = 0
-    data_path: str | None = None  # uint16 token file; None: synthetic tokens
-    checkpoint_interval_steps: int | None = None
-    keep_last: int = 2
     log_every: int = 10  # global rank 0 prints a progress line this often
 
     @property

@@ -1,6 +1,7 @@
-"""The built-in trainer's fields are declared by the wire model (`gangway.models.Builtin`),
-which holds their defaults; the ranks' TrainSpec and ParallelPlan must take every one of
-them, with the same default, and refuse anything else."""
+"""The built-in trainer's fields are declared by the wire model (`gangway.models.Builtin`,
+with `Parallelism` and `CheckpointPolicy`), which holds their defaults; the ranks'
+TrainSpec and ParallelPlan take every one of them, default them from the wire model
+(`gangway.models.wire_default`), and refuse anything else."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gangway.models import Builtin, JobSubmit
+from gangway.models import Builtin, CheckpointPolicy, JobSubmit, Parallelism
 from scheduler.runtime.launch import rank_entrypoint
 from scheduler.store.specs import spec_from_json
 from workers.plan import ParallelPlan
@@ -24,12 +25,20 @@ def test_every_builtin_field_reaches_the_ranks() -> None:
     assert not missing, f"Builtin fields the ranks never read: {sorted(missing)}"
 
 
-@pytest.mark.parametrize("name", sorted(set(Builtin.model_fields) - {"kind"}))
-def test_the_ranks_default_is_the_wire_models(name: str) -> None:
+# (rank-side field, wire model, wire field): every job-spec field the ranks take.
+WIRE_FIELDS = [
+    *((name, Builtin, name) for name in sorted(set(Builtin.model_fields) - {"kind"})),
+    *((name, Parallelism, name) for name in ("dp", "tp", "pp", "fsdp")),
+    ("checkpoint_interval_steps", CheckpointPolicy, "interval_steps"),
+    ("keep_last", CheckpointPolicy, "keep_last"),
+]
+
+
+@pytest.mark.parametrize(("name", "model", "wire_name"), WIRE_FIELDS)
+def test_the_ranks_default_is_the_wire_models(name: str, model: type, wire_name: str) -> None:
     rank_default = RANK_FIELDS[name].default
-    if rank_default is MISSING:
-        return  # no default on the rank side: it always comes from the wire
-    assert rank_default == Builtin.model_fields[name].default, name
+    assert rank_default is not MISSING, f"{name}: the ranks need the wire model's default"
+    assert rank_default == model.model_fields[wire_name].default, name
 
 
 def test_what_the_service_launches_is_all_known_to_the_trainer() -> None:

@@ -17,7 +17,7 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("version", sa.Integer(), nullable=False, server_default="0"))
+        batch.add_column(sa.Column("version", sa.BigInteger(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:

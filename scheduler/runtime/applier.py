@@ -45,7 +45,11 @@ class Applier:
 
     # -- the core's decisions -----------------------------------------------------------
 
-    def decisions(self, records: dict[int, JobRecord], decisions: Sequence[Decision]) -> None:
+    def decisions(
+        self, records: dict[int, JobRecord], decisions: Sequence[Decision]
+    ) -> tuple[list[WaitNote], dict[int, int]]:
+        """Act on every decision; the wait notes written and the versions they gave the
+        rows (see `explain_waits`), for the loop's working set."""
         # Waits come in queue order (schedule's contract): number them.
         waiting = (d.job_id for d in decisions if isinstance(d, Wait))
         positions = {job_id: position for position, job_id in enumerate(waiting, start=1)}
@@ -60,8 +64,9 @@ class Applier:
                 self._resize(job, decision)
             elif note := self._changed_note(job, decision, positions[decision.job_id]):
                 notes.append(note)
-        self._repo.explain_waits(notes)
+        versions = self._repo.explain_waits(notes)
         self._explained = {j: seen for j, seen in self._explained.items() if j in positions}
+        return notes, versions
 
     def _changed_note(self, job: JobRecord, decision: Wait, position: int) -> WaitNote | None:
         """Why the job waits and its place in the queue, unless the store has that already
@@ -78,7 +83,9 @@ class Applier:
         if unchanged:
             self._explained[job.id] = seen
             return None
-        return WaitNote(job.id, decision.reason, explanation, decision.estimated_start_at)
+        return WaitNote(
+            job.id, decision.reason, explanation, decision.estimated_start_at, job.version
+        )
 
     def _preempt(self, job: JobRecord, decision: Preempt) -> None:
         """Send the stop notice; the gang is released when it exits or at the deadline."""

@@ -170,7 +170,8 @@ class SchedulerLoop:
             usage=self._recent_usage(now),
         )
         faults.inject("scheduler.decided")  # a pass stalled between deciding and writing
-        self._applier.decisions({job.id: job for job in jobs}, decisions)
+        notes, versions = self._applier.decisions({job.id: job for job in jobs}, decisions)
+        self._jobs.noted(notes, versions)
         self._predictions.record(decisions, now)
 
     def _recent_usage(self, now: datetime) -> dict[tuple[str, str], float]:

@@ -11,11 +11,13 @@ dropped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
-from scheduler.model import JobState, JobView
+from scheduler.model import JobSpec, JobState, JobView
 from scheduler.runtime.views import job_view
-from scheduler.store import JobRecord, JobRepository
+from scheduler.store import JobRecord, JobRepository, WaitNote
+from scheduler.store.text_limits import MAX_REASON_CHARS, keep_tail
 
 
 class WorkingSet:
@@ -24,6 +26,7 @@ class WorkingSet:
         self._states = tuple(states)
         self._records: dict[int, JobRecord] = {}
         self._views: dict[int, JobView] = {}
+        self._specs: dict[int, JobSpec] = {}
 
     def load(self, only: Iterable[JobState] | None = None) -> list[JobRecord]:
         """Every job now in the states (or in `only`, some of them), in id order, as the
@@ -39,10 +42,32 @@ class WorkingSet:
         for job_id in (*left, *stale):
             self._records.pop(job_id, None)
             self._views.pop(job_id, None)
-        for record in self._repo.many(stale):  # a row deleted meanwhile is not there
+        for job_id in left:
+            self._specs.pop(job_id, None)
+        # A job's spec never changes: a reloaded row is not parsed again.
+        for record in self._repo.many(stale, self._specs):  # a deleted row is not there
             self._records[record.id] = record
+            self._specs[record.id] = record.spec
         # A job that moved out of the states between the two queries is not returned.
         return sorted((r for r in self._records.values() if r.state in states), key=lambda r: r.id)
+
+    def noted(self, notes: Sequence[WaitNote], versions: Mapping[int, int]) -> None:
+        """Patch the kept records with the wait notes this pass wrote, at the versions
+        the writes gave them (`JobRepository.explain_waits`): a queue whose positions all
+        shifted is not read back. A note that did not apply (the row had moved on)
+        leaves the row at another version, and the next `load` reads it again."""
+        for note in notes:
+            record = self._records.get(note.job_id)
+            version = versions.get(note.job_id)
+            if record is None or version is None or record.version != note.seen_version:
+                continue
+            self._records[note.job_id] = replace(
+                record,
+                status_reason=keep_tail(note.reason, MAX_REASON_CHARS),
+                explanation=note.explanation,
+                estimated_start_at=note.estimated_start_at,
+                version=version,
+            )
 
     def view(self, record: JobRecord) -> JobView:
         """The core's view of a record `load` returned, built once per version."""
@@ -55,3 +80,4 @@ class WorkingSet:
         """Drop everything: the next `load` reads every job (after a takeover)."""
         self._records.clear()
         self._views.clear()
+        self._specs.clear()

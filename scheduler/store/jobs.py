@@ -7,6 +7,7 @@ the same transaction, so the event log can never disagree with the job's state.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -200,23 +201,32 @@ class JobStore(JobReads):
         """`explain_waits` for one job."""
         self.explain_waits([WaitNote(job_id, reason, explanation, estimated_start_at)])
 
-    def explain_waits(self, notes: Sequence[WaitNote]) -> None:
+    def explain_waits(self, notes: Sequence[WaitNote]) -> dict[int, int]:
         """Record why pending jobs wait and when each should start (no event: it is not
         a state change), all in one transaction: a pass that re-explains thousands of
         waits pays one commit and one fence check. A job no longer pending keeps what it
-        has. The caller leaves out notes that would change nothing."""
-        if not notes:
-            return
-        statement = (
+        has. The caller leaves out notes that would change nothing.
+
+        A note that carries the version its writer read (`seen_version`) applies only
+        while the row still has that version, and gives the row a fresh random version,
+        returned per job: whoever keeps rows in memory (the loop's working set) can patch
+        its copy to exactly what the row now holds, since any other write since then
+        leaves the row at another version (other writes count up; a random 62-bit
+        version never meets them)."""
+        now = self._clock()
+        fresh = {n.job_id: secrets.randbits(62) for n in notes if n.seen_version is not None}
+        pending = (JobRow.id == bindparam("note_id"), JobRow.state == JobState.PENDING.value)
+        values = {
+            "status_reason": bindparam("note_reason"),
+            "explanation": bindparam("note_explanation", type_=JobRow.explanation.type),
+            "estimated_start_at": bindparam("note_start", type_=JobRow.estimated_start_at.type),
+            "updated_at": now,
+        }
+        anyway = update(JobRow).where(*pending).values(**values, version=JobRow.version + 1)
+        if_unchanged = (
             update(JobRow)
-            .where(JobRow.id == bindparam("note_id"), JobRow.state == JobState.PENDING.value)
-            .values(
-                status_reason=bindparam("note_reason"),
-                explanation=bindparam("note_explanation", type_=JobRow.explanation.type),
-                estimated_start_at=bindparam("note_start", type_=JobRow.estimated_start_at.type),
-                updated_at=self._clock(),
-                version=JobRow.version + 1,
-            )
+            .where(*pending, JobRow.version == bindparam("note_seen"))
+            .values(**values, version=bindparam("note_version"))
         )
         rows = [
             {
@@ -224,12 +234,18 @@ class JobStore(JobReads):
                 "note_reason": keep_tail(note.reason, MAX_REASON_CHARS),
                 "note_explanation": note.explanation,
                 "note_start": note.estimated_start_at,
+                "note_seen": note.seen_version,
+                "note_version": fresh.get(note.job_id),
             }
             for note in notes
         ]
         with Session(self._engine) as session, session.begin():
             self._guard(session)
-            session.connection().execute(statement, rows)
+            for statement, chosen in ((anyway, False), (if_unchanged, True)):
+                batch = [row for row in rows if (row["note_seen"] is not None) is chosen]
+                if batch:
+                    session.connection().execute(statement, batch)
+        return fresh
 
     def annotate(self, job_id: int, reason: str, **fields: Any) -> JobRecord:
         """Set `fields` and say so in an event that keeps the state (from = to): not a

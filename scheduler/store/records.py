@@ -114,6 +114,7 @@ class WaitNote:
     reason: str
     explanation: dict[str, Any] | None = None
     estimated_start_at: datetime | None = None
+    seen_version: int | None = None  # write only while the row is still at this version
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,8 @@ class EventRecord:
     reason: str
 
 
-def job_record(row: JobRow) -> JobRecord:
+def job_record(row: JobRow, spec: JobSpec | None = None) -> JobRecord:
+    """The row as a record; `spec`, when given, is the row's spec already parsed."""
     return JobRecord(
         id=row.id,
         name=row.name,
@@ -170,7 +172,7 @@ def job_record(row: JobRow) -> JobRecord:
         user=row.user,
         priority=row.priority,
         state=JobState(row.state),
-        spec=spec_from_json(row.spec),
+        spec=spec if spec is not None else spec_from_json(row.spec),
         spec_json=row.spec,
         num_gpus=row.num_gpus,
         submitted_at=row.submitted_at,

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -75,7 +76,7 @@ class JobRow(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     # Bumped (in SQL, so concurrent writers never share one) by every write to the row:
     # the loop's working set reloads a job only when its version moved.
-    version: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    version: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0, server_default="0")
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     placement: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     step: Mapped[int] = mapped_column(Integer, default=0)

@@ -197,6 +197,40 @@ def test_a_pass_says_whether_a_gang_is_still_on_its_way(
     assert loop.tick() is False
 
 
+def test_a_pass_over_a_queue_that_did_not_change_writes_nothing(
+    repo: JobRepository,
+    loop: SchedulerLoop,
+    executor: FakeExecutor,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 15: a big queue waits through many passes; each may cost the decision, not a
+    rewrite of every explanation, prediction and node. A change is still seen at once."""
+    running = submit(repo, dp=8)  # every GPU
+    waiting = [submit(repo, dp=2, priority=-1) for _ in range(3)]
+    loop.tick()
+    executor.statuses[running.id] = GroupStatus(GroupPhase.RUNNING, True, step=1)
+    loop.tick()
+    loop.tick()
+    writes: list[str] = []
+    for name in ("explain_waits", "replace_nodes", "record_predictions", "transition"):
+        real = getattr(repo, name)
+
+        def spy(*args: Any, _name: str = name, _real: Any = real, **kwargs: Any) -> Any:
+            if _name != "explain_waits" or args[0]:  # an empty batch writes nothing
+                writes.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(repo, name, spy)
+    loop.tick()
+    assert writes == []
+
+    repo.transition(waiting[0].id, JobState.CANCELLED, reason="cancelled by user")
+    loop.tick()
+    positions = [repo.get(job.id).explanation or {} for job in waiting[1:]]
+    assert [p.get("queue_position") for p in positions] == [1, 2]  # moved up at once
+    assert writes == ["transition", "explain_waits"]  # the cancel, then one batch of notes
+
+
 def test_a_fast_job_still_records_every_transition(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
 ) -> None:

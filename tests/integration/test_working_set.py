@@ -4,12 +4,12 @@ changed and still never acts on a stale job."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
 import pytest
 
-from scheduler.model import JobState
+from scheduler.model import JobSpec, JobState
 from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import JobRecord, JobRepository, NewJob, ProgressPoint, WaitNote
 
@@ -26,8 +26,10 @@ def count_loads(repo: JobRepository, monkeypatch: pytest.MonkeyPatch) -> list[in
     loaded: list[int] = []
     many = repo.many
 
-    def counted(job_ids: Iterable[int]) -> list[JobRecord]:
-        records = many(job_ids)
+    def counted(
+        job_ids: Iterable[int], specs: Mapping[int, JobSpec] | None = None
+    ) -> list[JobRecord]:
+        records = many(job_ids, specs)
         loaded.extend(r.id for r in records)
         return records
 
@@ -90,3 +92,27 @@ def test_notes_are_written_in_one_batch_and_only_to_pending_jobs(repo: JobReposi
     )
     assert got.version > waiting.version
     assert repo.get(admitted.id).status_reason != "stale note"
+
+
+def test_a_note_written_at_the_version_seen_is_patched_in_without_a_reload(
+    repo: JobRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = repo.create(new_job("a")), repo.create(new_job("b"))
+    working = WorkingSet(repo, SCHEDULED)
+    kept = {r.id: r for r in working.load()}
+    repo.annotate(second.id, "priority changed", priority=3)  # moves on after the load
+    notes = [
+        WaitNote(job.id, "needs 8 GPUs", {"queue_position": n}, None, kept[job.id].version)
+        for n, job in enumerate((first, second), start=1)
+    ]
+    versions = repo.explain_waits(notes)
+    working.noted(notes, versions)
+
+    assert repo.get(first.id).version == versions[first.id]  # applied: the version it gave
+    assert repo.get(second.id).status_reason != "needs 8 GPUs"  # the row had moved on
+    loaded = count_loads(repo, monkeypatch)
+    records = {r.id: r for r in working.load()}
+    assert loaded == [second.id]  # only the row that moved is read again
+    assert records[first.id].explanation == {"queue_position": 1}
+    assert records[first.id].status_reason == "needs 8 GPUs"
+    assert records[second.id].priority == 3

@@ -56,6 +56,9 @@ class RankContext:
         self.checkpoint_dir = checkpoint_dir  # the job's, the same on every attempt
         self._keep_last = keep_last
         self._stop_event = stop_event
+        # The entrypoint has been told to stop (`should_stop*` answered True): an
+        # entrypoint that returns without ever being told finished its work.
+        self.stop_seen = False
         self._lock = threading.Lock()
         self._progress = Progress()
 
@@ -93,14 +96,18 @@ class RankContext:
     def should_stop(self) -> bool:
         """This rank was asked to stop. Its peers may learn it a step later: before a
         collective such as a checkpoint, use `should_stop_together()`."""
-        return self._stop_event.is_set()
+        if self._stop_event.is_set():
+            self.stop_seen = True
+        return self.stop_seen
 
     def should_stop_together(self) -> bool:
         """Whether any rank was asked to stop, the same answer on every rank. A
         collective: every rank calls it at the same point of each step."""
         from workers.checkpoint import stop_agreed
 
-        return stop_agreed(self.should_stop())
+        if stop_agreed(self.should_stop()):
+            self.stop_seen = True
+        return self.stop_seen
 
     def report(
         self,

@@ -119,6 +119,8 @@ class GroupStatus:
     rank_local_s: tuple[float | None, ...] = ()
     # Seconds from the stop notice until the last rank had saved and returned.
     stop_ack_s: float | None = None
+    # Some rank's entrypoint was told to stop (see `RankContext.stop_seen`).
+    stop_seen: bool = False
 
 
 class WorkerGroup:
@@ -479,6 +481,7 @@ def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     progress["rank_local_s"] = tuple(s.get("local_s") for s in statuses)
     acks = [float(s["stop_ack_s"]) for s in statuses if s.get("stop_ack_s") is not None]
     progress["stop_ack_s"] = max(acks) if len(acks) == len(statuses) else None
+    progress["stop_seen"] = any(s.get("stop_seen") for s in statuses)
     phases = Counter(s["phase"] for s in statuses)
     if phases[FAILED]:
         return GroupStatus(

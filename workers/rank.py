@@ -120,6 +120,7 @@ class RankActor:
             "comm_bytes": progress.metrics.get("comm_bytes"),
             "reported_at": progress.reported_at,
             "stop_ack_s": self._stop_ack_s(),
+            "stop_seen": self._ctx.stop_seen if self._ctx else False,
             "pid": os.getpid(),
         }
 

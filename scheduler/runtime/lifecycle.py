@@ -161,8 +161,13 @@ def lost_steps(status: GroupStatus) -> int:
 
 
 def _finished_while_stopping(job: JobRecord, status: GroupStatus) -> Transition | None:
-    """A gang told to stop that reached its last step meanwhile simply succeeded."""
-    finished = job.total_steps is not None and status.step >= job.total_steps
+    """A gang told to stop that finished its work meanwhile simply succeeded: it reached
+    its last step, or (no step count: a function or script) its entrypoint returned
+    without ever being told to stop. Requeued, it would run its work twice."""
+    if job.total_steps is not None:
+        finished = status.step >= job.total_steps
+    else:
+        finished = not status.stop_seen
     if status.phase is GroupPhase.SUCCEEDED and finished:
         return Transition(JobState.SUCCEEDED, f"finished at step {status.step} while stopping")
     return None

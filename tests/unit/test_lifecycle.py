@@ -116,6 +116,20 @@ CASES: list[tuple[str, JobRecord, GroupStatus, JobState | None, str]] = [
         JobState.SUCCEEDED,
         "finished at step 100 while stopping",
     ),
+    (
+        "preempting, a function that returned without being told to stop",
+        job(JobState.PREEMPTING, total_steps=None, **DEADLINE_AHEAD),
+        GroupStatus(GroupPhase.SUCCEEDED, True, step=7),
+        JobState.SUCCEEDED,
+        "finished at step 7 while stopping",
+    ),
+    (
+        "preempting, a function that stopped when told",
+        job(JobState.PREEMPTING, total_steps=None, **DEADLINE_AHEAD),
+        replace(STOPPED, stop_seen=True),
+        JobState.PENDING,
+        "stopped at step 14 (2.0 s after the notice) and requeued",
+    ),
     ("resizing, waiting", job(JobState.RESIZING, **DEADLINE_AHEAD), RUNNING, None, ""),
     (
         "resizing, saved and exited",

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.limits import Limits
-from scheduler.core import PolicyConfig
+from scheduler.core import PolicyConfig, fairshare
 from scheduler.model import QueueQuota
 from scheduler.store.retention import Retention
 
@@ -132,7 +132,7 @@ class Settings(BaseSettings):
     )
     starvation_s: float = Field(4 * 3600.0, gt=0)
     service_preemption_loss_s: float = Field(300.0, ge=0)
-    fair_share_half_life_s: float = Field(7 * 24 * 3600.0, gt=0)
+    fair_share_half_life_s: float = Field(fairshare.HALF_LIFE_S, gt=0)
     queues: dict[str, QueueSettings] = Field(
         default_factory=dict,
         description='JSON, e.g. {"research": {"guaranteed_gpus": 4, "borrow_limit_gpus": 4}}',

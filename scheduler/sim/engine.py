@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from scheduler.core import Admit, PolicyConfig, Preempt, schedule
+from scheduler.core.fairshare import HALF_LIFE_S
 from scheduler.core.gittins import GittinsTable
 from scheduler.model import (
     ClusterSnapshot,
@@ -42,7 +43,6 @@ from scheduler.sim.policies import NEVER_S, SimPolicy
 from scheduler.sim.trace import TraceJob
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-FAIR_SHARE_HALF_LIFE_S = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -272,12 +272,12 @@ class Simulator:
         return self._policy_config
 
     def _decay_usage(self, now: float) -> None:
-        """Recent GPU-seconds per (queue, user), decayed with `FAIR_SHARE_HALF_LIFE_S`
+        """Recent GPU-seconds per (queue, user), decayed with `fairshare.HALF_LIFE_S`
         (the same measure the service computes from its store), updated incrementally."""
         elapsed = now - self._last_pass_s if self._last_pass_s > -float("inf") else 0.0
         if elapsed <= 0:
             return
-        factor = 2 ** (-elapsed / FAIR_SHARE_HALF_LIFE_S)
+        factor = 2 ** (-elapsed / HALF_LIFE_S)
         for key in self._usage:
             self._usage[key] *= factor
         for job in self._active.values():

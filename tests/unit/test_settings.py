@@ -6,6 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from api.settings import Settings
+from scheduler.core import PolicyConfig
+from scheduler.core.fairshare import HALF_LIFE_S
 from scheduler.model import QueueQuota
 
 
@@ -19,6 +21,14 @@ def test_queues_and_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert settings.quotas() == {"research": QueueQuota(guaranteed_gpus=4, borrow_limit_gpus=2)}
     policy = settings.policy()
     assert (policy.min_runtime_s, policy.backfill, policy.preemption) == (30.0, False, True)
+
+
+def test_policy_defaults_are_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in Settings.model_fields:
+        monkeypatch.delenv(f"GANGWAY_{name.upper()}", raising=False)
+    settings = Settings()
+    assert settings.policy() == PolicyConfig()
+    assert settings.fair_share_half_life_s == HALF_LIFE_S
 
 
 def test_bad_queue_settings_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:

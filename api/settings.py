@@ -6,10 +6,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.convert import queue_quota
 from api.limits import Limits
+from gangway.models import QueueSpec
 from scheduler.core import PolicyConfig, fairshare
 from scheduler.model import QueueQuota
 from scheduler.store.retention import Retention
@@ -17,12 +19,11 @@ from scheduler.store.retention import Retention
 _POLICY = PolicyConfig()  # the policy defaults the settings below start from
 
 
-class QueueSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class QueueSettings(QueueSpec):
+    """A queue in `GANGWAY_QUEUES`: the API's QueueSpec, its fields and bounds, checked as
+    settings are (lax: "4" is 4)."""
 
-    guaranteed_gpus: int = Field(0, ge=0)
-    borrow_limit_gpus: int | None = Field(None, ge=0)
-    weight: float = Field(1.0, gt=0)
+    model_config = ConfigDict(extra="forbid", strict=False)
 
 
 class Settings(BaseSettings):
@@ -170,10 +171,7 @@ class Settings(BaseSettings):
         )
 
     def quotas(self) -> dict[str, QueueQuota]:
-        return {
-            name: QueueQuota(q.guaranteed_gpus, q.borrow_limit_gpus, q.weight)
-            for name, q in self.queues.items()
-        }
+        return {name: queue_quota(spec) for name, spec in self.queues.items()}
 
     def policy(self) -> PolicyConfig:
         return PolicyConfig(

@@ -37,6 +37,14 @@ def test_bad_queue_settings_name_the_field(monkeypatch: pytest.MonkeyPatch) -> N
         Settings()
 
 
+def test_queue_settings_are_the_api_spec_read_laxly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GANGWAY_QUEUES", '{"q": {"guaranteed_gpus": "4", "weight": 2}}')
+    assert Settings().quotas() == {"q": QueueQuota(guaranteed_gpus=4, weight=2.0)}
+    monkeypatch.setenv("GANGWAY_QUEUES", '{"q": {"guaranteed_gpus": 2000000}}')
+    with pytest.raises(ValidationError, match="guaranteed_gpus"):  # the API's bound
+        Settings()
+
+
 def test_default_database_is_sqlite_in_the_data_dir(tmp_path: object) -> None:
     settings = Settings(data_dir=tmp_path)
     assert settings.resolved_database_url() == f"sqlite:///{tmp_path}/gangway.db"

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi import Path as PathParam
 
 from api.auth import RESERVED_NAMES, Admin, Caller, current_caller, require_owner
-from api.convert import queue_infos
+from api.convert import queue_infos, queue_quota
 from api.errors import FieldError
 from api.routes import ERROR_RESPONSES, MAX_ID, Repo, changed
 from gangway.models import (
@@ -26,7 +26,7 @@ from gangway.models import (
     UserName,
     WhoAmI,
 )
-from scheduler.model import RESOURCE_HOLDING_STATES, QueueQuota
+from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.store import AccountRepository, ApiKey, QueueRepository, User
 
 router = APIRouter(dependencies=[Depends(current_caller)], responses=ERROR_RESPONSES)
@@ -108,7 +108,7 @@ def put_queue(
     """Create or change a queue's quota (201 when created); the scheduler applies it on
     its next pass. Jobs already holding GPUs beyond a lowered quota are not stopped for
     it; they count as borrowers, reclaimed first when the guarantee's owners need GPUs."""
-    if store.put(name, QueueQuota(spec.guaranteed_gpus, spec.borrow_limit_gpus, spec.weight)):
+    if store.put(name, queue_quota(spec)):
         response.status_code = 201
     changed(request)()
     return _queue_info(name, store, repo)

@@ -22,6 +22,7 @@ from gangway.models import (
     PredictionAccuracy,
     Progress,
     QueueInfo,
+    QueueSpec,
     RankPlacement,
     RuntimePrediction,
     Straggler,
@@ -51,6 +52,11 @@ def job_checkpoints(root: Path | None, job_id: int) -> JobCheckpoints:
             for c in _CHECKPOINTS.listing(directory)
         ],
     )
+
+
+def queue_quota(spec: QueueSpec) -> QueueQuota:
+    """A quota as an admin (PUT /v1/queues/{name}) or `GANGWAY_QUEUES` sets it."""
+    return QueueQuota(spec.guaranteed_gpus, spec.borrow_limit_gpus, spec.weight)
 
 
 def queue_infos(

@@ -6,21 +6,24 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.convert import queue_quota
 from api.limits import Limits
-from scheduler.core import PolicyConfig
+from gangway.models import QueueSpec
+from scheduler.core import PolicyConfig, fairshare
 from scheduler.model import QueueQuota
 from scheduler.store.retention import Retention
 
+_POLICY = PolicyConfig()  # the policy defaults the settings below start from
 
-class QueueSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
-    guaranteed_gpus: int = Field(0, ge=0)
-    borrow_limit_gpus: int | None = Field(None, ge=0)
-    weight: float = Field(1.0, gt=0)
+class QueueSettings(QueueSpec):
+    """A queue in `GANGWAY_QUEUES`: the API's QueueSpec, its fields and bounds, checked as
+    settings are (lax: "4" is 4)."""
+
+    model_config = ConfigDict(extra="forbid", strict=False)
 
 
 class Settings(BaseSettings):
@@ -117,22 +120,23 @@ class Settings(BaseSettings):
         description="metric points older than this, and logs of jobs ended longer ago, are deleted",
     )
     retention_interval_s: float = Field(600.0, gt=0, description="between retention sweeps")
-    # Scheduling policy (see scheduler.core.config.PolicyConfig for what each one bounds).
-    aging_interval_s: float = Field(3600.0, gt=0)
-    min_runtime_s: float = Field(600.0, ge=0)
-    checkpoint_grace_s: float = Field(120.0, ge=0)
+    # Scheduling policy: the defaults are PolicyConfig's (scheduler.core.config, which says
+    # what each one bounds).
+    aging_interval_s: float = Field(_POLICY.aging_interval_s, gt=0)
+    min_runtime_s: float = Field(_POLICY.min_runtime_s, ge=0)
+    checkpoint_grace_s: float = Field(_POLICY.checkpoint_grace_s, ge=0)
     # A resized or resumed run's warm-up: a grow must win back more than this plus the grace.
-    restart_cost_s: float = Field(PolicyConfig().restart_cost_s, ge=0)
-    default_runtime_s: float = Field(24 * 3600.0, gt=0)
-    backfill: bool = True
-    preemption: bool = True
+    restart_cost_s: float = Field(_POLICY.restart_cost_s, ge=0)
+    default_runtime_s: float = Field(_POLICY.default_runtime_s, gt=0)
+    backfill: bool = _POLICY.backfill
+    preemption: bool = _POLICY.preemption
     service_levels_gpu_s: tuple[float, ...] = Field(
-        (3600.0, 36_000.0),
+        _POLICY.service_levels_gpu_s,
         description="least-attained-service levels, JSON list of ascending GPU-seconds; [] off",
     )
-    starvation_s: float = Field(4 * 3600.0, gt=0)
-    service_preemption_loss_s: float = Field(300.0, ge=0)
-    fair_share_half_life_s: float = Field(7 * 24 * 3600.0, gt=0)
+    starvation_s: float = Field(_POLICY.starvation_s, gt=0)
+    service_preemption_loss_s: float = Field(_POLICY.service_preemption_loss_s, ge=0)
+    fair_share_half_life_s: float = Field(fairshare.HALF_LIFE_S, gt=0)
     queues: dict[str, QueueSettings] = Field(
         default_factory=dict,
         description='JSON, e.g. {"research": {"guaranteed_gpus": 4, "borrow_limit_gpus": 4}}',
@@ -167,10 +171,7 @@ class Settings(BaseSettings):
         )
 
     def quotas(self) -> dict[str, QueueQuota]:
-        return {
-            name: QueueQuota(q.guaranteed_gpus, q.borrow_limit_gpus, q.weight)
-            for name, q in self.queues.items()
-        }
+        return {name: queue_quota(spec) for name, spec in self.queues.items()}
 
     def policy(self) -> PolicyConfig:
         return PolicyConfig(

@@ -38,6 +38,7 @@ from gangway.models import (
     UserCreate,
     UserInfo,
     WhoAmI,
+    wire_default,
 )
 
 T = TypeVar("T")
@@ -226,9 +227,9 @@ def queues() -> Call[list[QueueInfo]]:
 def set_queue(
     name: str,
     *,
-    guaranteed_gpus: int = 0,
-    borrow_limit_gpus: int | None = None,
-    weight: float = 1.0,
+    guaranteed_gpus: int = wire_default(QueueSpec, "guaranteed_gpus"),
+    borrow_limit_gpus: int | None = wire_default(QueueSpec, "borrow_limit_gpus"),
+    weight: float = wire_default(QueueSpec, "weight"),
 ) -> Call[QueueInfo]:
     """Create or change a queue's quota (admins); applied on the scheduler's next pass."""
     body = _checked(

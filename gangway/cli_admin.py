@@ -14,7 +14,7 @@ import typer
 
 from gangway import cli_shared
 from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
-from gangway.models import ApiKeyInfo, QueueInfo
+from gangway.models import ApiKeyInfo, QueueInfo, QueueSpec, wire_default
 
 queues_app = typer.Typer(help="Queues: list them; admins set and delete quotas.")
 users_app = typer.Typer(help="Users and API keys (admins; users may manage their own keys).")
@@ -36,13 +36,15 @@ def queues(ctx: typer.Context, url: Url = DEFAULT_URL, as_json: AsJson = False) 
 @queues_app.command("set")
 def set_queue(
     name: str,
-    guaranteed: Annotated[int, typer.Option(help="GPUs the queue is owed")] = 0,
+    guaranteed: Annotated[int, typer.Option(help="GPUs the queue is owed")] = wire_default(
+        QueueSpec, "guaranteed_gpus"
+    ),
     borrow_limit: Annotated[
         int | None, typer.Option(help="idle GPUs it may borrow beyond; unset: any")
-    ] = None,
+    ] = wire_default(QueueSpec, "borrow_limit_gpus"),
     weight: Annotated[
         float, typer.Option(help="share when queues contend (least usage / weight first)")
-    ] = 1.0,
+    ] = wire_default(QueueSpec, "weight"),
     url: Url = DEFAULT_URL,
 ) -> None:
     """Create or change a queue's quota; the scheduler applies it on its next pass."""

@@ -13,6 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+# How long a GPU-second counts fully before it counts half: the service's default
+# (`GANGWAY_FAIR_SHARE_HALF_LIFE_S`), the scheduler loop's and the simulator's.
+HALF_LIFE_S = 7 * 24 * 3600.0
+
 
 @dataclass(frozen=True)
 class UsageInterval:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from scheduler.core import PolicyConfig, schedule
-from scheduler.core.fairshare import decayed_usage
+from scheduler.core.fairshare import HALF_LIFE_S, decayed_usage
 from scheduler.model import (
     RESOURCE_HOLDING_STATES,
     ClusterSnapshot,
@@ -68,7 +68,7 @@ class SchedulerLoop:
         clock: Callable[[], datetime] = utcnow,
         policy: PolicyConfig | None = None,
         queues: Callable[[], Mapping[str, QueueQuota]] = dict,
-        fair_share_half_life_s: float = 7 * 24 * 3600.0,
+        fair_share_half_life_s: float = HALF_LIFE_S,
         hang_factor: float = 10.0,
         hang_min_s: float = 300.0,
         suspect_s: float = 300.0,

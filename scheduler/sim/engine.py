@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from scheduler.core import Admit, PolicyConfig, Preempt, schedule
+from scheduler.core.fairshare import HALF_LIFE_S, UsageInterval, decayed_usage
 from scheduler.core.gittins import GittinsTable
 from scheduler.model import (
     ClusterSnapshot,
@@ -42,7 +43,6 @@ from scheduler.sim.policies import NEVER_S, SimPolicy
 from scheduler.sim.trace import TraceJob
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-FAIR_SHARE_HALF_LIFE_S = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -272,19 +272,28 @@ class Simulator:
         return self._policy_config
 
     def _decay_usage(self, now: float) -> None:
-        """Recent GPU-seconds per (queue, user), decayed with `FAIR_SHARE_HALF_LIFE_S`
-        (the same measure the service computes from its store), updated incrementally."""
+        """Recent GPU-seconds per (queue, user), decayed with `fairshare.HALF_LIFE_S`,
+        updated incrementally: the usage of the last pass decays over the time since, and
+        `fairshare.decayed_usage` (the service's measure) adds the runs of that window."""
         elapsed = now - self._last_pass_s if self._last_pass_s > -float("inf") else 0.0
         if elapsed <= 0:
             return
-        factor = 2 ** (-elapsed / FAIR_SHARE_HALF_LIFE_S)
+        factor = 2 ** (-elapsed / HALF_LIFE_S)
         for key in self._usage:
             self._usage[key] *= factor
-        for job in self._active.values():
-            if job.phase is Phase.RUNNING:
-                key = (job.trace.queue, job.trace.queue)
-                used = job.shape.num_gpus * min(elapsed, now - job.run_start_s)
-                self._usage[key] = self._usage.get(key, 0.0) + used
+        window = [
+            UsageInterval(
+                job.trace.queue,
+                job.trace.queue,
+                job.shape.num_gpus,
+                EPOCH + timedelta(seconds=max(self._last_pass_s, job.run_start_s)),
+                None,
+            )
+            for job in self._active.values()
+            if job.phase is Phase.RUNNING
+        ]
+        for key, used in decayed_usage(window, EPOCH + timedelta(seconds=now), HALF_LIFE_S).items():
+            self._usage[key] = self._usage.get(key, 0.0) + used
 
     def _view(self, job: SimJob, now: float) -> JobView:
         state = _JOB_STATE[job.phase]

@@ -14,6 +14,16 @@ from scheduler.store.base import utcnow
 from scheduler.store.tables import QueueRow
 
 
+def _quota(row: QueueRow) -> QueueQuota:
+    return QueueQuota(row.guaranteed_gpus, row.borrow_limit_gpus, row.weight)
+
+
+def _write(row: QueueRow, quota: QueueQuota) -> None:
+    row.guaranteed_gpus = quota.guaranteed_gpus
+    row.borrow_limit_gpus = quota.borrow_limit_gpus
+    row.weight = quota.weight
+
+
 class QueueNotFound(LookupError):
     def __init__(self, name: str) -> None:
         super().__init__(f"queue {name!r} has no quota to delete")
@@ -28,9 +38,7 @@ class QueueRepository:
     def quotas(self) -> dict[str, QueueQuota]:
         with Session(self._engine) as session:
             rows = session.scalars(select(QueueRow).order_by(QueueRow.name))
-            return {
-                r.name: QueueQuota(r.guaranteed_gpus, r.borrow_limit_gpus, r.weight) for r in rows
-            }
+            return {row.name: _quota(row) for row in rows}
 
     def put(self, name: str, quota: QueueQuota) -> bool:
         """Create or replace queue `name`'s quota; True if it was created."""
@@ -40,9 +48,7 @@ class QueueRepository:
             if row is None:
                 row = QueueRow(name=name)
                 session.add(row)
-            row.guaranteed_gpus = quota.guaranteed_gpus
-            row.borrow_limit_gpus = quota.borrow_limit_gpus
-            row.weight = quota.weight
+            _write(row, quota)
             row.updated_at = self._clock()
         return created
 

@@ -6,6 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from api.settings import Settings
+from scheduler.core import PolicyConfig
+from scheduler.core.fairshare import HALF_LIFE_S
 from scheduler.model import QueueQuota
 
 
@@ -21,9 +23,25 @@ def test_queues_and_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert (policy.min_runtime_s, policy.backfill, policy.preemption) == (30.0, False, True)
 
 
+def test_policy_defaults_are_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in Settings.model_fields:
+        monkeypatch.delenv(f"GANGWAY_{name.upper()}", raising=False)
+    settings = Settings()
+    assert settings.policy() == PolicyConfig()
+    assert settings.fair_share_half_life_s == HALF_LIFE_S
+
+
 def test_bad_queue_settings_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GANGWAY_QUEUES", '{"research": {"guaranteed_gpus": -1}}')
     with pytest.raises(ValidationError, match="guaranteed_gpus"):
+        Settings()
+
+
+def test_queue_settings_are_the_api_spec_read_laxly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GANGWAY_QUEUES", '{"q": {"guaranteed_gpus": "4", "weight": 2}}')
+    assert Settings().quotas() == {"q": QueueQuota(guaranteed_gpus=4, weight=2.0)}
+    monkeypatch.setenv("GANGWAY_QUEUES", '{"q": {"guaranteed_gpus": 2000000}}')
+    with pytest.raises(ValidationError, match="guaranteed_gpus"):  # the API's bound
         Settings()
 
 

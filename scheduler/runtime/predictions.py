@@ -44,6 +44,8 @@ from scheduler.store.predictions import FinishedRun, JobPrediction
 
 # Recorded runs of a node type needed before its step-time model is trusted.
 MIN_CALIBRATION_RUNS = 3
+# A running job's prediction is made anew at least this often (its row moving aside).
+REPREDICT_RUNNING_S = 30.0
 
 
 class Predictions:
@@ -59,10 +61,10 @@ class Predictions:
         self._written: dict[int, JobPrediction] = {}
         self._current: dict[int, JobPrediction] = {}
         self._pending: set[int] = set()
-        # Between passes: a waiting job's prediction until its row or the history moves,
+        # Between passes: a job's prediction until its row or the history moves,
         # and each job's trainer shape (its spec never changes).
         self._learned = 0
-        self._waiting: dict[int, tuple[tuple[int, int, str | None], JobPrediction]] = {}
+        self._kept: dict[int, tuple[tuple[int, int, str | None], datetime, JobPrediction]] = {}
         self._trainers: dict[tuple[int, int], TrainerJob | None] = {}
         self._views: dict[int, tuple[JobView, JobView]] = {}
         self._recorded: dict[int, tuple[JobPrediction, datetime | None]] = {}
@@ -113,7 +115,7 @@ class Predictions:
         common = common_node_type(nodes)
         self._current = {job.id: self._predict_cached(job, by_id, common, now) for job in jobs}
         self._pending = {job.id for job in jobs if job.state is JobState.PENDING}
-        self._waiting = {j: memo for j, memo in self._waiting.items() if j in self._current}
+        self._kept = {j: kept for j, kept in self._kept.items() if j in self._current}
         self._trainers = {key: t for key, t in self._trainers.items() if key[0] in self._current}
         self._views = {view.id: self._with_prediction(view) for view in base}
         return [out for _, out in self._views.values()]
@@ -154,15 +156,20 @@ class Predictions:
     def _predict_cached(
         self, job: JobRecord, nodes: Mapping[str, Node], common: NodeType | None, now: datetime
     ) -> JobPrediction:
-        """`predict_record`; a job not holding resources has nothing that moves with the
-        clock, so its answer is kept until its row, the history or the node type moves."""
-        if job.state in RESOURCE_HOLDING_STATES:
-            return self.predict_record(job, nodes, common, now)
+        """`predict_record`, kept until the job's row, the history or the node type moves;
+        for a job holding resources (whose prediction moves with the clock) at most
+        `REPREDICT_RUNNING_S`: thousands of running gangs need not be predicted anew
+        every pass, and a prediction is only rewritten when it moves by 2% anyway."""
         key = (job.version, self._learned, common.name if common else None)
-        memo = self._waiting.get(job.id)
-        if memo is None or memo[0] != key:
-            memo = self._waiting[job.id] = (key, self.predict_record(job, nodes, common, now))
-        return memo[1]
+        kept = self._kept.get(job.id)
+        holding = job.state in RESOURCE_HOLDING_STATES
+        if (
+            kept is None
+            or kept[0] != key
+            or (holding and (now - kept[1]).total_seconds() >= REPREDICT_RUNNING_S)
+        ):
+            kept = self._kept[job.id] = (key, now, self.predict_record(job, nodes, common, now))
+        return kept[2]
 
     def _trainer(self, job: JobRecord, dp: int) -> TrainerJob | None:
         if (job.id, dp) not in self._trainers:

@@ -28,7 +28,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.schedule_pass import QUEUES, TRACE, USERS, trace_sizes
@@ -44,9 +44,12 @@ from workers.group import GroupPhase, GroupStatus
 
 @dataclass
 class RunsEverything:
-    """An executor whose groups start at once and run until released."""
+    """An executor whose groups start at once and run until released; with `progress`,
+    every running gang reports a new step at every poll (a busy cluster's telemetry)."""
 
+    progress: bool = False
     statuses: dict[int, GroupStatus] = field(default_factory=dict)
+    polls: int = 0
 
     def launch(self, job: JobRecord) -> None:
         self.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, ranks_started=True)
@@ -55,10 +58,17 @@ class RunsEverything:
         return job.id in self.statuses
 
     def stop(self, job_id: int) -> None:
-        self.statuses[job_id] = GroupStatus(GroupPhase.STOPPED)
+        self.statuses[job_id] = GroupStatus(GroupPhase.SUCCEEDED, True, stop_seen=True)
 
     def poll(self) -> dict[int, GroupStatus]:
-        return dict(self.statuses)
+        self.polls += 1
+        if not self.progress:
+            return dict(self.statuses)
+        step = {"step": self.polls, "loss": 2.0, "tokens_per_s": 1e4, "step_time_s": 0.5}
+        return {
+            job_id: replace(status, **step) if status.phase is GroupPhase.RUNNING else status
+            for job_id, status in self.statuses.items()
+        }
 
     def release(self, job_id: int) -> None:
         self.statuses.pop(job_id, None)
@@ -164,6 +174,9 @@ def main() -> None:
     parser.add_argument("--churn", type=int, default=20, help="submits before each busy pass")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--progress", action="store_true", help="every running gang reports a step each pass"
+    )
     parser.add_argument("--profile", type=int, default=0, help="print the top N of a pass")
     args = parser.parse_args()
 
@@ -180,7 +193,7 @@ def main() -> None:
     loop = SchedulerLoop(
         repo=repo,
         cluster=StaticCluster(nodes),
-        executor=RunsEverything(),
+        executor=RunsEverything(progress=args.progress),
         lease=lease,
         queues=lambda: QUEUES,
     )

@@ -54,6 +54,9 @@ _TRANSITIONAL_STATES = frozenset(
 # A job holding resources is the one the runtime has (or is about to have) a group for.
 _SCHEDULED_STATES = (JobState.PENDING, *sorted(RESOURCE_HOLDING_STATES))
 
+# Fair-share usage is derived again at least this often while no job changes.
+_USAGE_EVERY = timedelta(seconds=10)
+
 # STARTING -> RUNNING -> SUCCEEDED can all follow from one report; no chain is longer.
 _MAX_TRANSITIONS_PER_REPORT = 3
 
@@ -102,6 +105,7 @@ class SchedulerLoop:
         )
         self._predictions = Predictions(repo)
         self._jobs = WorkingSet(repo, _SCHEDULED_STATES)
+        self._usage: tuple[int, datetime, dict[tuple[str, str], float]] | None = None
 
     def reconcile(self) -> None:
         """Match every active job in the store with what Ray runs: reattach or requeue."""
@@ -175,9 +179,16 @@ class SchedulerLoop:
         self._predictions.record(decisions, now)
 
     def _recent_usage(self, now: datetime) -> dict[tuple[str, str], float]:
-        """Decayed GPU-seconds per (queue, user); runs older than 10 half-lives count < 0.1%."""
+        """Decayed GPU-seconds per (queue, user); runs older than 10 half-lives count < 0.1%.
+        Derived again when a job started, ended or changed, else every `_USAGE_EVERY_S`
+        (what running gangs add meanwhile is negligible against a half-life of days)."""
+        kept = self._usage
+        if kept and kept[0] == self._jobs.generation and now - kept[1] < _USAGE_EVERY:
+            return kept[2]
         since = now - timedelta(seconds=10 * self._half_life_s)
-        return decayed_usage(self._repo.usage_intervals(since), now, self._half_life_s)
+        usage = decayed_usage(self._repo.usage_intervals(since), now, self._half_life_s)
+        self._usage = (self._jobs.generation, now, usage)
+        return usage
 
     # -- polling ----------------------------------------------------------------------
 

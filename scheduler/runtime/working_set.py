@@ -27,6 +27,9 @@ class WorkingSet:
         self._records: dict[int, JobRecord] = {}
         self._views: dict[int, JobView] = {}
         self._specs: dict[int, JobSpec] = {}
+        # Counts loads that found some job changed, arrived or gone: what is derived from
+        # the whole set (fair-share usage) need not be derived again while it stands.
+        self.generation = 0
 
     def load(self, only: Iterable[JobState] | None = None) -> list[JobRecord]:
         """Every job now in the states (or in `only`, some of them), in id order, as the
@@ -39,6 +42,8 @@ class WorkingSet:
             if (known := self._records.get(job_id)) is None or known.version != version
         ]
         left = [j for j, r in self._records.items() if r.state in states and j not in versions]
+        if stale or left:
+            self.generation += 1
         for job_id in (*left, *stale):
             self._records.pop(job_id, None)
             self._views.pop(job_id, None)

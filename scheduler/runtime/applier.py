@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 
 Decision = Admit | Preempt | Resize | Wait
 
+# A waiting job's stored place in the queue may lag its true place by this fraction for
+# at most this long (see `Applier._position_can_wait`).
+POSITION_SLACK = 0.1
+POSITION_REFRESH = timedelta(seconds=10)
+
 
 class Applier:
     def __init__(
@@ -42,6 +47,7 @@ class Applier:
         # job id -> (row version, the Wait and position) the row was seen to hold already:
         # the next pass with the same row and the same Wait skips building the comparison.
         self._explained: dict[int, tuple[int, Wait, int]] = {}
+        self._positioned_at: dict[int, datetime] = {}  # when this loop last wrote a place
 
     # -- the core's decisions -----------------------------------------------------------
 
@@ -66,6 +72,7 @@ class Applier:
                 notes.append(note)
         versions = self._repo.explain_waits(notes)
         self._explained = {j: seen for j, seen in self._explained.items() if j in positions}
+        self._positioned_at = {j: a for j, a in self._positioned_at.items() if j in positions}
         return notes, versions
 
     def _changed_note(self, job: JobRecord, decision: Wait, position: int) -> WaitNote | None:
@@ -74,17 +81,39 @@ class Applier:
         seen = (job.version, decision, position)
         if self._explained.get(job.id) == seen:
             return None
-        explanation = {**asdict(decision.explanation), "queue_position": position}
-        unchanged = (
+        why = asdict(decision.explanation)
+        stored = dict(job.explanation or {})
+        old_position = stored.pop("queue_position", None)
+        same_otherwise = (
             job.status_reason == decision.reason
             and job.estimated_start_at == decision.estimated_start_at
-            and job.explanation == explanation
+            and stored == why
         )
-        if unchanged:
+        if same_otherwise and old_position == position:
             self._explained[job.id] = seen
             return None
+        if same_otherwise and self._position_can_wait(job.id, old_position, position):
+            return None
+        self._positioned_at[job.id] = self._clock()
         return WaitNote(
-            job.id, decision.reason, explanation, decision.estimated_start_at, job.version
+            job.id,
+            decision.reason,
+            {**why, "queue_position": position},
+            decision.estimated_start_at,
+            job.version,
+        )
+
+    def _position_can_wait(self, job_id: int, old: object, new: int) -> bool:
+        """Only the job's place moved, by less than `POSITION_SLACK` of it, and this loop
+        wrote it within `POSITION_REFRESH`: twenty submits near the head of a 10,000-job
+        queue would otherwise rewrite every row behind them on every pass. A place within
+        the first ten is always exact (one step is 10% of it)."""
+        written = self._positioned_at.get(job_id)
+        return (
+            isinstance(old, int)
+            and abs(new - old) < POSITION_SLACK * old
+            and written is not None
+            and self._clock() - written < POSITION_REFRESH
         )
 
     def _preempt(self, job: JobRecord, decision: Preempt) -> None:

@@ -231,6 +231,28 @@ def test_a_pass_over_a_queue_that_did_not_change_writes_nothing(
     assert writes == ["transition", "explain_waits"]  # the cancel, then one batch of notes
 
 
+def test_a_place_deep_in_the_queue_is_rewritten_within_seconds_not_every_pass(
+    repo: JobRepository, loop: SchedulerLoop, clock: Clock
+) -> None:
+    """Places near the head are exact at once; one within 10% of its stored value may lag
+    up to 10 s, so a change at the head does not rewrite a whole queue every pass."""
+    waiting = [submit(repo, dp=16) for _ in range(12)]  # never fit: only places move
+    loop.tick()
+
+    def places() -> list[int]:
+        return [(repo.get(job.id).explanation or {})["queue_position"] for job in waiting]
+
+    assert places() == list(range(1, 13))
+    repo.transition(waiting[0].id, JobState.CANCELLED, reason="cancelled by user")
+    waiting = waiting[1:]
+    loop.tick()
+    assert places()[:9] == list(range(1, 10))  # moved by more than 10%: at once
+    assert places()[9:] == [11, 12]  # 11 -> 10 and 12 -> 11 are within 10%: may wait
+    clock.now += timedelta(seconds=10)
+    loop.tick()
+    assert places() == list(range(1, 12))
+
+
 def test_a_fast_job_still_records_every_transition(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
 ) -> None:

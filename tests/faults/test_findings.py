@@ -8,10 +8,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 import torch
 from fastapi.testclient import TestClient
 from torch import nn
@@ -99,6 +101,59 @@ def test_a_stale_leaders_write_never_lands_on_the_new_leaders_attempt(
     launching.join(timeout=30)
     assert new_errors == [] and repo.get(job.id).state is JobState.STARTING
     assert not old.lead() and old_executor.job_ids() == set()  # A stands by, holding nothing
+
+
+def test_a_host_whose_clock_is_behind_cannot_let_a_standby_in_early(
+    repo: JobRepository,
+) -> None:
+    """Finding 2: lease expiry used each host's clock. A leader whose clock runs an hour
+    behind stamped an expiry already past for everyone else: a standby took over at once
+    while the leader was alive (two leaders). Judged by the database's clock, it cannot."""
+    behind = repo.with_clock(lambda: datetime.now(UTC) - timedelta(hours=1))
+    leader = loop_for(behind, "leader", 15, FakeExecutor())
+    standby = loop_for(repo, "standby", 15, FakeExecutor())
+    assert leader.lead()
+    assert not standby.lead(), "the standby took a lease renewed a moment ago"
+    assert leader.lead()
+
+
+def test_a_pass_stuck_past_the_ttl_does_not_let_a_standby_in(repo: JobRepository) -> None:
+    """Finding 2: the lease was renewed only at the top of a pass, so one pass stuck
+    longer than the TTL (here a launch hanging 3 TTLs) let a standby take over while the
+    leader was alive and about to write. The lease is renewed independently of passes."""
+    leader = loop_for(repo, "leader", 1.0, SlowLaunch(delay_s=3.0))
+    standby = loop_for(repo, "standby", 1.0, FakeExecutor())
+    stop, wake = threading.Event(), threading.Event()
+    running, errors = in_thread(lambda: leader.run(stop, interval_s=0.2, wake=wake))
+    try:
+        deadline = time.monotonic() + 10
+        time.sleep(0.5)  # the leader holds the lease
+        job = submit(repo)
+        wake.set()
+        while repo.get(job.id).state is not JobState.ADMITTED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert repo.get(job.id).state is JobState.ADMITTED  # the leader is in its launch
+        stuck_until = time.monotonic() + 2.5
+        while time.monotonic() < stuck_until:
+            assert not standby.lead(), "a standby took over from a live leader in a long pass"
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        wake.set()
+        running.join(timeout=15)
+    assert errors == []
+
+
+def test_log_lines_are_indexed_by_job_and_seq(repo: JobRepository) -> None:
+    """Finding 4: `append_logs` takes max(seq) over a job's lines on every poll, and no
+    index covered (job_id, seq): each poll scanned every line the job ever printed."""
+    indexes = sa.inspect(repo.engine).get_indexes("job_logs")
+    covering = [
+        i["name"]
+        for i in indexes
+        if i["column_names"][:1] == ["job_id"] and "seq" in i["column_names"]
+    ]
+    assert covering, f"job_logs indexes: {[(i['name'], i['column_names']) for i in indexes]}"
 
 
 # -- 1. stranded gangs after a restart ------------------------------------------------

@@ -22,7 +22,7 @@ from api.app import create_app
 from scheduler.model import JobState, Node
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
-from scheduler.store import JobRecord, JobRepository
+from scheduler.store import JobRecord, JobRepository, NewJob
 from tests.integration.test_loop import FakeCluster, FakeExecutor, submit
 from workers.checkpoint import Checkpointer
 from workers.group import GroupPhase, GroupStatus
@@ -258,3 +258,18 @@ def test_request_sizes_are_limited_with_clear_errors(repo: JobRepository) -> Non
         script = {"kind": "script", "path": "/bin/true", "args": ["ok", "y" * 5000]}
         assert answer(script) == (422, "entrypoint.args.1")
         assert answer(BUILTIN["entrypoint"], name="bad\x00name") == (422, "name")
+
+
+def test_a_listing_page_stays_within_the_byte_budget(repo: JobRepository) -> None:
+    """Finding 4: `?limit=500` returned every stored spec whole (25 MB after 20 MB
+    bodies). With the default budget (2 MiB) a page ends early and names a cursor."""
+    spec = {**BUILTIN, "entrypoint": {"kind": "function", "target": "a.b:c"}}
+    spec["entrypoint"]["kwargs"] = {"blob": "x" * 15_000}  # under the 16 KiB kwargs limit
+    new = NewJob(name="j", queue="default", priority=0, spec=spec, num_gpus=1, total_steps=1)
+    ids = [repo.create(new).id for _ in range(200)]  # ~3 MB of specs
+    with TestClient(create_app(repo), raise_server_exceptions=False) as api:
+        first = api.get("/v1/jobs", params={"limit": 500})
+        assert first.status_code == 200
+        assert len(first.content) < 2 * 1024 * 1024 + 400_000, len(first.content)
+        page = first.json()
+        assert page["next_cursor"] is not None and len(page["items"]) < len(ids)

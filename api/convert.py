@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gangway.models import (
+    STORED,
     CheckpointInfo,
     ClusterInfo,
     JobCheckpoints,
@@ -226,7 +227,7 @@ class _SpecCache:
                 self._entries.move_to_end(key)
         if entry is not None and entry[0] == job.spec_json:
             return entry[1]
-        spec = JobSubmit.model_validate(job.spec_json)
+        spec = JobSubmit.model_validate(job.spec_json, context=STORED)
         size = len(json.dumps(job.spec_json))
         if size > self._max_item_bytes:
             return spec  # a large one would push out many small ones

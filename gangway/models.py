@@ -18,6 +18,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -158,6 +159,14 @@ class Builtin(_Strict):
 
 # A function's kwargs travel in the job's stored spec and in every listing of it.
 MAX_KWARGS_BYTES = 16 * 1024
+MAX_ARG_CHARS = 4096
+# Validation context of a body read back from the store: limits added after it was
+# submitted must not make an accepted job unreadable (a 500 on every listing).
+STORED = {"stored": True}
+
+
+def _stored(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("stored"))
 
 
 class Function(_Strict):
@@ -171,7 +180,9 @@ class Function(_Strict):
 
     @field_validator("kwargs")
     @classmethod
-    def _kwargs_fit(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _kwargs_fit(cls, kwargs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if _stored(info):
+            return kwargs
         size = len(json.dumps(kwargs, separators=(",", ":")).encode())
         if size > MAX_KWARGS_BYTES:
             raise ValueError(f"kwargs is {size} bytes as JSON; at most {MAX_KWARGS_BYTES}")
@@ -190,9 +201,23 @@ class Script(_Strict):
 
     kind: Literal["script"] = "script"
     path: str = Field(min_length=1, max_length=4096, pattern=NO_NUL)
-    args: list[Annotated[str, Field(max_length=4096, pattern=NO_NUL)]] = Field(
-        default_factory=list, max_length=1000, description="at most 1000, each <= 4096 chars"
+    args: list[Annotated[str, Field(pattern=NO_NUL)]] = Field(
+        default_factory=list,
+        max_length=1000,
+        description=f"at most 1000, each <= {MAX_ARG_CHARS} chars",
     )
+
+    @field_validator("args")
+    @classmethod
+    def _args_fit(cls, args: list[str], info: ValidationInfo) -> list[str]:
+        if _stored(info):
+            return args
+        for index, arg in enumerate(args):
+            if len(arg) > MAX_ARG_CHARS:
+                raise ValueError(
+                    f"args[{index}] has {len(arg)} characters; at most {MAX_ARG_CHARS}"
+                )
+        return args
 
 
 class Command(_Strict):

@@ -199,3 +199,34 @@ def test_retention_keeps_the_newest_lines_and_drops_old_telemetry(repo: JobRepos
     # the next sweep only looks at jobs that changed since
     clocked.append_logs(chatty.id, 1, [(0, seq, "more") for seq in range(52, 60)])
     assert sweeper.sweep().log_lines == 9
+
+
+def test_a_job_stored_before_a_limit_existed_stays_readable(
+    repo: JobRepository, client: TestClient
+) -> None:
+    """e1c70d8 accepted any size of kwargs and of script arguments: such a job, stored
+    before the limits, must list and read as it was (not a 500 on every listing), while a
+    new submit of the same body is refused."""
+    big = {"blob": "x" * 20_000}  # over the 16 KiB kwargs limit, under the body limit
+    old_function = body(entrypoint={"kind": "function", "target": "a.b:c", "kwargs": big})
+    old_script = body(entrypoint={"kind": "script", "path": "/t.py", "args": ["y" * 5000]})
+    ids = [
+        repo.create(NewJob("old", "default", 0, spec, 1, None)).id
+        for spec in (old_function, old_script)
+    ]
+    listed: set[int] = set()
+    params: dict[str, int] = {"limit": 10}
+    while True:  # a page may end early at its byte budget
+        page = client.get("/v1/jobs", params=params)
+        assert page.status_code == 200
+        listed |= {job["id"] for job in page.json()["items"]}
+        if page.json()["next_cursor"] is None:
+            break
+        params["cursor"] = page.json()["next_cursor"]
+    assert listed >= set(ids)
+    read = client.get(f"/v1/jobs/{ids[0]}").json()
+    assert read["spec"]["entrypoint"]["kwargs"] == big
+    assert client.get(f"/v1/jobs/{ids[1]}").json()["spec"]["entrypoint"]["args"] == ["y" * 5000]
+    for spec, field in ((old_function, "kwargs"), (old_script, "args")):
+        refused = client.post("/v1/jobs", json=spec)
+        assert refused.status_code == 422 and field in refused.text

@@ -22,6 +22,7 @@ from api.settings import Settings
 from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.executor import RayExecutor
 from scheduler.runtime.lease import LeaderLease
+from scheduler.runtime.lifecycle import LifecycleConfig
 from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster, start_watchdog
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
@@ -61,8 +62,9 @@ class Runtime:
             policy=self._settings.policy(),
             queues=QueueRepository(self._repo.engine).quotas,
             fair_share_half_life_s=self._settings.fair_share_half_life_s,
-            hang_factor=self._settings.hang_factor,
-            hang_min_s=self._settings.hang_min_s,
+            lifecycle=LifecycleConfig(
+                hang_factor=self._settings.hang_factor, hang_min_s=self._settings.hang_min_s
+            ),
             stragglers=StragglerWatch(
                 factor=self._settings.straggler_factor, window=self._settings.straggler_window
             ),

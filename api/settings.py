@@ -14,9 +14,11 @@ from api.limits import Limits
 from gangway.models import QueueSpec
 from scheduler.core import PolicyConfig, fairshare
 from scheduler.model import QueueQuota
+from scheduler.runtime.lifecycle import LifecycleConfig
 from scheduler.store.retention import Retention
 
 _POLICY = PolicyConfig()  # the policy defaults the settings below start from
+_LIFECYCLE = LifecycleConfig()  # and the hang rule's
 
 
 class QueueSettings(QueueSpec):
@@ -94,8 +96,12 @@ class Settings(BaseSettings):
         0.1, gt=0, le=60, description="between passes while a gang starts, stops or resizes"
     )
     placement_timeout_s: float = Field(120.0, gt=0)
-    hang_factor: float = Field(10.0, gt=1, description="x recent step time without progress")
-    hang_min_s: float = Field(300.0, gt=0, description="never call a job hung sooner")
+    hang_factor: float = Field(
+        _LIFECYCLE.hang_factor, gt=1, description="x recent step time without progress"
+    )
+    hang_min_s: float = Field(
+        _LIFECYCLE.hang_min_s, gt=0, description="never call a job hung sooner"
+    )
     straggler_factor: float = Field(
         1.5, gt=1, description="a rank this many times slower than the gang's median is flagged"
     )

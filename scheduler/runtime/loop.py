@@ -72,8 +72,7 @@ class SchedulerLoop:
         policy: PolicyConfig | None = None,
         queues: Callable[[], Mapping[str, QueueQuota]] = dict,
         fair_share_half_life_s: float = HALF_LIFE_S,
-        hang_factor: float = 10.0,
-        hang_min_s: float = 300.0,
+        lifecycle: LifecycleConfig | None = None,
         suspect_s: float = 300.0,
         stragglers: StragglerWatch | None = None,
         lease: LeaderLease | None = None,
@@ -90,7 +89,7 @@ class SchedulerLoop:
         self._policy = policy or PolicyConfig()
         self._queues = queues  # read every pass: admins change quotas while it runs
         self._half_life_s = fair_share_half_life_s
-        self._lifecycle = LifecycleConfig(hang_factor=hang_factor, hang_min_s=hang_min_s)
+        self._lifecycle = lifecycle or LifecycleConfig()
         self._nodes = NodeWatch(repo, cluster, clock, suspect_s)
         self._applier = Applier(repo, executor, clock, self._policy, self._nodes.suspect)
         self._ingest = ProgressIngest(repo, stragglers or StragglerWatch())

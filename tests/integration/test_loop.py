@@ -14,6 +14,7 @@ from scheduler.model import JobState, Node, QueueQuota
 from scheduler.runtime import metrics
 from scheduler.runtime.executor import group_spec
 from scheduler.runtime.lease import LeaderLease
+from scheduler.runtime.lifecycle import LifecycleConfig
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRecord, JobRepository, NewJob, QueueRepository
@@ -668,7 +669,9 @@ def test_a_persistently_slow_rank_is_flagged_and_unflagged_in_events(
 def test_a_job_without_progress_is_hung_its_stacks_kept_and_it_restarts(
     repo: JobRepository, executor: FakeExecutor, clock: Clock
 ) -> None:
-    loop = make_loop(repo, executor, clock, hang_factor=10, hang_min_s=60)
+    loop = make_loop(
+        repo, executor, clock, lifecycle=LifecycleConfig(hang_factor=10, hang_min_s=60)
+    )
     job = submit(repo, max_restarts=1)
     loop.tick()
     executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=0)

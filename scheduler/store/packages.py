@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gangway.states import JobState
+from scheduler.store.specs import spec_from_json
 from scheduler.store.tables import JobRow, PackageRow
 
 ACTIVE_STATES = tuple(s.value for s in JobState if not s.is_terminal)
@@ -129,7 +130,7 @@ class PackageStore:
 
 def _referenced(session: Session) -> set[str]:
     specs = session.scalars(select(JobRow.spec).where(JobRow.state.in_(ACTIVE_STATES))).all()
-    return {spec["package"] for spec in specs if spec.get("package")}
+    return {package for spec in specs if (package := spec_from_json(spec).code.package)}
 
 
 def _record(row: PackageRow) -> PackageRecord:

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -169,6 +170,12 @@ def _stored(info: ValidationInfo) -> bool:
     return bool(info.context and info.context.get("stored"))
 
 
+def _arg_fits(arg: str, info: ValidationInfo) -> str:
+    if len(arg) > MAX_ARG_CHARS and not _stored(info):
+        raise ValueError(f"{len(arg)} characters; at most {MAX_ARG_CHARS}")
+    return arg
+
+
 class Function(_Strict):
     """A Python function `package.module:function(ctx, **kwargs)` run on every rank."""
 
@@ -201,23 +208,11 @@ class Script(_Strict):
 
     kind: Literal["script"] = "script"
     path: str = Field(min_length=1, max_length=4096, pattern=NO_NUL)
-    args: list[Annotated[str, Field(pattern=NO_NUL)]] = Field(
+    args: list[Annotated[str, Field(pattern=NO_NUL), AfterValidator(_arg_fits)]] = Field(
         default_factory=list,
         max_length=1000,
         description=f"at most 1000, each <= {MAX_ARG_CHARS} chars",
     )
-
-    @field_validator("args")
-    @classmethod
-    def _args_fit(cls, args: list[str], info: ValidationInfo) -> list[str]:
-        if _stored(info):
-            return args
-        for index, arg in enumerate(args):
-            if len(arg) > MAX_ARG_CHARS:
-                raise ValueError(
-                    f"args[{index}] has {len(arg)} characters; at most {MAX_ARG_CHARS}"
-                )
-        return args
 
 
 class Command(_Strict):

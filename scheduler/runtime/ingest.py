@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from scheduler.runtime.stragglers import StragglerWatch
-from scheduler.store import JobRecord, JobRepository, ProgressPoint
+from scheduler.store import JobRecord, JobRepository, ProgressNote, ProgressPoint
 from workers.group import GroupStatus
 
 
@@ -18,11 +18,14 @@ class ProgressIngest:
         """Forget straggler history of gangs that are gone."""
         self._stragglers.keep_only(job_ids)
 
-    def record(self, job: JobRecord, status: GroupStatus, node_names: Mapping[str, str]) -> None:
-        """Store new log lines, and a progress point when the step moved."""
+    def record(
+        self, job: JobRecord, status: GroupStatus, node_names: Mapping[str, str]
+    ) -> ProgressNote | None:
+        """Store new log lines and straggler flags; the progress point to store when the
+        step moved (the loop stores a pass's points in one transaction)."""
         self._repo.append_logs(job.id, job.attempt, status.logs)
         if status.step == job.step:
-            return
+            return None
         point = ProgressPoint(
             step=status.step,
             loss=status.loss,
@@ -33,8 +36,8 @@ class ProgressIngest:
             comm_s=status.comm_s,
             comm_bytes=status.comm_bytes,
         )
-        self._repo.record_progress(job.id, job.attempt, point)
         self._watch_stragglers(job, status, node_names)
+        return ProgressNote(job.id, job.attempt, point, job.version)
 
     def _watch_stragglers(
         self, job: JobRecord, status: GroupStatus, node_names: Mapping[str, str]

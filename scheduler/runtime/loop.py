@@ -39,7 +39,7 @@ from scheduler.runtime.nodes import NodeWatch
 from scheduler.runtime.predictions import Predictions
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.runtime.working_set import WorkingSet
-from scheduler.store import Fenced, FenceSlot, JobRecord, JobRepository
+from scheduler.store import Fenced, FenceSlot, JobRecord, JobRepository, ProgressNote
 from scheduler.store.base import utcnow
 from workers import faults
 from workers.group import GroupStatus
@@ -197,23 +197,29 @@ class SchedulerLoop:
         # The gangs' jobs as this pass left them (its own writes moved their versions).
         current = {job.id: job for job in self._jobs.load(RESOURCE_HOLDING_STATES)}
         busy = False
+        progress: list[ProgressNote] = []
         for job_id, status in self._executor.poll().items():
             job = current.get(job_id)
             if job is None or job.state not in RESOURCE_HOLDING_STATES:
                 self._executor.release(job_id)
                 continue
             busy = busy or job.state in _TRANSITIONAL_STATES
-            self._observe(job, status)
+            if note := self._observe(job, status):
+                progress.append(note)
+        versions, at = self._repo.record_progress_many(progress)  # one transaction
+        self._jobs.progressed(progress, versions, at)
         return busy
 
-    def _observe(self, job: JobRecord, status: GroupStatus) -> None:
-        """Ingest the report, then apply what the lifecycle makes of it until it rests."""
-        self._ingest.record(job, status, self._nodes.names)
+    def _observe(self, job: JobRecord, status: GroupStatus) -> ProgressNote | None:
+        """Ingest the report, then apply what the lifecycle makes of it until it rests;
+        the progress point to store."""
+        note = self._ingest.record(job, status, self._nodes.names)
         for _ in range(_MAX_TRANSITIONS_PER_REPORT):
             change = next_transition(job, status, self._clock(), self._lifecycle)
             if change is None:
-                return
+                break
             moved = self._applier.apply(job, change)
             if moved.state is not change.to or change.relaunch:
-                return  # someone else moved it, or the next attempt owns the gang now
+                break  # someone else moved it, or the next attempt owns the gang now
             job = moved
+        return note

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime
 
 from scheduler.model import JobSpec, JobState, JobView
 from scheduler.runtime.views import job_view
-from scheduler.store import JobRecord, JobRepository, WaitNote
+from scheduler.store import JobRecord, JobRepository, ProgressNote, WaitNote
 from scheduler.store.text_limits import MAX_REASON_CHARS, keep_tail
 
 
@@ -73,6 +74,29 @@ class WorkingSet:
                 estimated_start_at=note.estimated_start_at,
                 version=version,
             )
+
+    def progressed(
+        self, notes: Sequence[ProgressNote], versions: Mapping[int, int], at: datetime
+    ) -> None:
+        """Patch the kept records with the progress this pass stored at `at`, at the
+        versions the writes gave them (`JobRepository.record_progress_many`), as `noted`
+        does for wait notes: thousands of gangs reporting a step are not read back."""
+        for note in notes:
+            record = self._records.get(note.job_id)
+            version = versions.get(note.job_id)
+            if record is None or version is None or record.version != note.seen_version:
+                continue
+            point = note.point
+            self._records[note.job_id] = replace(
+                record,
+                step=point.step,
+                loss=point.loss,
+                tokens_per_s=point.tokens_per_s,
+                first_loss=record.first_loss if record.first_loss is not None else point.first_loss,
+                progress_at=at,
+                version=version,
+            )
+            self._views.pop(note.job_id, None)  # its run info moved
 
     def view(self, record: JobRecord) -> JobView:
         """The core's view of a record `load` returned, built once per version."""

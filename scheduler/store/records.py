@@ -132,6 +132,16 @@ class ProgressPoint:
 
 
 @dataclass(frozen=True)
+class ProgressNote:
+    """A progress point of one job's attempt, as the loop writes it after a poll."""
+
+    job_id: int
+    attempt: int
+    point: ProgressPoint
+    seen_version: int | None = None  # the row's version when the loop read it
+
+
+@dataclass(frozen=True)
 class MetricPoint:
     attempt: int
     step: int

@@ -3,46 +3,91 @@
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Sequence
+from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import BigInteger, bindparam, case, func, insert, select, update
 from sqlalchemy.orm import Session, aliased
 
 from scheduler.store.base import Repository
-from scheduler.store.records import LogLine, MetricPoint, ProgressPoint, job_row
+from scheduler.store.records import LogLine, MetricPoint, ProgressNote, ProgressPoint, job_row
 from scheduler.store.retention import newest_log_seqs
 from scheduler.store.tables import JobLogRow, JobMetricRow, JobRow
 
 
 class TelemetryStore(Repository):
     def record_progress(self, job_id: int, attempt: int, point: ProgressPoint) -> None:
-        """Store the latest training progress on the job and as a point of its metric
-        series, in one transaction. `first_loss` is the loss of the attempt's first step
+        """`record_progress_many` for one job."""
+        self.record_progress_many([ProgressNote(job_id, attempt, point)])
+
+    def record_progress_many(
+        self, notes: Sequence[ProgressNote]
+    ) -> tuple[dict[int, int], datetime]:
+        """Store the latest training progress on each job and as a point of its metric
+        series, all in one transaction (a pass that polls thousands of gangs pays one
+        commit and one fence check). `first_loss` is the loss of the attempt's first step
         (ranks keep it, since the loop may first look several steps in); the job keeps
-        the first one it ever saw, to show the trend across restarts."""
+        the first one it ever saw, to show the trend across restarts.
+
+        Returns the time written as `progress_at` and, for each note that carries the
+        version its writer read (`seen_version`), the fresh random version the row got
+        if it still had that one (see `JobStore.explain_waits`): the loop's working set
+        patches its copy instead of reading the row back. A row that had moved on gets
+        its version counted up instead, so the copy no longer matches and is reread."""
         now = self._clock()
+        if not notes:
+            return {}, now
+        fresh = {n.job_id: secrets.randbits(62) for n in notes if n.seen_version is not None}
+        seen = bindparam("p_seen", type_=BigInteger())
+        statement = (
+            update(JobRow)
+            .where(JobRow.id == bindparam("p_id"))
+            .values(
+                step=bindparam("p_step"),
+                loss=bindparam("p_loss"),
+                tokens_per_s=bindparam("p_tokens"),
+                first_loss=func.coalesce(JobRow.first_loss, bindparam("p_first_loss")),
+                progress_at=now,
+                version=case(
+                    (JobRow.version == seen, bindparam("p_version", type_=BigInteger())),
+                    else_=JobRow.version + 1,
+                ),
+            )
+        )
+        rows = [
+            {
+                "p_id": n.job_id,
+                "p_step": n.point.step,
+                "p_loss": n.point.loss,
+                "p_tokens": n.point.tokens_per_s,
+                "p_first_loss": n.point.first_loss,
+                "p_seen": n.seen_version if n.seen_version is not None else -1,
+                "p_version": fresh.get(n.job_id, -1),
+            }
+            for n in notes
+        ]
+        metrics = [
+            {
+                "job_id": n.job_id,
+                "attempt": n.attempt,
+                "step": n.point.step,
+                "at": now,
+                "loss": n.point.loss,
+                "tokens_per_s": n.point.tokens_per_s,
+                "step_time_s": n.point.step_time_s,
+                "memory_mb": n.point.memory_mb,
+                "comm_s": n.point.comm_s,
+                "comm_bytes": n.point.comm_bytes,
+            }
+            for n in notes
+        ]
         with Session(self._engine) as session, session.begin():
             self._guard(session)
-            row = job_row(session, job_id)
-            if row.first_loss is None:
-                row.first_loss = point.first_loss
-            row.step, row.loss, row.tokens_per_s = point.step, point.loss, point.tokens_per_s
-            row.progress_at = now
-            row.version = JobRow.version + 1  # in SQL: no lost bump
-            session.add(
-                JobMetricRow(
-                    job_id=job_id,
-                    attempt=attempt,
-                    step=point.step,
-                    at=now,
-                    loss=point.loss,
-                    tokens_per_s=point.tokens_per_s,
-                    step_time_s=point.step_time_s,
-                    memory_mb=point.memory_mb,
-                    comm_s=point.comm_s,
-                    comm_bytes=point.comm_bytes,
-                )
-            )
+            connection = session.connection()
+            connection.execute(statement, rows)
+            connection.execute(insert(JobMetricRow), metrics)
+        return fresh, now
 
     def metrics(self, job_id: int, *, max_points: int = 500) -> list[MetricPoint]:
         """The job's metric series, oldest first, thinned to at most `max_points` evenly

@@ -41,18 +41,22 @@ from scheduler.runtime.loop import SchedulerLoop
 from scheduler.store import JobRecord, JobRepository, NewJob, make_engine, upgrade_to_head
 from workers.group import GroupPhase, GroupStatus
 
+STEP_S = 0.2
+
 
 @dataclass
 class RunsEverything:
     """An executor whose groups start at once and run until released; with `progress`,
-    every running gang reports a new step at every poll (a busy cluster's telemetry)."""
+    every running gang reports a step every `STEP_S` (a busy cluster's telemetry: a new
+    step at nearly every poll)."""
 
     progress: bool = False
     statuses: dict[int, GroupStatus] = field(default_factory=dict)
-    polls: int = 0
+    launched: dict[int, float] = field(default_factory=dict)
 
     def launch(self, job: JobRecord) -> None:
         self.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, ranks_started=True)
+        self.launched[job.id] = time.monotonic()
 
     def attach(self, job: JobRecord) -> bool:
         return job.id in self.statuses
@@ -61,14 +65,20 @@ class RunsEverything:
         self.statuses[job_id] = GroupStatus(GroupPhase.SUCCEEDED, True, stop_seen=True)
 
     def poll(self) -> dict[int, GroupStatus]:
-        self.polls += 1
         if not self.progress:
             return dict(self.statuses)
-        step = {"step": self.polls, "loss": 2.0, "tokens_per_s": 1e4, "step_time_s": 0.5}
+        now = time.monotonic()
         return {
-            job_id: replace(status, **step) if status.phase is GroupPhase.RUNNING else status
+            job_id: replace(status, **self._progress(job_id, now))
+            if status.phase is GroupPhase.RUNNING
+            else status
             for job_id, status in self.statuses.items()
         }
+
+    def _progress(self, job_id: int, now: float) -> dict[str, float]:
+        """A step every `STEP_S` since launch: a steady trainer's reports."""
+        step = int((now - self.launched[job_id]) / STEP_S) + 1
+        return {"step": step, "loss": 2.0, "tokens_per_s": 1e4, "step_time_s": STEP_S}
 
     def release(self, job_id: int) -> None:
         self.statuses.pop(job_id, None)

@@ -160,9 +160,11 @@ class Predictions:
         for a job holding resources (whose prediction moves with the clock) at most
         `REPREDICT_RUNNING_S`: thousands of running gangs need not be predicted anew
         every pass, and a prediction is only rewritten when it moves by 2% anyway."""
-        key = (job.version, self._learned, common.name if common else None)
-        kept = self._kept.get(job.id)
         holding = job.state in RESOURCE_HOLDING_STATES
+        # A waiting job's prediction reads only what never changes (spec, queue, user,
+        # name); a holding job's reads its row (progress, placement).
+        key = (job.version if holding else -1, self._learned, common.name if common else None)
+        kept = self._kept.get(job.id)
         if (
             kept is None
             or kept[0] != key

@@ -30,7 +30,7 @@ from scheduler.predict.runtime import JobFeatures
 from scheduler.predict.steptime import Choice, auto_plan
 from scheduler.runtime.predictions import Predictions
 from scheduler.runtime.trainer_shapes import common_node_type, trainer_job
-from scheduler.runtime.views import job_view
+from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import JobRepository
 from scheduler.store.predictions import JobPrediction
 from scheduler.store.specs import spec_from_json
@@ -49,6 +49,8 @@ class Estimator:
         self._repo = repo
         self._policy = policy
         self._predictions = Predictions(repo)
+        # The active jobs, kept between estimates as the loop keeps them between passes.
+        self._jobs = WorkingSet(repo, (JobState.PENDING, *RESOURCE_HOLDING_STATES))
         self._lock = threading.Lock()  # requests run on a thread pool
 
     def resolve(self, submit: JobSubmit) -> Resolved:
@@ -100,10 +102,10 @@ class Estimator:
         nodes = self._repo.nodes()
         validate_submission(concrete, spec, nodes)
         now = self._repo.now()
-        jobs = self._repo.in_states((JobState.PENDING, *RESOURCE_HOLDING_STATES))
         features = JobFeatures(concrete.queue, concrete.user, concrete.name, spec.shape.num_gpus)
         with self._lock:
-            views = self._predictions.views(jobs, [job_view(j) for j in jobs], nodes, now)
+            jobs = self._jobs.load()  # what changed since the last estimate, reread
+            views = self._predictions.views(jobs, [self._jobs.view(j) for j in jobs], nodes, now)
             predicted = self._predictions.predict_new(spec, features, common_node_type(nodes))
         candidate = JobView(
             id=max((j.id for j in jobs), default=0) + 1,

@@ -2,7 +2,7 @@
 
 A pass over 10,000 waiting jobs used to load and convert every row (ORM object, spec
 parsed, core view built) to find that almost none had changed. Every write to a job row
-bumps its `version` in SQL, so one narrow query (id, version) per pass says which rows to
+moves its `version` (in SQL), so one narrow query (id, version) per pass says which rows to
 load again; the rest keep their record and their core view. The store stays the source of
 truth: a job another writer changed (a cancel, a priority change, the loop's own
 transitions) has a new version and is read again; one that left the scheduled states is
@@ -104,9 +104,3 @@ class WorkingSet:
         if view is None:
             view = self._views[record.id] = job_view(record)
         return view
-
-    def forget(self) -> None:
-        """Drop everything: the next `load` reads every job (after a takeover)."""
-        self._records.clear()
-        self._views.clear()
-        self._specs.clear()

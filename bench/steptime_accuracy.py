@@ -44,14 +44,17 @@ MODELS = {
 CALIBRATION = (
     ("bench-l4-e256", StepPlan(dp=1)),
     ("bench-l4-e256", StepPlan(dp=2)),
+    ("bench-l4-e256", StepPlan(dp=4)),  # more ranks than cores: how sharing costs here
     ("bench-l4-e256", StepPlan(tp=2)),
     ("bench-l4-e256", StepPlan(pp=2, microbatches=2)),
     ("bench-l6-e384", StepPlan(dp=1)),
     ("bench-l6-e384", StepPlan(dp=2, fsdp=True)),
+    ("bench-l6-e384", StepPlan(tp=2)),  # a second tensor-parallel run pins a message's cost
 )
 HELD_OUT = (
     ("bench-l6-e320", StepPlan(dp=2, tp=2)),
     ("bench-l6-e320", StepPlan(pp=2, microbatches=2, schedule="gpipe")),
+    ("bench-l6-e320", StepPlan(tp=2, grad_accumulation=2)),
 )
 
 
@@ -70,10 +73,15 @@ def measure(name: str, plan: StepPlan, steps: int, folder: Path) -> float:
         pipeline_schedule=plan.schedule,  # type: ignore[arg-type]
         precision=plan.precision,  # type: ignore[arg-type]
     )
-    spec = TrainSpec(model=name, steps=steps, batch_size=plan.batch_size, log_every=10**6)
-    result = run_engine(
-        parallel, spec, folder / f"{name}-{plan.dp}{plan.tp}{plan.pp}", models=MODELS
+    spec = TrainSpec(
+        model=name,
+        steps=steps,
+        batch_size=plan.batch_size,
+        grad_accumulation=plan.grad_accumulation,
+        log_every=10**6,
     )
+    run = f"{name}-{plan.dp}{plan.tp}{plan.pp}-{plan.grad_accumulation}"
+    result = run_engine(parallel, spec, folder / run, models=MODELS)
     step_times = [m["step_time_s"] for m in result["history"] if "step_time_s" in m]
     return statistics.median(step_times[1:])
 
@@ -111,7 +119,7 @@ def main() -> None:
             pairs.append((predicted, measured))
             print(
                 f"held-out {name} dp={plan.dp} tp={plan.tp} pp={plan.pp} "
-                f"m={plan.microbatches} {plan.schedule}: measured {measured:.3f} s, "
+                f"m={plan.microbatches} ga={plan.grad_accumulation} {plan.schedule}: measured {measured:.3f} s, "
                 f"predicted {predicted:.3f} s ({(predicted - measured) / measured:+.0%})",
                 flush=True,
             )

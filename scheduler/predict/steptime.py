@@ -104,7 +104,9 @@ def work(model: ModelShape, plan: StepPlan, node: NodeType) -> np.ndarray:
         + 4 * layers * (plan.tp > 1) * plan.grad_accumulation
         + 2 * plan.microbatches * virtual * (plan.pp > 1) * plan.grad_accumulation
     )
-    return np.array([compute, dp_bytes + tp_bytes + pp_bytes, messages, 1.0])
+    # A blocking collective completes once every peer runs: ranks sharing cores wait
+    # their turn at each one, so a message's latency grows with the sharing too.
+    return np.array([compute, dp_bytes + tp_bytes + pp_bytes, messages * sharing, 1.0])
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """How well the step-time model predicts configurations it was not calibrated on.
 
-    .venv/bin/python -m bench.steptime_accuracy --steps 3
+    .venv/bin/python -m bench.steptime_accuracy --steps 4
 
 Measures real step times of the built-in trainer (gloo CPU ranks, gpt-mini-sized models,
 through tests/engine_harness.run_engine) on a calibration set of models x plans, fits the
@@ -119,7 +119,8 @@ def main() -> None:
             pairs.append((predicted, measured))
             print(
                 f"held-out {name} dp={plan.dp} tp={plan.tp} pp={plan.pp} "
-                f"m={plan.microbatches} ga={plan.grad_accumulation} {plan.schedule}: measured {measured:.3f} s, "
+                f"m={plan.microbatches} ga={plan.grad_accumulation} {plan.schedule}: "
+                f"measured {measured:.3f} s, "
                 f"predicted {predicted:.3f} s ({(predicted - measured) / measured:+.0%})",
                 flush=True,
             )

@@ -212,12 +212,17 @@ class SchedulerLoop:
 
     def _observe(self, job: JobRecord, status: GroupStatus) -> ProgressNote | None:
         """Ingest the report, then apply what the lifecycle makes of it until it rests;
-        the progress point to store."""
+        the progress point left for the pass's batch. A report that moves the job has
+        its point stored first, on its own: whoever sees the new state (SUCCEEDED) sees
+        the step it ended at."""
         note = self._ingest.record(job, status, self._nodes.names)
         for _ in range(_MAX_TRANSITIONS_PER_REPORT):
             change = next_transition(job, status, self._clock(), self._lifecycle)
             if change is None:
                 break
+            if note is not None:
+                self._repo.record_progress_many([note])
+                note = None
             moved = self._applier.apply(job, change)
             if moved.state is not change.to or change.relaunch:
                 break  # someone else moved it, or the next attempt owns the gang now

@@ -254,6 +254,34 @@ def test_a_place_deep_in_the_queue_is_rewritten_within_seconds_not_every_pass(
     assert places() == list(range(1, 12))
 
 
+def test_the_final_step_is_stored_before_the_job_is_seen_ended(
+    repo: JobRepository,
+    loop: SchedulerLoop,
+    executor: FakeExecutor,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pass stores its gangs' progress in one batch, but a report that ends the job has
+    its step stored first: a client that sees SUCCEEDED sees step 10, not the last one
+    batched before it."""
+    job = submit(repo)
+    loop.tick()
+    executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=4)
+    loop.tick()
+    seen: list[int] = []
+    transition = repo.transition
+
+    def spy(job_id: int, new_state: JobState, **kwargs: Any) -> JobRecord:
+        if new_state is JobState.SUCCEEDED:
+            seen.append(repo.get(job_id).step)
+        return transition(job_id, new_state, **kwargs)
+
+    monkeypatch.setattr(repo, "transition", spy)
+    executor.statuses[job.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
+    loop.tick()
+    assert seen == [10]
+    assert repo.get(job.id).step == 10
+
+
 def test_a_fast_job_still_records_every_transition(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
 ) -> None:

@@ -1,24 +1,20 @@
 """Asynchronous data parallel with bounded staleness, parameter-server style.
 
-Global rank 0 holds the master parameters and optimizer (the model part and optimizer
-the trainer built, so checkpoints and resume are the usual ones). Every rank, rank 0's
-main thread included, loops: pull the master parameters (with their version, the count
-of updates applied so far, and a slice of samples), compute a gradient on its own batch
-on a working copy, push it. The server applies a gradient computed on version v when
-the master is at version <= v + S (`max_staleness`) and drops it otherwise: the rank
-refreshes and tries again. No rank waits for another, so the gang's tokens/s is the sum
-of the ranks' rates, and a straggler's updates are applied while they are fresh enough.
+Global rank 0 holds the master parameters and optimizer (the trainer's own, so checkpoints
+and resume are the usual ones). Every rank, rank 0's main thread included, loops: pull the
+master parameters (with their version, the count of updates applied, and a slice of
+samples), compute a gradient on its own batch on a working copy, push it. The server
+applies a gradient computed on version v while the master is at version <= v + S
+(`max_staleness`) and drops it otherwise (the rank refreshes and tries again). No rank
+waits for another: the gang's tokens/s is the sum of the ranks' rates.
 
 Wire: a dedicated gloo group, point-to-point. A push is one float32 tensor, the flat
-gradient followed by a header (version, stop asked, loss, kind); a reply is the flat
-parameters followed by (version, done, first sample). A background thread on rank 0
-answers the other ranks (`recv` from any source); rank 0's own worker calls the server
-directly under the same lock.
-
-The run goes in segments that end at a checkpoint step, at `spec.steps` or on a stop
-request: every rank leaves the loop, rank 0 broadcasts the master model and optimizer
-state so that every rank holds them (DCP saves replicated tensors from any rank), and
-the usual checkpoint is taken.
+gradient then a header (version, stop asked, loss, kind); a reply is the flat parameters
+then (version, done, first sample). A thread on rank 0 answers the others (`recv` from any
+source); rank 0's own worker calls the server directly under the same lock. The run goes
+in segments ending at a checkpoint step, at `spec.steps` or on a stop request: every rank
+leaves the loop, rank 0 broadcasts the master model and optimizer state (DCP saves
+replicated tensors from any rank), and the usual checkpoint is taken.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """Asynchronous data parallel with bounded staleness, parameter-server style.
 
-Global rank 0 holds the master parameters and optimizer (the model part and optimizer
-the trainer built, so checkpoints and resume are the usual ones). Every rank, rank 0's
-main thread included, loops: pull the master parameters (with their version, the count
-of updates applied so far, and a slice of samples), compute a gradient on its own batch
-on a working copy, push it. The server applies a gradient computed on version v when
-the master is at version <= v + S (`max_staleness`) and drops it otherwise: the rank
-refreshes and tries again. No rank waits for another, so the gang's tokens/s is the sum
-of the ranks' rates, and a straggler's updates are applied while they are fresh enough.
+Global rank 0 holds the master parameters and optimizer (the trainer's own: checkpoints
+and resume are the usual ones). Every rank pulls the master parameters (their version,
+the count of updates applied, and a slice of samples), computes a gradient on its own
+batch on a working copy and pushes it; the server applies a gradient of version v while
+the master is at <= v + S (`max_staleness`), else drops it and the rank tries again. No
+rank waits for another: the gang's tokens/s is the sum of the ranks' rates.
 
-Wire: a dedicated gloo group, point-to-point. A push is one float32 tensor, the flat
-gradient followed by a header (version, stop asked, loss, kind); a reply is the flat
-parameters followed by (version, done, first sample). A background thread on rank 0
-answers the other ranks (`recv` from any source); rank 0's own worker calls the server
-directly under the same lock.
-
-The run goes in segments that end at a checkpoint step, at `spec.steps` or on a stop
-request: every rank leaves the loop, rank 0 broadcasts the master model and optimizer
-state so that every rank holds them (DCP saves replicated tensors from any rank), and
-the usual checkpoint is taken.
+Wire: a dedicated gloo group, point-to-point; a push or a reply is one float32 tensor,
+the flat gradient or parameters then a `HEADER`. A thread on rank 0 answers the others;
+rank 0's own worker calls the server directly under the same lock. The run goes in
+segments ending at a checkpoint step, at `spec.steps` or on a stop: every rank leaves the
+loop, rank 0 broadcasts the master model and optimizer state (DCP saves replicated
+tensors from any rank), and the usual checkpoint is taken.
 """
 
 from __future__ import annotations
@@ -37,11 +31,10 @@ from torch.nn.utils import clip_grad_norm_, parameters_to_vector, vector_to_para
 from workers.data import TokenStream
 from workers.updates import CommMeter
 
-# Each message ends in 4 float32 slots: the first 3 hold int32 bits (exact however large),
-# push: version, stop asked, kind (0: a pull only), then the loss as a float;
-# reply: version, done (0, DONE_TARGET or DONE_STOP), first sample, unused.
-HEADER = 4
-DONE_TARGET, DONE_STOP = 1, 2
+# 4 float32 slots end each message, the first 3 holding int32 bits (exact however large).
+# Push: version, stop asked, kind (0: a pull only), the loss as a float. Reply: version,
+# done (0, DONE_TARGET or DONE_STOP), first sample, unused.
+HEADER, DONE_TARGET, DONE_STOP = 4, 1, 2
 
 
 def header(message: torch.Tensor) -> torch.Tensor:
@@ -99,7 +92,7 @@ class Server:
         *,
         version: int,
         next_sample: int,
-        samples: int,
+        samples: int,  # per update
         max_staleness: int,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler

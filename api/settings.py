@@ -14,11 +14,16 @@ from api.limits import Limits
 from gangway.models import QueueSpec
 from scheduler.core import PolicyConfig, fairshare
 from scheduler.model import QueueQuota
+from scheduler.runtime import stragglers
+from scheduler.runtime.leadership import SWEEP_EVERY_PASSES
+from scheduler.runtime.lease import DEFAULT_TTL_S
 from scheduler.runtime.lifecycle import LifecycleConfig
 from scheduler.store.retention import Retention
 
 _POLICY = PolicyConfig()  # the policy defaults the settings below start from
-_LIFECYCLE = LifecycleConfig()  # and the hang rule's
+_LIFECYCLE = LifecycleConfig()  # and the hang rule's, the limits' and retention's
+_LIMITS = Limits()
+_RETENTION = Retention()
 
 
 class QueueSettings(QueueSpec):
@@ -84,13 +89,15 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     schedule_interval_s: float = Field(1.0, gt=0, le=60)
     lease_ttl_s: float = Field(
-        15.0,
+        DEFAULT_TTL_S,
         gt=0,
         description="a standby takes over this long after the leader's last renewal (the "
         "leader renews every third of it; no Ray call of a pass waits longer than a third)",
     )
     sweep_every_passes: int = Field(
-        30, ge=1, description="reap Gangway gangs on Ray that no active job owns, this often"
+        SWEEP_EVERY_PASSES,
+        ge=1,
+        description="reap Gangway gangs on Ray that no active job owns, this often",
     )
     busy_interval_s: float = Field(
         0.1, gt=0, le=60, description="between passes while a gang starts, stops or resizes"
@@ -103,25 +110,38 @@ class Settings(BaseSettings):
         _LIFECYCLE.hang_min_s, gt=0, description="never call a job hung sooner"
     )
     straggler_factor: float = Field(
-        1.5, gt=1, description="a rank this many times slower than the gang's median is flagged"
+        stragglers.DEFAULT_FACTOR,
+        gt=1,
+        description="a rank this many times slower than the gang's median is flagged",
     )
-    straggler_window: int = Field(10, ge=3, description="polls with progress a flag looks at")
+    straggler_window: int = Field(
+        stragglers.DEFAULT_WINDOW, ge=3, description="polls with progress a flag looks at"
+    )
     # Limits and retention (see README "Limits").
     max_body_bytes: int = Field(
-        1024 * 1024, ge=1024, description="larger request bodies get a 413 (uploads exempt)"
+        _LIMITS.max_body_bytes,
+        ge=1024,
+        description="larger request bodies get a 413 (uploads exempt)",
     )
     max_page_bytes: int = Field(
-        2 * 1024 * 1024, ge=64 * 1024, description="a job listing ends its page at this size"
+        _LIMITS.max_page_bytes, ge=64 * 1024, description="a job listing ends its page at this size"
     )
     streams_per_caller: int = Field(
-        4, ge=1, le=1000, description="concurrent log streams per API key (or client address)"
+        _LIMITS.streams_per_caller,
+        ge=1,
+        le=1000,
+        description="concurrent log streams per API key (or client address)",
     )
-    stream_poll_s: float = Field(1.0, ge=0.1, le=60, description="a log stream checks for lines")
+    stream_poll_s: float = Field(
+        _LIMITS.stream_poll_s, ge=0.1, le=60, description="a log stream checks for lines"
+    )
     log_lines_per_job: int = Field(
-        100_000, ge=100, description="older lines of a job are deleted past this many"
+        _RETENTION.log_lines_per_job,
+        ge=100,
+        description="older lines of a job are deleted past this many",
     )
     telemetry_retention_days: float = Field(
-        30.0,
+        _RETENTION.telemetry_age / timedelta(days=1),
         gt=0,
         description="metric points older than this, and logs of jobs ended longer ago, are deleted",
     )

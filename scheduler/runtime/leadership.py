@@ -23,6 +23,9 @@ from scheduler.store import Fenced, FenceSlot, JobRepository
 
 log = logging.getLogger(__name__)
 
+# Passes between sweeps of Ray for gangs no active job owns (GANGWAY_SWEEP_EVERY_PASSES).
+SWEEP_EVERY_PASSES = 30
+
 
 class Leadership:
     def __init__(
@@ -34,7 +37,7 @@ class Leadership:
         *,
         nodes: NodeWatch,
         fence: FenceSlot,
-        sweep_every: int = 30,
+        sweep_every: int = SWEEP_EVERY_PASSES,
     ) -> None:
         self._repo = repo
         self._executor = executor

@@ -35,10 +35,13 @@ def holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+DEFAULT_TTL_S = 15.0  # GANGWAY_LEASE_TTL_S starts from it
+
+
 @dataclass
 class LeaderLease:
     leases: LeaseStore  # the JobRepository, or a LeaseStore over the same database
-    ttl_s: float = 15.0
+    ttl_s: float = DEFAULT_TTL_S
     name: str = "scheduler"
     holder: str = field(default_factory=holder_id)
     _fence: Fence | None = field(default=None, init=False)

@@ -32,7 +32,7 @@ from scheduler.runtime.applier import Applier
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.runtime.executor import Executor, GuardedExecutor
 from scheduler.runtime.ingest import ProgressIngest
-from scheduler.runtime.leadership import Leadership
+from scheduler.runtime.leadership import SWEEP_EVERY_PASSES, Leadership
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.lifecycle import LifecycleConfig, next_transition
 from scheduler.runtime.nodes import NodeWatch
@@ -76,7 +76,7 @@ class SchedulerLoop:
         suspect_s: float = 300.0,
         stragglers: StragglerWatch | None = None,
         lease: LeaderLease | None = None,
-        sweep_every: int = 30,
+        sweep_every: int = SWEEP_EVERY_PASSES,
     ) -> None:
         # With a lease, every write and Ray action is fenced by the lease's generation.
         fence = FenceSlot()

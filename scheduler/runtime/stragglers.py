@@ -22,10 +22,16 @@ class Straggler:
     ratio: float  # that over the gang's median
 
 
+# A rank this many times slower than its gang's median, over this many polls with
+# progress, is flagged (GANGWAY_STRAGGLER_FACTOR / _WINDOW start from these).
+DEFAULT_FACTOR = 1.5
+DEFAULT_WINDOW = 10
+
+
 class StragglerWatch:
     """Samples per (job, attempt); a new attempt (other ranks, other nodes) starts over."""
 
-    def __init__(self, *, factor: float = 1.5, window: int = 10) -> None:
+    def __init__(self, *, factor: float = DEFAULT_FACTOR, window: int = DEFAULT_WINDOW) -> None:
         self.factor, self.window = factor, window
         self._samples: dict[tuple[int, int], deque[tuple[float, ...]]] = {}
 

@@ -111,6 +111,11 @@ def serve(database_url: str, port: int) -> None:
 
         def reap(self, job: object) -> None: ...
 
+        def sweep(self, active: object) -> list[tuple[int, int]]:
+            return []
+
+        def forget(self) -> None: ...
+
     stop, wake = threading.Event(), threading.Event()
     loop = SchedulerLoop(
         repo=repo, cluster=OneNode(), executor=HolderOnly(), lease=LeaderLease(repo, ttl_s=15)

@@ -60,43 +60,50 @@ class WorkingSet:
     def noted(self, notes: Sequence[WaitNote], versions: Mapping[int, int]) -> None:
         """Patch the kept records with the wait notes this pass wrote, at the versions
         the writes gave them (`JobRepository.explain_waits`): a queue whose positions all
-        shifted is not read back. A note that did not apply (the row had moved on)
-        leaves the row at another version, and the next `load` reads it again."""
+        shifted is not read back."""
         for note in notes:
-            record = self._records.get(note.job_id)
-            version = versions.get(note.job_id)
-            if record is None or version is None or record.version != note.seen_version:
-                continue
-            self._records[note.job_id] = replace(
-                record,
+            self._patch(
+                note.job_id,
+                note.seen_version,
+                versions,
                 status_reason=keep_tail(note.reason, MAX_REASON_CHARS),
                 explanation=note.explanation,
                 estimated_start_at=note.estimated_start_at,
-                version=version,
             )
 
     def progressed(
         self, notes: Sequence[ProgressNote], versions: Mapping[int, int], at: datetime
     ) -> None:
         """Patch the kept records with the progress this pass stored at `at`, at the
-        versions the writes gave them (`JobRepository.record_progress_many`), as `noted`
-        does for wait notes: thousands of gangs reporting a step are not read back."""
+        versions the writes gave them (`JobRepository.record_progress_many`): thousands
+        of gangs reporting a step are not read back."""
         for note in notes:
-            record = self._records.get(note.job_id)
-            version = versions.get(note.job_id)
-            if record is None or version is None or record.version != note.seen_version:
-                continue
-            point = note.point
-            self._records[note.job_id] = replace(
-                record,
+            point, kept = note.point, self._records.get(note.job_id)
+            first_loss = kept.first_loss if kept is not None else None  # the first one stays
+            if self._patch(
+                note.job_id,
+                note.seen_version,
+                versions,
                 step=point.step,
                 loss=point.loss,
                 tokens_per_s=point.tokens_per_s,
-                first_loss=record.first_loss if record.first_loss is not None else point.first_loss,
+                first_loss=first_loss if first_loss is not None else point.first_loss,
                 progress_at=at,
-                version=version,
-            )
-            self._views.pop(note.job_id, None)  # its run info moved
+            ):
+                self._views.pop(note.job_id, None)  # its run info moved
+
+    def _patch(
+        self, job_id: int, seen: int | None, versions: Mapping[int, int], **fields: object
+    ) -> bool:
+        """Give the kept record `fields` and the version the write gave the row, if the
+        write was made at the version kept. A write that did not apply that way left the
+        row at another version, and the next `load` reads it again."""
+        record = self._records.get(job_id)
+        version = versions.get(job_id)
+        if record is None or version is None or record.version != seen:
+            return False
+        self._records[job_id] = replace(record, version=version, **fields)  # type: ignore[arg-type]
+        return True
 
     def view(self, record: JobRecord) -> JobView:
         """The core's view of a record `load` returned, built once per version."""

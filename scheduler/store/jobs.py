@@ -7,12 +7,11 @@ the same transaction, so the event log can never disagree with the job's state.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import BigInteger, bindparam, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,7 +29,7 @@ from scheduler.store.records import (
     job_record,
     job_row,
 )
-from scheduler.store.tables import JobEventRow, JobRow
+from scheduler.store.tables import JobEventRow, JobRow, fresh_versions, written_version
 from scheduler.store.text_limits import MAX_REASON_CHARS, bounded_fields, keep_tail
 
 _TIMESTAMP_ON_ENTRY = {
@@ -208,25 +207,22 @@ class JobStore(JobReads):
         has. The caller leaves out notes that would change nothing.
 
         A note that carries the version its writer read (`seen_version`) applies only
-        while the row still has that version, and gives the row a fresh random version,
-        returned per job: whoever keeps rows in memory (the loop's working set) can patch
-        its copy to exactly what the row now holds, since any other write since then
-        leaves the row at another version (other writes count up; a random 62-bit
-        version never meets them)."""
+        while the row still has it, and gives the row the version returned for its job
+        (`tables.fresh_versions`): the writer can patch its copy instead of rereading."""
         now = self._clock()
-        fresh = {n.job_id: secrets.randbits(62) for n in notes if n.seen_version is not None}
-        pending = (JobRow.id == bindparam("note_id"), JobRow.state == JobState.PENDING.value)
-        values = {
-            "status_reason": bindparam("note_reason"),
-            "explanation": bindparam("note_explanation", type_=JobRow.explanation.type),
-            "estimated_start_at": bindparam("note_start", type_=JobRow.estimated_start_at.type),
-            "updated_at": now,
-        }
-        anyway = update(JobRow).where(*pending).values(**values, version=JobRow.version + 1)
-        if_unchanged = (
+        fresh = fresh_versions(n.job_id for n in notes if n.seen_version is not None)
+        seen = bindparam("note_seen", type_=BigInteger())
+        statement = (
             update(JobRow)
-            .where(*pending, JobRow.version == bindparam("note_seen"))
-            .values(**values, version=bindparam("note_version"))
+            .where(JobRow.id == bindparam("note_id"), JobRow.state == JobState.PENDING.value)
+            .where(or_(seen == -1, JobRow.version == seen))  # a note read at a version
+            .values(
+                status_reason=bindparam("note_reason"),
+                explanation=bindparam("note_explanation", type_=JobRow.explanation.type),
+                estimated_start_at=bindparam("note_start", type_=JobRow.estimated_start_at.type),
+                updated_at=now,
+                version=written_version(seen, bindparam("note_version", type_=BigInteger())),
+            )
         )
         rows = [
             {
@@ -234,17 +230,16 @@ class JobStore(JobReads):
                 "note_reason": keep_tail(note.reason, MAX_REASON_CHARS),
                 "note_explanation": note.explanation,
                 "note_start": note.estimated_start_at,
-                "note_seen": note.seen_version,
-                "note_version": fresh.get(note.job_id),
+                "note_seen": -1 if note.seen_version is None else note.seen_version,
+                "note_version": fresh.get(note.job_id, -1),
             }
             for note in notes
         ]
+        if not rows:
+            return fresh
         with Session(self._engine) as session, session.begin():
             self._guard(session)
-            for statement, chosen in ((anyway, False), (if_unchanged, True)):
-                batch = [row for row in rows if (row["note_seen"] is not None) is chosen]
-                if batch:
-                    session.connection().execute(statement, batch)
+            session.connection().execute(statement, rows)
         return fresh
 
     def annotate(self, job_id: int, reason: str, **fields: Any) -> JobRecord:

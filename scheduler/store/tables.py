@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,9 +19,11 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    case,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.types import TypeDecorator
 
 
@@ -103,6 +107,21 @@ class JobRow(Base):
     __table_args__ = (
         Index("ix_jobs_user_idempotency_key", "user", "idempotency_key", unique=True),
     )
+
+
+def fresh_versions(job_ids: Iterable[int]) -> dict[int, int]:
+    """For bulk writes by a writer that keeps rows in memory (the loop's working set):
+    job id -> the random 62-bit version its row gets if it still has the version the
+    writer read (see `written_version`). Other writes count versions up, so a random one
+    never meets them, and the writer can patch its copy to exactly what the row holds."""
+    return {job_id: secrets.randbits(62) for job_id in job_ids}
+
+
+def written_version(seen: BindParameter[int], fresh: BindParameter[int]) -> ColumnElement[int]:
+    """The row's version after a write: `fresh` if it was still at `seen` (nothing else
+    wrote since the writer read it), else counted up, so the writer's copy no longer
+    matches and is read again. `seen` of -1 matches nothing (a plain write)."""
+    return case((JobRow.version == seen, fresh), else_=JobRow.version + 1)
 
 
 class JobEventRow(Base):

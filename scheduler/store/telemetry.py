@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import BigInteger, bindparam, case, func, insert, select, update
+from sqlalchemy import BigInteger, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session, aliased
 
 from scheduler.store.base import Repository
 from scheduler.store.records import LogLine, MetricPoint, ProgressNote, ProgressPoint, job_row
 from scheduler.store.retention import newest_log_seqs
-from scheduler.store.tables import JobLogRow, JobMetricRow, JobRow
+from scheduler.store.tables import (
+    JobLogRow,
+    JobMetricRow,
+    JobRow,
+    fresh_versions,
+    written_version,
+)
 
 
 class TelemetryStore(Repository):
@@ -30,16 +35,12 @@ class TelemetryStore(Repository):
         (ranks keep it, since the loop may first look several steps in); the job keeps
         the first one it ever saw, to show the trend across restarts.
 
-        Returns the time written as `progress_at` and, for each note that carries the
-        version its writer read (`seen_version`), the fresh random version the row got
-        if it still had that one (see `JobStore.explain_waits`): the loop's working set
-        patches its copy instead of reading the row back. A row that had moved on gets
-        its version counted up instead, so the copy no longer matches and is reread."""
+        Returns the time written as `progress_at` and the versions rows got, as
+        `JobStore.explain_waits` does."""
         now = self._clock()
         if not notes:
             return {}, now
-        fresh = {n.job_id: secrets.randbits(62) for n in notes if n.seen_version is not None}
-        seen = bindparam("p_seen", type_=BigInteger())
+        fresh = fresh_versions(n.job_id for n in notes if n.seen_version is not None)
         statement = (
             update(JobRow)
             .where(JobRow.id == bindparam("p_id"))
@@ -49,9 +50,9 @@ class TelemetryStore(Repository):
                 tokens_per_s=bindparam("p_tokens"),
                 first_loss=func.coalesce(JobRow.first_loss, bindparam("p_first_loss")),
                 progress_at=now,
-                version=case(
-                    (JobRow.version == seen, bindparam("p_version", type_=BigInteger())),
-                    else_=JobRow.version + 1,
+                version=written_version(
+                    bindparam("p_seen", type_=BigInteger()),
+                    bindparam("p_version", type_=BigInteger()),
                 ),
             )
         )

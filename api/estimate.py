@@ -105,7 +105,7 @@ class Estimator:
         features = JobFeatures(concrete.queue, concrete.user, concrete.name, spec.shape.num_gpus)
         with self._lock:
             jobs = self._jobs.load()  # what changed since the last estimate, reread
-            views = self._predictions.views(jobs, [self._jobs.view(j) for j in jobs], nodes, now)
+            views = self._predictions.views(jobs, self._jobs, nodes, now)
             predicted = self._predictions.predict_new(spec, features, common_node_type(nodes))
         candidate = JobView(
             id=max((j.id for j in jobs), default=0) + 1,

@@ -8,7 +8,7 @@ cancelled the job meanwhile, their change wins and the gang is let go.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime, timedelta
 
@@ -38,12 +38,15 @@ class Applier:
         clock: Callable[[], datetime],
         policy: PolicyConfig,
         suspect: Callable[[str], None],
+        *,
+        written: Callable[[JobRecord], None] = lambda record: None,
     ) -> None:
         self._repo = repo
         self._executor = executor
         self._clock = clock
         self._policy = policy
         self._suspect = suspect  # a node where ranks were lost
+        self._written = written  # every row a transition returned, as it now stands
         # job id -> (row version, the Wait and position) the row was seen to hold already:
         # the next pass with the same row and the same Wait skips building the comparison.
         self._explained: dict[int, tuple[int, Wait, int]] = {}
@@ -52,7 +55,7 @@ class Applier:
     # -- the core's decisions -----------------------------------------------------------
 
     def decisions(
-        self, records: dict[int, JobRecord], decisions: Sequence[Decision]
+        self, records: Mapping[int, JobRecord], decisions: Sequence[Decision]
     ) -> tuple[list[WaitNote], dict[int, int]]:
         """Act on every decision; the wait notes written and the versions they gave the
         rows (see `explain_waits`), for the loop's working set."""
@@ -71,8 +74,10 @@ class Applier:
             elif note := self._changed_note(job, decision, positions[decision.job_id]):
                 notes.append(note)
         versions = self._repo.explain_waits(notes)
-        self._explained = {j: seen for j, seen in self._explained.items() if j in positions}
-        self._positioned_at = {j: a for j, a in self._positioned_at.items() if j in positions}
+        if len(self._explained) > len(positions):  # some job no longer waits
+            self._explained = {j: seen for j, seen in self._explained.items() if j in positions}
+        if len(self._positioned_at) > len(positions):
+            self._positioned_at = {j: a for j, a in self._positioned_at.items() if j in positions}
         return notes, versions
 
     def _changed_note(self, job: JobRecord, decision: Wait, position: int) -> WaitNote | None:
@@ -162,6 +167,7 @@ class Applier:
             )
         except StaleState:
             return  # cancelled meanwhile
+        self._written(admitted)
         self.launch(admitted)
 
     # -- the lifecycle's transitions ----------------------------------------------------
@@ -223,7 +229,7 @@ class Applier:
     ) -> JobRecord:
         """Transition from the state we saw; if someone else moved the job, they win."""
         try:
-            return self._repo.transition(
+            moved = self._repo.transition(
                 job.id,
                 new_state,
                 reason=reason,
@@ -234,7 +240,9 @@ class Applier:
         except StaleState as exc:
             log.info("job %s: %s; leaving it to the newer state", job.id, exc)
             self._executor.release(job.id)
-            return self._repo.get(job.id)
+            moved = self._repo.get(job.id)
+        self._written(moved)
+        return moved
 
 
 def _gpus(job: JobRecord, placement: Sequence[str]) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from scheduler.model import JobState
 from scheduler.runtime.views import run_info
@@ -197,11 +197,32 @@ def _stopped(job: JobRecord, status: GroupStatus, now: datetime) -> tuple[str, s
     return how, resume
 
 
-def _hang(
-    job: JobRecord, status: GroupStatus, now: datetime, config: LifecycleConfig
-) -> str | None:
-    """Why the job counts as hung, or None. Only a job that has stepped in this
-    attempt is judged (start-up and checkpoint loading have no step time to go by)."""
+def quiet_until(job: JobRecord, status: GroupStatus, config: LifecycleConfig) -> datetime | None:
+    """For a report `next_transition` answered None: the moment it may answer otherwise
+    with the same job row and the same report, or None if it never will. Only three
+    rules read the clock (the hang rule, the time limit, a stop notice's deadline), so a
+    loop polling thousands of quiet gangs need not judge each one on every pass."""
+    if job.state in (JobState.PREEMPTING, JobState.RESIZING):
+        return job.preempt_deadline
+    hang = _hang_limit(job, status, config)
+    moments = [m for m in (hang.at if hang else None, _time_limit_at(job)) if m is not None]
+    return min(moments, default=None)
+
+
+@dataclass(frozen=True)
+class _HangLimit:
+    silent_s: float  # the limit on seconds without a step
+    step_time_s: float  # the attempt's mean step time it derives from
+    since: datetime  # the last step's report
+
+    @property
+    def at(self) -> datetime:
+        return self.since + timedelta(seconds=self.silent_s)
+
+
+def _hang_limit(job: JobRecord, status: GroupStatus, config: LifecycleConfig) -> _HangLimit | None:
+    """How long the job may go without a step. Only a running job that has stepped in
+    this attempt is judged (start-up and checkpoint loading have no step time to go by)."""
     run = run_info(job)
     if (
         job.state is not JobState.RUNNING
@@ -213,18 +234,32 @@ def _hang(
     ):
         return None
     limit = max(config.hang_min_s, config.hang_factor * run.step_time_s)
-    silent = (now - job.progress_at).total_seconds()
-    if silent <= limit:
+    return _HangLimit(limit, run.step_time_s, job.progress_at)
+
+
+def _hang(
+    job: JobRecord, status: GroupStatus, now: datetime, config: LifecycleConfig
+) -> str | None:
+    """Why the job counts as hung, or None."""
+    limit = _hang_limit(job, status, config)
+    if limit is None or now <= limit.at:
         return None
+    silent = (now - limit.since).total_seconds()
     return (
-        f"hung: no progress past step {job.step} for {silent:.0f} s (limit {limit:.0f} s "
-        f"= max({config.hang_min_s:.0f} s, {config.hang_factor:g} x step time "
-        f"{run.step_time_s:.2f} s)); every rank's stacks are above"
+        f"hung: no progress past step {job.step} for {silent:.0f} s (limit "
+        f"{limit.silent_s:.0f} s = max({config.hang_min_s:.0f} s, {config.hang_factor:g} x "
+        f"step time {limit.step_time_s:.2f} s)); every rank's stacks are above"
     )
 
 
-def _over_time_limit(job: JobRecord, now: datetime) -> bool:
+def _time_limit_at(job: JobRecord) -> datetime | None:
+    """When a running job's time limit runs out (None: it has none, or is not running)."""
     limit = job.spec.time_limit_s
     if limit is None or job.started_at is None or job.state is not JobState.RUNNING:
-        return False
-    return (now - job.started_at).total_seconds() > limit
+        return None
+    return job.started_at + timedelta(seconds=limit)
+
+
+def _over_time_limit(job: JobRecord, now: datetime) -> bool:
+    at = _time_limit_at(job)
+    return at is not None and now > at

@@ -34,7 +34,7 @@ from scheduler.runtime.executor import Executor, GuardedExecutor
 from scheduler.runtime.ingest import ProgressIngest
 from scheduler.runtime.leadership import SWEEP_EVERY_PASSES, Leadership
 from scheduler.runtime.lease import LeaderLease
-from scheduler.runtime.lifecycle import LifecycleConfig, next_transition
+from scheduler.runtime.lifecycle import LifecycleConfig, next_transition, quiet_until
 from scheduler.runtime.nodes import NodeWatch
 from scheduler.runtime.predictions import Predictions
 from scheduler.runtime.stragglers import StragglerWatch
@@ -91,7 +91,10 @@ class SchedulerLoop:
         self._half_life_s = fair_share_half_life_s
         self._lifecycle = lifecycle or LifecycleConfig()
         self._nodes = NodeWatch(repo, cluster, clock, suspect_s)
-        self._applier = Applier(repo, executor, clock, self._policy, self._nodes.suspect)
+        self._jobs = WorkingSet(repo, _SCHEDULED_STATES)
+        self._applier = Applier(
+            repo, executor, clock, self._policy, self._nodes.suspect, written=self._jobs.written
+        )
         self._ingest = ProgressIngest(repo, stragglers or StragglerWatch())
         self._leadership = Leadership(
             repo,
@@ -103,8 +106,10 @@ class SchedulerLoop:
             sweep_every=sweep_every,
         )
         self._predictions = Predictions(repo)
-        self._jobs = WorkingSet(repo, _SCHEDULED_STATES)
         self._usage: tuple[int, datetime, dict[tuple[str, str], float]] | None = None
+        # job id -> (row version, report, until): a report the lifecycle found nothing in,
+        # which it will not find anything in before `until` while both stay the same.
+        self._quiet: dict[int, tuple[int, GroupStatus, datetime | None]] = {}
 
     def reconcile(self) -> None:
         """Match every active job in the store with what Ray runs: reattach or requeue."""
@@ -122,7 +127,7 @@ class SchedulerLoop:
         with metrics.PASS_SECONDS.time():
             nodes = self._nodes.refresh()  # 1. Ray's nodes, suspects marked dead
             jobs = self._jobs.load()  # 2. what the core decides on (what changed, reloaded)
-            self._release_inactive_groups(jobs)  # 3. gangs whose job ended in the store
+            self._release_inactive_groups()  # 3. gangs whose job ended in the store
             self._schedule(nodes, jobs)  # 4. decide, write, act
             busy = self._poll_groups()  # 5. what the gangs report
             self._leadership.after_pass()  # 6. now and then, reap what no job owns
@@ -156,14 +161,16 @@ class SchedulerLoop:
             wake.clear()
         self._leadership.step_down()
 
-    def _release_inactive_groups(self, jobs: list[JobRecord]) -> None:
-        holding = {job.id for job in jobs if job.state in RESOURCE_HOLDING_STATES}
-        for job_id in self._executor.job_ids() - holding:
-            self._executor.release(job_id)
+    def _release_inactive_groups(self) -> None:
+        held = self._jobs.records
+        for job_id in self._executor.job_ids():
+            job = held.get(job_id)
+            if job is None or job.state not in RESOURCE_HOLDING_STATES:
+                self._executor.release(job_id)
 
     def _schedule(self, nodes: list[Node], jobs: list[JobRecord]) -> None:
         now = self._clock()
-        views = self._predictions.views(jobs, [self._jobs.view(job) for job in jobs], nodes, now)
+        views = self._predictions.views(jobs, self._jobs, nodes, now)
         decisions = schedule(
             ClusterSnapshot(tuple(nodes)),
             views,
@@ -173,7 +180,7 @@ class SchedulerLoop:
             usage=self._recent_usage(now),
         )
         faults.inject("scheduler.decided")  # a pass stalled between deciding and writing
-        notes, versions = self._applier.decisions({job.id: job for job in jobs}, decisions)
+        notes, versions = self._applier.decisions(self._jobs.records, decisions)
         self._jobs.noted(notes, versions)
         self._predictions.record(decisions, now)
 
@@ -193,22 +200,40 @@ class SchedulerLoop:
 
     def _poll_groups(self) -> bool:
         """Observe every group; True if one is still on its way (see `tick`)."""
-        self._ingest.keep_only(self._executor.job_ids())
-        # The gangs' jobs as this pass left them (its own writes moved their versions).
-        current = {job.id: job for job in self._jobs.load(RESOURCE_HOLDING_STATES)}
+        gangs = self._executor.job_ids()
+        self._ingest.keep_only(gangs)
+        if len(self._quiet) > len(gangs):  # some gang is gone
+            self._quiet = {job_id: q for job_id, q in self._quiet.items() if job_id in gangs}
+        # The gangs' jobs as this pass left them (its own transitions are patched in).
+        current = self._jobs.records
         busy = False
         progress: list[ProgressNote] = []
+        now = self._clock()
         for job_id, status in self._executor.poll().items():
             job = current.get(job_id)
             if job is None or job.state not in RESOURCE_HOLDING_STATES:
                 self._executor.release(job_id)
                 continue
             busy = busy or job.state in _TRANSITIONAL_STATES
+            if self._still_quiet(job, status, now):
+                continue
             if note := self._observe(job, status):
                 progress.append(note)
         versions, at = self._repo.record_progress_many(progress)  # one transaction
         self._jobs.progressed(progress, versions, at)
         return busy
+
+    def _still_quiet(self, job: JobRecord, status: GroupStatus, now: datetime) -> bool:
+        """The same row, the same report with no new lines, as when the lifecycle last
+        found nothing in it, and none of its clock rules due yet: nothing to do."""
+        quiet = self._quiet.get(job.id)
+        return (
+            quiet is not None
+            and not status.logs
+            and quiet[0] == job.version
+            and quiet[1] == status
+            and (quiet[2] is None or now < quiet[2])
+        )
 
     def _observe(self, job: JobRecord, status: GroupStatus) -> ProgressNote | None:
         """Ingest the report, then apply what the lifecycle makes of it until it rests;
@@ -216,9 +241,12 @@ class SchedulerLoop:
         its point stored first, on its own: whoever sees the new state (SUCCEEDED) sees
         the step it ended at."""
         note = self._ingest.record(job, status, self._nodes.names)
-        for _ in range(_MAX_TRANSITIONS_PER_REPORT):
+        for attempt in range(_MAX_TRANSITIONS_PER_REPORT):
             change = next_transition(job, status, self._clock(), self._lifecycle)
             if change is None:
+                if attempt == 0 and note is None:
+                    until = quiet_until(job, status, self._lifecycle)
+                    self._quiet[job.id] = (job.version, status, until)
                 break
             if note is not None:
                 self._repo.record_progress_many([note])

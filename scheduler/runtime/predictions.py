@@ -39,6 +39,7 @@ from scheduler.predict.steptime import (
     job_time_s,
 )
 from scheduler.runtime.trainer_shapes import TrainerJob, common_node_type, node_type, trainer_job
+from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import JobRecord, JobRepository
 from scheduler.store.predictions import FinishedRun, JobPrediction
 
@@ -68,6 +69,14 @@ class Predictions:
         self._trainers: dict[tuple[int, int], TrainerJob | None] = {}
         self._views: dict[int, tuple[JobView, JobView]] = {}
         self._recorded: dict[int, tuple[JobPrediction, datetime | None]] = {}
+        # The last `views` answer: (what it read, when a holding job is due to be
+        # predicted anew, the views); whether this pass reused it; the starts last recorded.
+        self._last_views: (
+            tuple[tuple[int, int, NodeType | None], datetime, list[JobView]] | None
+        ) = None
+        self._views_reused = False
+        self._refreshed_at: int | None = None  # the working set's generation then
+        self._last_starts: dict[int, datetime | None] = {}
 
     # -- history ------------------------------------------------------------------------
 
@@ -105,20 +114,36 @@ class Predictions:
     def views(
         self,
         jobs: Sequence[JobRecord],
-        base: Sequence[JobView],
+        working: WorkingSet,
         nodes: Sequence[Node],
         now: datetime,
     ) -> list[JobView]:
-        """`base` (the jobs' views) with each one's predicted remaining run time."""
-        self.refresh()
-        by_id = {n.id: n for n in nodes}
+        """The jobs' views (`jobs` as `working` last loaded them) with each one's predicted
+        remaining run time. The last pass's list while nothing it read has moved: no
+        record (`working.revision`), no finished run learned, the same node type, and no
+        holding job due to be predicted anew."""
+        if working.generation != self._refreshed_at:  # no job left the set: none finished
+            self.refresh()
+            self._refreshed_at = working.generation
         common = common_node_type(nodes)
+        inputs = (working.revision, self._learned, common)
+        last = self._last_views
+        self._views_reused = last is not None and last[0] == inputs and now < last[1]
+        if last is not None and self._views_reused:
+            return last[2]
+        by_id = {n.id: n for n in nodes}
         self._current = {job.id: self._predict_cached(job, by_id, common, now) for job in jobs}
         self._pending = {job.id for job in jobs if job.state is JobState.PENDING}
-        self._kept = {j: kept for j, kept in self._kept.items() if j in self._current}
-        self._trainers = {key: t for key, t in self._trainers.items() if key[0] in self._current}
-        self._views = {view.id: self._with_prediction(view) for view in base}
-        return [out for _, out in self._views.values()]
+        if len(self._kept) > len(self._current):  # some job left (the rest are all kept)
+            self._kept = {j: kept for j, kept in self._kept.items() if j in self._current}
+            self._trainers = {k: t for k, t in self._trainers.items() if k[0] in self._current}
+        self._views = {job.id: self._with_prediction(working.view(job)) for job in jobs}
+        out = [view for _, view in self._views.values()]
+        holding = (job.id for job in jobs if job.state in RESOURCE_HOLDING_STATES)
+        predicted_at = (self._kept[job_id][1] for job_id in holding)
+        due = min(predicted_at, default=now) + timedelta(seconds=REPREDICT_RUNNING_S)
+        self._last_views = (inputs, due, out)
+        return out
 
     def _with_prediction(self, view: JobView) -> tuple[JobView, JobView]:
         """(the view, it with its prediction); the last pass's pair when neither moved."""
@@ -133,6 +158,9 @@ class Predictions:
         start (now, for one this pass admits) plus its predicted run time."""
         starts = {d.job_id: d.estimated_start_at for d in decisions if isinstance(d, Wait)}
         starts.update({d.job_id: now for d in decisions if isinstance(d, Admit)})
+        if self._views_reused and starts == self._last_starts:
+            return  # every prediction and start as the last pass recorded them
+        self._last_starts = starts
         unseen = [job_id for job_id in self._current if job_id not in self._written]
         self._written.update(self._repo.predictions(unseen))
         changed = []

@@ -26,36 +26,71 @@ class WorkingSet:
         self._repo = repo
         self._states = tuple(states)
         self._records: dict[int, JobRecord] = {}
+        self._versions: dict[int, int] = {}  # each kept record's version, to compare
+        self._in_order: list[JobRecord] | None = None  # the records by id, until one moves
         self._views: dict[int, JobView] = {}
         self._specs: dict[int, JobSpec] = {}
-        # Counts loads that found some job changed, arrived or gone: what is derived from
-        # the whole set (fair-share usage) need not be derived again while it stands.
+        # Counts loads and writes that found or made some job changed, arrived or gone:
+        # what is derived from the whole set (fair-share usage) need not be derived again
+        # while it stands.
         self.generation = 0
+        # Counts every change to a kept record, the loop's own patches included: what is
+        # derived from every record (predictions) stands while it does.
+        self.revision = 0
 
-    def load(self, only: Iterable[JobState] | None = None) -> list[JobRecord]:
-        """Every job now in the states (or in `only`, some of them), in id order, as the
-        store has it."""
-        states = self._states if only is None else tuple(only)
-        versions = self._repo.versions(states)
-        stale = [
-            job_id
-            for job_id, version in versions.items()
-            if (known := self._records.get(job_id)) is None or known.version != version
-        ]
-        left = [j for j, r in self._records.items() if r.state in states and j not in versions]
-        if stale or left:
-            self.generation += 1
-        for job_id in (*left, *stale):
-            self._records.pop(job_id, None)
-            self._views.pop(job_id, None)
+    def load(self) -> list[JobRecord]:
+        """Every job now in the states, in id order, as the store has it."""
+        versions = self._repo.versions(self._states)
+        if versions != self._versions:  # else nothing moved: one comparison, in C
+            self._reload(versions)
+        if self._in_order is None:
+            self._in_order = sorted(self._records.values(), key=lambda r: r.id)
+        return self._in_order
+
+    def _reload(self, versions: dict[int, int]) -> None:
+        known = self._versions
+        stale = [job_id for job_id, version in versions.items() if known.get(job_id) != version]
+        left = [job_id for job_id in known if job_id not in versions]
+        self.generation += 1
         for job_id in left:
-            self._specs.pop(job_id, None)
+            self._drop(job_id)
         # A job's spec never changes: a reloaded row is not parsed again.
         for record in self._repo.many(stale, self._specs):  # a deleted row is not there
-            self._records[record.id] = record
-            self._specs[record.id] = record.spec
-        # A job that moved out of the states between the two queries is not returned.
-        return sorted((r for r in self._records.values() if r.state in states), key=lambda r: r.id)
+            self._keep(record)  # dropped if it moved on since the first query
+
+    @property
+    def records(self) -> Mapping[int, JobRecord]:
+        """The kept jobs by id, as the last `load` and this loop's own writes since
+        (`written`, `noted`, `progressed`) left them, without asking the store: a row
+        another writer moved meanwhile is seen at the next `load`, and every write the
+        loop makes with it is conditional on the state or version it holds."""
+        return self._records
+
+    def written(self, record: JobRecord) -> None:
+        """Keep a row as one of this loop's writes returned it (a transition), so the
+        next `load` need not read it again; one that left the states is dropped."""
+        self.generation += 1
+        self._keep(record)
+
+    def _keep(self, record: JobRecord, *, view_moved: bool = True) -> None:
+        """Hold `record` as the job's row now, or drop the job if it left the states.
+        `view_moved`: the row changed what the core sees of it (its view is rebuilt)."""
+        if record.state not in self._states:
+            self._drop(record.id)
+            return
+        self.revision += 1
+        self._in_order = None
+        self._records[record.id] = record
+        self._versions[record.id] = record.version
+        self._specs[record.id] = record.spec
+        if view_moved:
+            self._views.pop(record.id, None)
+
+    def _drop(self, job_id: int) -> None:
+        self.revision += 1
+        self._in_order = None
+        for kept in (self._records, self._versions, self._views, self._specs):
+            kept.pop(job_id, None)
 
     def noted(self, notes: Sequence[WaitNote], versions: Mapping[int, int]) -> None:
         """Patch the kept records with the wait notes this pass wrote, at the versions
@@ -66,6 +101,7 @@ class WorkingSet:
                 note.job_id,
                 note.seen_version,
                 versions,
+                False,  # a wait note changes nothing the core sees
                 status_reason=keep_tail(note.reason, MAX_REASON_CHARS),
                 explanation=note.explanation,
                 estimated_start_at=note.estimated_start_at,
@@ -80,30 +116,34 @@ class WorkingSet:
         for note in notes:
             point, kept = note.point, self._records.get(note.job_id)
             first_loss = kept.first_loss if kept is not None else None  # the first one stays
-            if self._patch(
+            self._patch(
                 note.job_id,
                 note.seen_version,
                 versions,
+                True,  # progress moves the job's run info
                 step=point.step,
                 loss=point.loss,
                 tokens_per_s=point.tokens_per_s,
                 first_loss=first_loss if first_loss is not None else point.first_loss,
                 progress_at=at,
-            ):
-                self._views.pop(note.job_id, None)  # its run info moved
+            )
 
     def _patch(
-        self, job_id: int, seen: int | None, versions: Mapping[int, int], **fields: object
-    ) -> bool:
+        self,
+        job_id: int,
+        seen: int | None,
+        versions: Mapping[int, int],
+        view_moved: bool,
+        **fields: object,
+    ) -> None:
         """Give the kept record `fields` and the version the write gave the row, if the
         write was made at the version kept. A write that did not apply that way left the
         row at another version, and the next `load` reads it again."""
         record = self._records.get(job_id)
         version = versions.get(job_id)
         if record is None or version is None or record.version != seen:
-            return False
-        self._records[job_id] = replace(record, version=version, **fields)  # type: ignore[arg-type]
-        return True
+            return
+        self._keep(replace(record, version=version, **fields), view_moved=view_moved)  # type: ignore[arg-type]
 
     def view(self, record: JobRecord) -> JobView:
         """The core's view of a record `load` returned, built once per version."""

@@ -376,7 +376,10 @@ def test_time_limit_fails_a_running_job(
     loop.tick()
     executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=1)
     loop.tick()
-    clock.now += timedelta(seconds=61)
+    clock.now += timedelta(seconds=30)
+    loop.tick()  # the same report again: judged quiet until the limit
+    assert repo.get(job.id).state is JobState.RUNNING
+    clock.now += timedelta(seconds=31)
     loop.tick()
     assert repo.get(job.id).state is JobState.FAILED
     assert repo.get(job.id).error == "time limit exceeded"

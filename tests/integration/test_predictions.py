@@ -19,6 +19,7 @@ from api.app import create_app
 from gangway import AsyncClient, Client
 from gangway.models import Builtin, Estimate, JobSubmit, Parallelism
 from scheduler.runtime.loop import SchedulerLoop
+from scheduler.runtime.predictions import REPREDICT_RUNNING_S, Predictions
 from scheduler.store import JobRecord, JobRepository, NewJob
 from tests.integration.test_loop import NODES, Clock, FakeCluster, FakeExecutor
 from workers.group import GroupPhase, GroupStatus
@@ -133,10 +134,12 @@ def test_history_predicts_similar_jobs_and_says_unknown_for_the_rest(
     )
 
 
-def test_a_running_trainer_is_predicted_from_its_measured_steps(
-    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock, api: TestClient
-) -> None:
-    job = submit(repo, "train", entrypoint={"kind": "builtin", "steps": 10})
+def running_at_step_4(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock, steps: int
+) -> JobRecord:
+    """A built-in trainer that started, reported step 4 at 10 s a step 40 s later, and
+    was predicted from it."""
+    job = submit(repo, "train", entrypoint={"kind": "builtin", "steps": steps})
     loop.tick()
     executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True)
     loop.tick()
@@ -144,6 +147,13 @@ def test_a_running_trainer_is_predicted_from_its_measured_steps(
     executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=4, step_time_s=10.0)
     loop.tick()  # ingests the progress
     loop.tick()  # predicts from it
+    return job
+
+
+def test_a_running_trainer_is_predicted_from_its_measured_steps(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock, api: TestClient
+) -> None:
+    job = running_at_step_4(repo, loop, executor, clock, steps=10)
     info = api.get(f"/v1/jobs/{job.id}").json()
     assert info["prediction"]["source"] == "steps"
     assert info["prediction"]["remaining_s"] == pytest.approx(60.0)  # 6 steps x 10 s
@@ -152,6 +162,29 @@ def test_a_running_trainer_is_predicted_from_its_measured_steps(
     assert info["estimated_end_at"] == end.isoformat().replace("+00:00", "Z")
     page = api.get(f"/ui/jobs/{job.id}/summary").text
     assert "Expected end" in page and "steps" in page
+
+
+def test_a_pass_that_changed_nothing_predicts_nothing_until_a_running_job_is_due(
+    repo: JobRepository,
+    loop: SchedulerLoop,
+    executor: FakeExecutor,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job = running_at_step_4(repo, loop, executor, clock, steps=100)
+    predicted: list[int] = []
+    predict = Predictions.predict_record
+    monkeypatch.setattr(
+        Predictions,
+        "predict_record",
+        lambda self, job, *args: (predicted.append(job.id), predict(self, job, *args))[1],
+    )
+    clock.now += timedelta(seconds=REPREDICT_RUNNING_S - 1)
+    loop.tick()
+    assert predicted == []  # same rows, same history: the last pass's predictions
+    clock.now += timedelta(seconds=2)
+    loop.tick()
+    assert predicted == [job.id]  # due: its end moves with the clock
 
 
 def test_predictions_are_written_only_when_they_change(

@@ -116,3 +116,25 @@ def test_a_note_written_at_the_version_seen_is_patched_in_without_a_reload(
     assert records[first.id].explanation == {"queue_position": 1}
     assert records[first.id].status_reason == "needs 8 GPUs"
     assert records[second.id].priority == 3
+
+
+def test_a_row_the_loop_moved_itself_is_kept_as_written_and_not_read_again(
+    repo: JobRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running, ending = repo.create(new_job("r")), repo.create(new_job("e"))
+    working = WorkingSet(repo, SCHEDULED)
+    before = working.load()
+    generation = working.generation
+    working.written(
+        repo.transition(running.id, JobState.ADMITTED, reason="admitted", placement=["n"])
+    )
+    working.written(repo.transition(ending.id, JobState.CANCELLED, reason="cancelled"))
+    assert working.generation > generation  # the set changed: what derives from it too
+    assert working.records[running.id].state is JobState.ADMITTED  # seen before any load
+    assert ending.id not in working.records  # left the states
+
+    loaded = count_loads(repo, monkeypatch)
+    after = working.load()
+    assert loaded == []  # the store holds what the loop wrote: nothing to read
+    assert [r.id for r in after] == [running.id] and after is not before
+    assert working.load() is after  # nothing moved since: the same list, not sorted again

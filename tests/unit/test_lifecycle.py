@@ -8,7 +8,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from scheduler.model import JobState
-from scheduler.runtime.lifecycle import LifecycleConfig, Transition, next_transition
+from scheduler.runtime.lifecycle import (
+    LifecycleConfig,
+    Transition,
+    next_transition,
+    quiet_until,
+)
 from scheduler.store import JobRecord
 from scheduler.store.specs import spec_from_json
 from workers.group import GroupPhase, GroupStatus
@@ -164,6 +169,35 @@ def test_next_transition(
         return
     assert change is not None and change.to is to
     assert reason in change.reason
+
+
+@pytest.mark.parametrize(
+    ("stored", "report"),
+    [case[1:3] for case in CASES if case[3] is None],
+    ids=[case[0] for case in CASES if case[3] is None],
+)
+def test_a_quiet_report_stays_quiet_until_the_moment_it_names(
+    stored: JobRecord, report: GroupStatus
+) -> None:
+    """The loop skips judging a gang whose row and report did not change before
+    `quiet_until`: the answer must not change before it, and does right after."""
+    until = quiet_until(stored, report, CONFIG)
+    if until is None:
+        assert next_transition(stored, report, NOW + timedelta(days=365), CONFIG) is None
+        return
+    second = timedelta(seconds=1)
+    assert until > NOW
+    assert next_transition(stored, report, until - second, CONFIG) is None
+    assert next_transition(stored, report, until + second, CONFIG) is not None
+
+
+@pytest.mark.parametrize("name", ["hung", "over its time limit", "preempting, deadline passed"])
+def test_every_clock_rule_is_due_at_its_quiet_until(name: str) -> None:
+    """The rules that read the clock fire after `quiet_until` and not before."""
+    _, stored, report, _, _ = next(case for case in CASES if case[0] == name)
+    until = quiet_until(stored, report, CONFIG)
+    assert until is not None and until <= NOW
+    assert next_transition(stored, report, until - timedelta(seconds=1), CONFIG) is None
 
 
 def test_every_state_the_lifecycle_returns_is_in_the_table() -> None:

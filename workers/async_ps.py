@@ -8,8 +8,12 @@ the master is at <= v + S (`max_staleness`), else drops it and the rank tries ag
 rank waits for another: the gang's tokens/s is the sum of the ranks' rates.
 
 Wire: a dedicated gloo group, point-to-point; a push or a reply is one float32 tensor,
-the flat gradient or parameters then a `HEADER`. A thread on rank 0 answers the others;
-rank 0's own worker calls the server directly under the same lock. The run goes in
+the flat gradient or parameters then a `HEADER`, each rank's two buffers allocated once.
+A thread on rank 0 answers the others; rank 0's own worker calls the server directly
+under the same lock and flattens nothing: the master takes its gradients as they are and
+its parameters are copied straight into the worker's. The server steps the optimizer for
+every rank's update, one after another on rank 0, so that step's cost is paid dp times
+per round (the trainer gives the async master torch's fused AdamW). The run goes in
 segments ending at a checkpoint step, at `spec.steps` or on a stop: every rank leaves the
 loop, rank 0 broadcasts the master model and optimizer state (DCP saves replicated
 tensors from any rank), and the usual checkpoint is taken.
@@ -17,16 +21,17 @@ tensors from any rank), and the usual checkpoint is taken.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.utils import clip_grad_norm_, parameters_to_vector, vector_to_parameters
+from torch.nn.utils import clip_grad_norm_
 
 from workers.data import TokenStream
 from workers.updates import CommMeter
@@ -35,6 +40,10 @@ from workers.updates import CommMeter
 # Push: version, stop asked, kind (0: a pull only), the loss as a float. Reply: version,
 # done (0, DONE_TARGET or DONE_STOP), first sample, unused.
 HEADER, DONE_TARGET, DONE_STOP = 4, 1, 2
+SWITCH_INTERVAL_S = 0.0005  # rank 0 while it serves (see run_segment)
+
+# Rank 0's own push: its gradients, the version they were computed at, the loss.
+Pushed = tuple[list[torch.Tensor], int, float]
 
 
 def header(message: torch.Tensor) -> torch.Tensor:
@@ -59,26 +68,33 @@ class Worker:
     def samples(self) -> int:
         return self.batch_size * self.accumulation
 
-    def gradient(self, first_sample: int) -> tuple[torch.Tensor, float]:
-        """This rank's flat gradient (CPU) and loss on samples from `first_sample`."""
-        began = time.perf_counter()
+    def gradient(self, first_sample: int) -> float:
+        """Compute this rank's gradient (left in the model's `.grad`) and loss on samples
+        from `first_sample`."""
         self.model.zero_grad(set_to_none=True)
-        loss = 0.0
+        loss = compute_s = 0.0
         for micro in range(self.accumulation):
             inputs, targets = self.stream.samples(
                 first_sample + micro * self.batch_size, self.batch_size
             )
-            value = self.loss_fn(self.model(inputs.to(self.device)), targets.to(self.device))
+            began = time.perf_counter()
+            output = self.model(inputs.to(self.device))
+            compute_s += time.perf_counter() - began
+            value = self.loss_fn(output, targets.to(self.device))
+            began = time.perf_counter()
             value.backward()  # type: ignore[no-untyped-call]
+            compute_s += time.perf_counter() - began
             loss += float(value.detach())
         if self.max_grad_norm is not None:
             clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        if self.slowdown > 1:  # an injected straggler: this compute takes slowdown x as long
-            time.sleep((self.slowdown - 1) * (time.perf_counter() - began))
-        grads = [
+        if self.slowdown > 1:  # an injected straggler: forward and backward take slowdown x
+            time.sleep((self.slowdown - 1) * compute_s)  # as long (as the trainer's sync loop)
+        return loss
+
+    def grads(self) -> list[torch.Tensor]:
+        return [
             p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()
         ]
-        return parameters_to_vector(grads).cpu(), loss
 
 
 class Server:
@@ -96,7 +112,7 @@ class Server:
         max_staleness: int,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.params = list(model.parameters())
+        self.params: list[torch.Tensor] = list(model.parameters())
         self.version, self.next_sample, self.samples = version, next_sample, samples
         self.max_staleness = max_staleness
         self.target = version
@@ -109,33 +125,54 @@ class Server:
         # The wire: each remote exchange's bytes (in and out) and time sending the reply.
         self.meter = CommMeter()
 
-    def exchange(self, push: torch.Tensor) -> torch.Tensor:
-        """Apply a push if fresh enough; the reply (see the module doc)."""
+    def exchange(self, push: torch.Tensor, reply: torch.Tensor) -> None:
+        """A remote rank's push: apply its gradient if fresh enough; write the reply (see
+        the module doc). The gradient is read in place from `push`."""
         version, stop, kind = (int(x) for x in header(push)[:3])
+        grads = _views(push[:-HEADER].to(self.params[0].device), self.params) if kind else None
         with self.lock:
-            if kind:
-                self._apply(push[:-HEADER], version, float(push[-1]))
-            self.stopping = self.stopping or bool(stop)
-            reply = torch.zeros(push.numel())
-            if self.stopping or self.version >= self.target:
-                done = DONE_STOP if self.stopping else DONE_TARGET
-                header(reply)[:3] = torch.tensor([self.version, done, 0])
-                return reply
-            reply[:-HEADER] = parameters_to_vector(self.params).detach().cpu()
-            header(reply)[:3] = torch.tensor([self.version, 0, self.next_sample])
-            self.next_sample += self.samples
-            return reply
+            answer = self._serve(grads, version, bool(stop), float(push[-1]))
+            if not answer[1]:
+                _flatten_into(self.params, reply[:-HEADER])
+        header(reply)[:3] = torch.tensor(answer)
 
-    def _apply(self, grad: torch.Tensor, version: int, loss: float) -> None:
+    def exchange_local(
+        self, params: list[torch.Tensor], pushed: Pushed | None, stop: bool
+    ) -> tuple[int, int, int]:
+        """Rank 0's own worker: apply its gradients if fresh enough, then copy the
+        master's parameters into its `params`; the reply's header (version, done, first
+        sample)."""
+        grads, version, loss = pushed if pushed is not None else (None, 0, 0.0)
+        with self.lock:
+            answer = self._serve(grads, version, stop, loss)
+            if not answer[1]:
+                with torch.no_grad():
+                    torch._foreach_copy_(params, self.params)
+        return answer
+
+    def _serve(
+        self, grads: list[torch.Tensor] | None, version: int, stop: bool, loss: float
+    ) -> tuple[int, int, int]:
+        """Under the lock: version, done (0, DONE_TARGET or DONE_STOP), first sample."""
+        if grads is not None:
+            self._apply(grads, version, loss)
+        self.stopping = self.stopping or stop
+        if self.stopping or self.version >= self.target:
+            return self.version, DONE_STOP if self.stopping else DONE_TARGET, 0
+        first_sample = self.next_sample
+        self.next_sample += self.samples
+        return self.version, 0, first_sample
+
+    def _apply(self, grads: list[torch.Tensor], version: int, loss: float) -> None:
         staleness = self.version - version
         if staleness > self.max_staleness or self.version >= self.target:
             self.dropped += 1
             return
-        grads = [torch.empty_like(p) for p in self.params]
-        vector_to_parameters(grad.to(self.params[0].device), grads)
         for param, g in zip(self.params, grads, strict=True):
             param.grad = g
         self.optimizer.step()
+        for param in self.params:  # the gradients belong to a buffer or to a worker
+            param.grad = None
         self.scheduler.step()
         self.version += 1
         self.staleness_seen = max(self.staleness_seen, staleness)
@@ -150,10 +187,10 @@ class Server:
 
 def serve(server: Server, group: dist.ProcessGroup, size: int, remotes: int) -> None:
     """Answer the other ranks until each has been told the segment is done."""
-    push = torch.empty(size)
+    push, reply = torch.empty(size), torch.zeros(size)
     while remotes:
         source = dist.recv(push, group=group)  # from any rank
-        reply = server.exchange(push)
+        server.exchange(push, reply)
         with server.meter.timed(2 * size * push.element_size()):  # a push in, a reply out
             dist.send(reply, dst=source, group=group)
         if header(reply)[1]:
@@ -172,32 +209,80 @@ def run_segment(
     on a stop request. Rank 0 passes its `server` and runs the answering thread."""
     size = sum(p.numel() for p in worker.model.parameters()) + HEADER
     thread = None
+    switch_interval = sys.getswitchinterval()
     if server is not None and dist.get_world_size() > 1:
         remotes = dist.get_world_size() - 1
         thread = threading.Thread(target=serve, args=(server, group, size, remotes), daemon=True)
         thread.start()
-    push = torch.zeros(size)  # kind 0: a pull
+        # A push that arrives while rank 0's worker holds the GIL (a forward's ops do)
+        # waits for it up to the switch interval (5 ms by default) before the answering
+        # thread runs, and the remote rank idles meanwhile.
+        sys.setswitchinterval(min(switch_interval, SWITCH_INTERVAL_S))
     try:
-        while True:
-            header(push)[1] = int(should_stop())
-            if server is not None:
-                reply = server.exchange(push)
-            else:
-                dist.send(push, dst=0, group=group)
-                reply = torch.empty(size)
-                dist.recv(reply, src=0, group=group)
-            version, done, first_sample = (int(x) for x in header(reply)[:3])
-            if done:
-                return done == DONE_STOP
-            with torch.no_grad():
-                vector_to_parameters(reply[:-HEADER].to(worker.device), worker.model.parameters())
-            grad, loss = worker.gradient(first_sample)
-            push = torch.cat([grad, torch.tensor([0.0, 0.0, 0.0, loss])])
-            header(push)[:3] = torch.tensor([version, 0, 1])
-            on_update()
+        if server is not None:
+            return _local_loop(worker, server, should_stop, on_update)
+        return _remote_loop(worker, group, size, should_stop, on_update)
     finally:
         if thread is not None:
             thread.join()
+            sys.setswitchinterval(switch_interval)
+
+
+def _local_loop(
+    worker: Worker, server: Server, should_stop: Callable[[], bool], on_update: Callable[[], None]
+) -> bool:
+    params: list[torch.Tensor] = list(worker.model.parameters())
+    pushed: Pushed | None = None  # None: a pull only
+    while True:
+        version, done, first_sample = server.exchange_local(params, pushed, should_stop())
+        if done:
+            return done == DONE_STOP
+        loss = worker.gradient(first_sample)
+        pushed = worker.grads(), version, loss
+        on_update()
+
+
+def _remote_loop(
+    worker: Worker,
+    group: dist.ProcessGroup,
+    size: int,
+    should_stop: Callable[[], bool],
+    on_update: Callable[[], None],
+) -> bool:
+    params: list[torch.Tensor] = list(worker.model.parameters())
+    push, reply = torch.zeros(size), torch.empty(size)  # push: kind 0, a pull
+    received = _views(reply[:-HEADER], params)
+    while True:
+        header(push)[1] = int(should_stop())
+        dist.send(push, dst=0, group=group)
+        dist.recv(reply, src=0, group=group)
+        version, done, first_sample = (int(x) for x in header(reply)[:3])
+        if done:
+            return done == DONE_STOP
+        with torch.no_grad():
+            torch._foreach_copy_(params, received)
+        push[-1] = worker.gradient(first_sample)
+        _flatten_into(worker.grads(), push[:-HEADER])
+        header(push)[:3] = torch.tensor([version, 0, 1])
+        on_update()
+
+
+def _views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`flat` cut into tensors shaped as `like` (views: no copy)."""
+    views, offset = [], 0
+    for tensor in like:
+        views.append(flat[offset : offset + tensor.numel()].view_as(tensor))
+        offset += tensor.numel()
+    return views
+
+
+def _flatten_into(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+    """Concatenate `tensors`, flattened, into `out` (one copy on the same device)."""
+    flat = [t.detach().reshape(-1) for t in tensors]
+    if all(t.device == out.device for t in flat):
+        torch.cat(flat, out=out)
+    else:
+        out.copy_(torch.cat(flat))
 
 
 def share_master(

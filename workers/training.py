@@ -120,7 +120,10 @@ def train(
         stage_layers=_stage_layers(plan, spec, device),
         ddp_hook=ddp_hook(plan, dp_group, meter) if plan.dp > 1 else None,
     )
-    optimizers = [_optimizer(part, spec) for part in parts.parts]
+    # async: rank 0's master steps every rank's update in turn (dp x the steps of a sync
+    # replica, serially), so it takes torch's fused AdamW: one kernel over all parameters.
+    fused = plan.update_mode == "async" and plan.dp > 1
+    optimizers = [_optimizer(part, spec, fused=fused) for part in parts.parts]
     schedulers = [_lr_schedule(opt, spec) for opt in optimizers]
     params = list(_params(parts.parts))
     rule = build_rule(plan, dp_group, meter, params)
@@ -549,13 +552,16 @@ def _resume_rule(
         rule.restore(counters, step)
 
 
-def _optimizer(part: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
+def _optimizer(part: nn.Module, spec: TrainSpec, *, fused: bool = False) -> torch.optim.Optimizer:
     if spec.optimizer == "sgd":
         return torch.optim.SGD(
             part.parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
         )
     return torch.optim.AdamW(
-        part.parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
+        part.parameters(),
+        lr=spec.learning_rate,
+        weight_decay=spec.weight_decay,
+        fused=fused or None,  # None: torch's default (for-loop on CPU, foreach on CUDA)
     )
 
 

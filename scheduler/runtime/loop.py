@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
@@ -145,11 +146,15 @@ class SchedulerLoop:
 
         Passes come every `interval_s`, every `busy_interval_s` while a gang is in
         transition (each step of a launch waits for a pass: admit, placement, rendezvous,
-        start), and at once when `wake` is set (the API sets it on submit and cancel)."""
+        start), and when `wake` is set (the API sets it on submit and cancel) as soon as
+        the loop has rested as long as its last pass took: wake-ups during a pass and the
+        rest after it make one pass, so a stream of submits gets a pass per two pass
+        lengths and the loop holds at most half the CPU (and the GIL) the API serves with."""
         wake = wake or threading.Event()
         self._leadership.start()
         while not stop.is_set():
             busy = False
+            started = time.monotonic()
             try:
                 if self.lead():
                     busy = self.tick()
@@ -157,7 +162,9 @@ class SchedulerLoop:
                 self._leadership.fenced(exc)
             except Exception:
                 log.exception("scheduling pass failed; retrying next interval")
+            ended = time.monotonic()
             wake.wait(busy_interval_s if busy and busy_interval_s else interval_s)
+            stop.wait(max(0.0, (ended - started) - (time.monotonic() - ended)))
             wake.clear()
         self._leadership.step_down()
 

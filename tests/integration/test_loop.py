@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 from collections.abc import Set
 from dataclasses import dataclass, field
@@ -751,3 +753,32 @@ def test_a_gang_that_lost_a_node_restarts_elsewhere(
     assert executor.launched[-1][:2] == (job.id, 2)
     assert executor.launched[-1][2] == ("id-2", "id-2")
     assert {n.name: n.alive for n in repo.nodes()} == {"local-1": False, "local-2": True}
+
+
+def test_wake_ups_during_and_after_a_pass_make_one_pass_after_as_long_a_rest(
+    loop: SchedulerLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream of submits wakes the loop all the time; each pass is followed by a rest as
+    long as the pass, so the loop never holds more than half the CPU the API needs."""
+    starts: list[float] = []
+
+    def slow_tick() -> bool:
+        starts.append(time.monotonic())
+        time.sleep(0.2)
+        return False
+
+    monkeypatch.setattr(loop, "tick", slow_tick)
+    stop, wake = threading.Event(), threading.Event()
+    running = threading.Thread(target=loop.run, args=(stop, 10.0), kwargs={"wake": wake})
+    running.start()
+    try:
+        until = time.monotonic() + 2.0
+        while time.monotonic() < until:
+            wake.set()  # a submit every 10 ms
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        running.join(timeout=10)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(gaps) >= 1, "woken all the time, the loop made one pass in 2 s"
+    assert min(gaps) >= 0.4 - 0.01  # a 0.2 s pass, then a 0.2 s rest

@@ -72,7 +72,10 @@ def bench_stages(args: argparse.Namespace) -> None:
         for name, layers in (("equal", equal), ("balanced", chosen)):
             times = stage_times(config, layers, args.batch, args.repeats)
             row[name] = {
-                "layers": [f"{r.start}-{r.stop - 1}" for r in layers],
+                "stages": [
+                    balance.stage_items(r, first=s == 0, last=s == pp - 1)
+                    for s, r in enumerate(layers)
+                ],
                 "stage_ms": [round(t * 1000, 1) for t in times],
                 "slowest_over_fastest": round(max(times) / min(times), 3),
             }

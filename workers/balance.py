@@ -6,9 +6,10 @@ the process's CPU time on a CPU, where other processes share the cores), and its
 its parameters with their gradients and AdamW moments (4 copies) plus its output
 activation per microbatch in flight. Every rank measures and the costs are averaged over
 the world (one all-reduce), so every rank computes the same split. The split is
-contiguous, gives every stage at least one block, and minimises the slowest stage's time;
+contiguous, gives every stage at least one item, and minimises the slowest stage's time;
 among splits within 5% of that optimum it takes the one whose largest stage memory is
-smallest. The embeddings go with the first stage and the head with the last, as before.
+smallest. The embeddings go with the first stage and the head with the last; either may
+be its stage's only item (a head as costly as two blocks is a stage on its own).
 
 Batch shares. A rank's speed is its median `local_s` per sample over a window of steps
 (all-gathered, so all ranks agree); shares of the global batch are proportional to speed
@@ -148,20 +149,27 @@ def stage_costs(costs: list[ItemCost], layers: list[range]) -> StageSplit:
     return StageSplit(layers, times, memory)
 
 
+def stage_items(layers: range, *, first: bool, last: bool) -> str:
+    """What a stage holds, for logs: "embeddings + layers 0-1", "layers 2-3", "head only"."""
+    items = ["embeddings"] if first else []
+    if layers:
+        items.append(f"layers {layers.start}-{layers.stop - 1}")
+    if last:
+        items.append("head")
+    return " + ".join(items) + (" only" if len(items) == 1 and not layers else "")
+
+
 def balanced_split(costs: list[ItemCost], num_stages: int) -> StageSplit:
-    """Contiguous split minimising the slowest stage's time, then its largest memory."""
-    n_layer = len(costs) - 2
-    # Fold the embeddings into block 0 and the head into the last block: every stage
-    # has at least one block, so they go to the first and last stage anyway.
-    times = [c.time_s for c in costs[1:-1]]
-    memory = [float(c.memory_bytes) for c in costs[1:-1]]
-    times[0] += costs[0].time_s
-    times[-1] += costs[-1].time_s
-    memory[0] += costs[0].memory_bytes
-    memory[-1] += costs[-1].memory_bytes
+    """Contiguous split of [embeddings, blocks..., head] minimising the slowest stage's
+    time, then its largest memory. Every stage holds at least one item, so the first may
+    hold the embeddings alone and the last the head alone: a head + loss that costs as
+    much as two blocks is a stage's worth of work on its own."""
+    times = [c.time_s for c in costs]
+    memory = [float(c.memory_bytes) for c in costs]
     best_time = _min_max_split(times, num_stages, limit=None)[0]
     _, cuts = _min_max_split(memory, num_stages, limit=(times, best_time * (1 + TIME_SLACK)))
-    bounds = [0, *cuts, n_layer]
+    # A cut before item i (block i - 1) starts the next stage at block i - 1.
+    bounds = [0, *(cut - 1 for cut in cuts), len(costs) - 2]
     layers = [range(a, b) for a, b in itertools.pairwise(bounds)]
     return stage_costs(costs, layers)
 

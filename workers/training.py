@@ -527,8 +527,10 @@ def _stage_layers(plan: ParallelPlan, spec: TrainSpec, device: torch.device) -> 
 
 def _split_line(chosen: balance.StageSplit, equal: balance.StageSplit) -> str:
     """The job's log keeps how the stages were split and why."""
+    last = len(chosen.layers) - 1
     stages = "; ".join(
-        f"{s}: layers {r.start}-{r.stop - 1}, {t * 1000:.1f} ms, {m / 2**20:.0f} MiB"
+        f"{s}: {balance.stage_items(r, first=s == 0, last=s == last)}, {t * 1000:.1f} ms, "
+        f"{m / 2**20:.0f} MiB"
         for s, (r, t, m) in enumerate(
             zip(chosen.layers, chosen.time_s, chosen.memory_bytes, strict=True)
         )

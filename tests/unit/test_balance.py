@@ -28,6 +28,14 @@ def test_a_heavy_head_gets_fewer_blocks_than_an_equal_split() -> None:
     assert split.time_ratio < 1.15 < equal.time_ratio
 
 
+def test_a_head_as_costly_as_two_blocks_is_a_stage_of_its_own() -> None:
+    items = costs([0.1, 1, 1, 1, 1, 1, 1, 1.7])  # gpt-mini's shape at pp = 4
+    split = balanced_split(items, 4)
+    assert [list(r) for r in split.layers] == [[0, 1], [2, 3], [4, 5], []]
+    assert split.time_s == [2.1, 2, 2, 1.7]
+    assert stage_costs(items, equal_layers(4, 6)).time_ratio > 2 * split.time_ratio
+
+
 def test_memory_decides_between_splits_of_about_the_same_time() -> None:
     # Blocks of equal time; the last block is heavy in memory: it goes alone if time allows.
     items = costs([0, 1, 1, 1, 1, 0], [0, 1, 1, 1, 10, 0])
@@ -48,7 +56,7 @@ def test_the_split_is_contiguous_covers_every_block_and_beats_equal(
     items = costs(times)
     split = balanced_split(items, stages)
     assert [b for r in split.layers for b in r] == list(range(n_layer))
-    assert all(len(r) >= 1 for r in split.layers)
+    assert all(len(r) >= 1 for r in split.layers[1:-1])  # only an end holds no block
     equal = stage_costs(items, equal_layers(stages, n_layer))
     assert max(split.time_s) <= max(equal.time_s) * (1 + 0.05) + 1e-9
 

@@ -41,7 +41,7 @@ from scheduler.core.placement import (
     total_capacity,
     usage,
 )
-from scheduler.core.preemption import choose_victims, freed_by
+from scheduler.core.preemption import choose_victims, could_be_victim, freed_by
 from scheduler.core.quotas import (
     borrowing_jobs,
     gpus_by_queue,
@@ -98,6 +98,10 @@ class _Pass:
     blocked_gpus: int = 0  # GPUs asked by the reserved and blocked jobs so far
     # Waits beyond the ETA horizon: (index in decisions, blocked GPUs up to that job)
     rough_etas: list[tuple[int, int]] = field(default_factory=list)
+    # Holders that could be preempted at all, with their ranks: built by the first
+    # preemption attempt of the pass (without a reservation every blocked job tries one).
+    victim_pool: list[JobView] | None = None
+    ranks: dict[int, tuple[int, float]] = field(default_factory=dict)
 
 
 def schedule(
@@ -337,14 +341,19 @@ def _ids(jobs: Sequence[JobView]) -> str:
 
 
 def _preempt_for(state: _Pass, job: JobView) -> bool:
+    if state.victim_pool is None:
+        now, config = state.now, state.config
+        state.victim_pool = [h for h in state.holders if could_be_victim(h, now, config)]
+        state.ranks = {h.id: rank(h, now, config) for h in state.victim_pool}
     victims = choose_victims(
         job,
         state.free,
-        state.holders,
+        state.victim_pool,
         state.now,
         state.config,
         borrowed=state.borrowed,
         reclaim=within_guarantee(job, state.queue_used, state.queues),
+        ranks=state.ranks,
     )
     if not victims:
         return False

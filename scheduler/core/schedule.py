@@ -102,6 +102,9 @@ class _Pass:
     # preemption attempt of the pass (without a reservation every blocked job tries one).
     victim_pool: list[JobView] | None = None
     ranks: dict[int, tuple[int, float]] = field(default_factory=dict)
+    # What `choose_victims` reads of a job, for those it found no victims for while the
+    # free capacity stayed as it is (cleared on admission, like `shortage_memo`).
+    no_victims: set[tuple[object, ...]] = field(default_factory=set)
 
 
 def schedule(
@@ -225,6 +228,7 @@ def _admit(
     if not taken:
         state.free.take_all(used)
     state.shortage_memo.clear()  # the free capacity it describes has changed
+    state.no_victims.clear()
     state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + job.shape.num_gpus
     ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
     reservation = state.reservation
@@ -345,6 +349,19 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
         now, config = state.now, state.config
         state.victim_pool = [h for h in state.holders if could_be_victim(h, now, config)]
         state.ranks = {h.id: rank(h, now, config) for h in state.victim_pool}
+    reclaim = within_guarantee(job, state.queue_used, state.queues)
+    # Everything choose_victims reads of the job: another blocked job that matches it in
+    # these, with the free capacity unchanged, gets the same answer.
+    reads = (
+        job.priority,
+        rank(job, state.now, state.config),
+        job.queue,
+        reclaim,
+        job.shape,
+        job.predicted_remaining_s,
+    )
+    if reads in state.no_victims:
+        return False
     victims = choose_victims(
         job,
         state.free,
@@ -352,10 +369,11 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
         state.now,
         state.config,
         borrowed=state.borrowed,
-        reclaim=within_guarantee(job, state.queue_used, state.queues),
+        reclaim=reclaim,
         ranks=state.ranks,
     )
     if not victims:
+        state.no_victims.add(reads)
         return False
     deadline = state.now + timedelta(seconds=state.config.checkpoint_grace_s)
     for victim in victims:

@@ -105,6 +105,7 @@ class _Pass:
     # What `choose_victims` reads of a job, for those it found no victims for while the
     # free capacity stayed as it is (cleared on admission, like `shortage_memo`).
     no_victims: set[tuple[object, ...]] = field(default_factory=set)
+    leaving: list[JobView] | None = None  # holders already preempting (built once)
 
 
 def schedule(
@@ -313,7 +314,9 @@ def _refresh_spare(state: _Pass, reservation: _Reservation, used: dict[str, Capa
 
 def _room_is_coming(state: _Pass, job: JobView) -> bool:
     """Gangs already preempting free enough for this job: wait for them, take no more."""
-    leaving = [h for h in state.holders if h.state is JobState.PREEMPTING]
+    if state.leaving is None:
+        state.leaving = [h for h in state.holders if h.state is JobState.PREEMPTING]
+    leaving = state.leaving
     if not leaving:
         return False
     capacity = freed_by(state.free, leaving)
@@ -350,15 +353,15 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
         state.victim_pool = [h for h in state.holders if could_be_victim(h, now, config)]
         state.ranks = {h.id: rank(h, now, config) for h in state.victim_pool}
     reclaim = within_guarantee(job, state.queue_used, state.queues)
-    # Everything choose_victims reads of the job: another blocked job that matches it in
-    # these, with the free capacity unchanged, gets the same answer.
+    # Everything choose_victims reads of the job (its queue only to reclaim, its
+    # prediction only for the payoff rule): another blocked job that matches it in these,
+    # with the free capacity unchanged, gets the same answer.
     reads = (
         job.priority,
         rank(job, state.now, state.config),
-        job.queue,
-        reclaim,
+        job.queue if reclaim else None,
         job.shape,
-        job.predicted_remaining_s,
+        job.predicted_remaining_s if state.config.preemption_payoff else None,
     )
     if reads in state.no_victims:
         return False

@@ -247,7 +247,8 @@ class Simulator:
     # -- one scheduling pass -----------------------------------------------------------
 
     def _pass(self, now: float) -> None:
-        self._decay_usage(now)
+        if self.policy.fair_share:  # the only reader of the usage
+            self._decay_usage(now)
         self._last_pass_s = now
         self.passes += 1
         predicted: dict[tuple[JobFeatures, float], float | None] = {}  # for this pass
@@ -265,8 +266,12 @@ class Simulator:
                 self._start(job, decision.placement, now)
             elif isinstance(decision, Preempt):
                 self._preempt(job, now)
-        busy = sum(j.shape.num_gpus for j in self._active.values() if j.placement is not None)
-        queued = sum(1 for j in self._active.values() if j.phase is Phase.WAITING)
+        busy = queued = 0
+        for job in self._active.values():
+            if job.placement is not None:
+                busy += job.shape.num_gpus
+            elif job.phase is Phase.WAITING:
+                queued += 1
         self.samples.append(Sample(now, busy, queued))
         if queued and self._timed and self._events:  # with nothing left to happen, a
             self._request_pass(now, self.config.wait_tick_s)  # waiting job never fits

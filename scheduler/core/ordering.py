@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from datetime import datetime
@@ -58,7 +59,7 @@ def service_band(job: JobView, now: datetime, config: PolicyConfig) -> float:
             and (run.started_at - _queued_at(job)).total_seconds() >= config.starvation_s
         )
         used = _current_run_gpu_s(job, now) if promoted else attained_gpu_s(job, now)
-    return top - sum(used >= level for level in levels)
+    return top - bisect.bisect_right(levels, used)  # levels reached: used >= level
 
 
 def rank(job: JobView, now: datetime, config: PolicyConfig) -> tuple[int, float]:
@@ -154,17 +155,20 @@ def victim_order(
     now: datetime,
     config: PolicyConfig,
     borrowed: Set[int] = frozenset(),
+    ranks: Mapping[int, tuple[int, float]] | None = None,
 ) -> Iterator[JobView]:
     """Preemption candidates, cheapest first: jobs running on borrowed quota, then lower
     (priority, service band), then least work lost (`work_lost_s`), then most recently
-    started, then job id.
+    started, then job id. `ranks`: job id -> `rank` at `now`, where the caller has them.
 
     Lazy: candidates are grouped by (borrowed, rank) and each group is sorted only when
     reached, since a preemption usually needs the first few victims of a long list.
     """
     groups: dict[tuple[bool, tuple[int, float]], list[JobView]] = {}
     for job in jobs:
-        groups.setdefault((job.id not in borrowed, rank(job, now, config)), []).append(job)
+        known = ranks.get(job.id) if ranks is not None else None
+        job_rank = known if known is not None else rank(job, now, config)
+        groups.setdefault((job.id not in borrowed, job_rank), []).append(job)
 
     def key(job: JobView) -> tuple[float, float, int]:
         run = job.run

@@ -17,7 +17,7 @@ job then fits (principle 6). Only RUNNING jobs that are preemptible and have run
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from datetime import datetime
 
 from scheduler.core.config import PolicyConfig
@@ -35,15 +35,26 @@ def choose_victims(
     *,
     borrowed: Set[int] = frozenset(),
     reclaim: bool = False,
+    ranks: Mapping[int, tuple[int, float]] | None = None,
 ) -> list[JobView] | None:
     """The cheapest set of gangs (in `victim_order`) whose removal lets `job` fit, pruned
     so that no victim could be spared; None when no such set exists. `reclaim`: the job's
-    queue is within its guarantee, so `borrowed` jobs of other queues are fair game."""
+    queue is within its guarantee, so `borrowed` jobs of other queues are fair game.
+    `ranks`: holder id -> `rank` at `now`, where the caller already has them (a pass that
+    tries preemption for many blocked jobs computes them once)."""
     reclaimable = borrowed if reclaim else frozenset()
-    candidates = [v for v in holders if _eligible(v, job, now, config, reclaimable)]
+    ranks = ranks if ranks is not None else {}
+    job_rank = rank(job, now, config)
+    candidates = [
+        v
+        for v in holders
+        if _eligible(v, job, job_rank, now=now, config=config, reclaimable=reclaimable, ranks=ranks)
+    ]
+    if not candidates:
+        return None
     chosen: list[JobView] = []
     capacity = free.copy()
-    for victim in victim_order(candidates, now, config, borrowed):
+    for victim in victim_order(candidates, now, config, borrowed, ranks):
         chosen.append(victim)
         capacity.give_all(_held(victim))
         if place_gang(job.shape, capacity) is not None:
@@ -69,19 +80,36 @@ def _held(job: JobView) -> dict[str, Capacity]:
     return usage(job.shape, job.placement) if job.placement is not None else {}
 
 
-def _eligible(
-    victim: JobView, job: JobView, now: datetime, config: PolicyConfig, reclaimable: Set[int]
-) -> bool:
+def could_be_victim(victim: JobView, now: datetime, config: PolicyConfig) -> bool:
+    """The part of eligibility that does not depend on the job to make room for:
+    running, preemptible, and past `min_runtime_s`."""
     if victim.state is not JobState.RUNNING or not victim.preemptible or victim.run is None:
         return False
-    if (now - victim.run.started_at).total_seconds() < config.min_runtime_s:
+    return (now - victim.run.started_at).total_seconds() >= config.min_runtime_s
+
+
+def _eligible(
+    victim: JobView,
+    job: JobView,
+    job_rank: tuple[int, float],
+    *,
+    now: datetime,
+    config: PolicyConfig,
+    reclaimable: Set[int],
+    ranks: Mapping[int, tuple[int, float]],
+) -> bool:
+    if not could_be_victim(victim, now, config):
         return False
     reclaiming = victim.id in reclaimable and victim.queue != job.queue
     if reclaiming or victim.priority < job.priority:
         return True
+    if victim.priority != job.priority:
+        return False
+    victim_rank = ranks.get(victim.id)
+    if victim_rank is None:
+        victim_rank = rank(victim, now, config)
     return (
-        victim.priority == job.priority
-        and rank(victim, now, config) < rank(job, now, config)
+        victim_rank < job_rank
         and work_lost_s(victim, now) <= config.service_preemption_loss_s
         and (not config.preemption_payoff or _pays_off(victim, job, now, config))
     )

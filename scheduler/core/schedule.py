@@ -41,7 +41,7 @@ from scheduler.core.placement import (
     total_capacity,
     usage,
 )
-from scheduler.core.preemption import choose_victims, freed_by
+from scheduler.core.preemption import choose_victims, could_be_victim, freed_by
 from scheduler.core.quotas import (
     borrowing_jobs,
     gpus_by_queue,
@@ -98,6 +98,14 @@ class _Pass:
     blocked_gpus: int = 0  # GPUs asked by the reserved and blocked jobs so far
     # Waits beyond the ETA horizon: (index in decisions, blocked GPUs up to that job)
     rough_etas: list[tuple[int, int]] = field(default_factory=list)
+    # Holders that could be preempted at all, with their ranks: built by the first
+    # preemption attempt of the pass (without a reservation every blocked job tries one).
+    victim_pool: list[JobView] | None = None
+    ranks: dict[int, tuple[int, float]] = field(default_factory=dict)
+    # What `choose_victims` reads of a job, for those it found no victims for while the
+    # free capacity stayed as it is (cleared on admission, like `shortage_memo`).
+    no_victims: set[tuple[object, ...]] = field(default_factory=set)
+    leaving: list[JobView] | None = None  # holders already preempting (built once)
 
 
 def schedule(
@@ -221,6 +229,7 @@ def _admit(
     if not taken:
         state.free.take_all(used)
     state.shortage_memo.clear()  # the free capacity it describes has changed
+    state.no_victims.clear()
     state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + job.shape.num_gpus
     ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
     reservation = state.reservation
@@ -305,7 +314,9 @@ def _refresh_spare(state: _Pass, reservation: _Reservation, used: dict[str, Capa
 
 def _room_is_coming(state: _Pass, job: JobView) -> bool:
     """Gangs already preempting free enough for this job: wait for them, take no more."""
-    leaving = [h for h in state.holders if h.state is JobState.PREEMPTING]
+    if state.leaving is None:
+        state.leaving = [h for h in state.holders if h.state is JobState.PREEMPTING]
+    leaving = state.leaving
     if not leaving:
         return False
     capacity = freed_by(state.free, leaving)
@@ -337,16 +348,35 @@ def _ids(jobs: Sequence[JobView]) -> str:
 
 
 def _preempt_for(state: _Pass, job: JobView) -> bool:
+    if state.victim_pool is None:
+        now, config = state.now, state.config
+        state.victim_pool = [h for h in state.holders if could_be_victim(h, now, config)]
+        state.ranks = {h.id: rank(h, now, config) for h in state.victim_pool}
+    reclaim = within_guarantee(job, state.queue_used, state.queues)
+    # Everything choose_victims reads of the job (its queue only to reclaim, its
+    # prediction only for the payoff rule): another blocked job that matches it in these,
+    # with the free capacity unchanged, gets the same answer.
+    reads = (
+        job.priority,
+        rank(job, state.now, state.config),
+        job.queue if reclaim else None,
+        job.shape,
+        job.predicted_remaining_s if state.config.preemption_payoff else None,
+    )
+    if reads in state.no_victims:
+        return False
     victims = choose_victims(
         job,
         state.free,
-        state.holders,
+        state.victim_pool,
         state.now,
         state.config,
         borrowed=state.borrowed,
-        reclaim=within_guarantee(job, state.queue_used, state.queues),
+        reclaim=reclaim,
+        ranks=state.ranks,
     )
     if not victims:
+        state.no_victims.add(reads)
         return False
     deadline = state.now + timedelta(seconds=state.config.checkpoint_grace_s)
     for victim in victims:

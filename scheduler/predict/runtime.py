@@ -48,6 +48,7 @@ class Prediction:
 
 
 UNKNOWN = Prediction(None)
+_KEYS_KEPT = 4096  # features whose group keys a predictor remembers
 
 # Groups from the most to the least specific; each a tuple of JobFeatures attributes.
 GROUPS: tuple[tuple[str, ...], ...] = (
@@ -71,10 +72,10 @@ class RuntimePredictor:
         self.min_samples = min_samples
         self._recent: dict[tuple[object, ...], deque[float]] = {}
         self._sorted: dict[tuple[object, ...], list[float]] = {}
+        self._keys: dict[JobFeatures, tuple[tuple[object, ...], ...]] = {}  # per GROUPS
 
     def observe(self, features: JobFeatures, runtime_s: float) -> None:
-        for attributes in GROUPS:
-            key = _key(features, attributes)
+        for key in self._group_keys(features):
             recent = self._recent.setdefault(key, deque())
             ordered = self._sorted.setdefault(key, [])
             if len(recent) == self.window:
@@ -84,19 +85,47 @@ class RuntimePredictor:
 
     def predict(self, features: JobFeatures, elapsed_s: float = 0.0) -> Prediction:
         """Total run time expected for a job like `features` that has run `elapsed_s`."""
-        for attributes in GROUPS:
-            ordered = self._sorted.get(_key(features, attributes))
+        found = self._lookup(features, elapsed_s)
+        if found is None:
+            return UNKNOWN
+        attributes, ordered, start = found
+        if start == len(ordered):
+            return Prediction(None, basis=f"ran longer than every job of its {_name(attributes)}")
+        low, median, high = _quartiles(ordered, start)
+        count = len(ordered) - start
+        basis = f"median of {count} finished jobs of the same {_name(attributes)}"
+        return Prediction(median, low, high, basis, count)
+
+    def runtime_s(self, features: JobFeatures, elapsed_s: float = 0.0) -> float | None:
+        """`predict(features, elapsed_s).runtime_s` without building the rest (the
+        simulator asks this for every job on every pass)."""
+        found = self._lookup(features, elapsed_s)
+        if found is None:
+            return None
+        _, ordered, start = found
+        if start == len(ordered):
+            return None
+        return ordered[start + (len(ordered) - start - 1) // 2]
+
+    def _lookup(
+        self, features: JobFeatures, elapsed_s: float
+    ) -> tuple[tuple[str, ...], list[float], int] | None:
+        """The most specific group with enough samples: its attributes, its sorted run
+        times, and the index of the first one longer than `elapsed_s`."""
+        for attributes, key in zip(GROUPS, self._group_keys(features), strict=True):
+            ordered = self._sorted.get(key)
             if not ordered or len(ordered) < self.min_samples:
                 continue
-            longer = ordered[bisect.bisect_right(ordered, elapsed_s) :]
-            if not longer:
-                return Prediction(
-                    None, basis=f"ran longer than every job of its {_name(attributes)}"
-                )
-            low, median, high = _quartiles(longer)
-            basis = f"median of {len(longer)} finished jobs of the same {_name(attributes)}"
-            return Prediction(median, low, high, basis, len(longer))
-        return UNKNOWN
+            return attributes, ordered, bisect.bisect_right(ordered, elapsed_s)
+        return None
+
+    def _group_keys(self, features: JobFeatures) -> tuple[tuple[object, ...], ...]:
+        keys = self._keys.get(features)
+        if keys is None:
+            if len(self._keys) >= _KEYS_KEPT:  # a service sees ever new names: stay bounded
+                self._keys.clear()
+            keys = self._keys[features] = tuple(_key(features, a) for a in GROUPS)
+        return keys
 
 
 def _key(features: JobFeatures, attributes: tuple[str, ...]) -> tuple[object, ...]:
@@ -107,10 +136,15 @@ def _name(attributes: tuple[str, ...]) -> str:
     return ", ".join(a.replace("num_gpus", "GPU count") for a in attributes)
 
 
-def _quartiles(ordered: Sequence[float]) -> tuple[float, float, float]:
-    """Nearest-rank quartiles of a sorted sequence (O(1): this runs per job per pass)."""
-    last = len(ordered) - 1
-    return ordered[last // 4], ordered[last // 2], ordered[(3 * last + 3) // 4]
+def _quartiles(ordered: Sequence[float], start: int = 0) -> tuple[float, float, float]:
+    """Nearest-rank quartiles of the sorted `ordered[start:]` (O(1), no copy: this runs
+    per job per pass)."""
+    last = len(ordered) - start - 1
+    return (
+        ordered[start + last // 4],
+        ordered[start + last // 2],
+        ordered[start + (3 * last + 3) // 4],
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,11 +93,19 @@ class SimJob:
     lost_gpu_s: float = 0.0
     version: int = 0  # bumps when a pending end event becomes stale
     predicted_s: float | None = None  # run time predicted at arrival (None: unknown)
+    # Derived once: what the predictor knows of the job, and its submit time as a datetime.
+    features: JobFeatures = field(init=False, repr=False)
+    submitted_at: datetime = field(init=False, repr=False)
+    # The view of the job while it waits, and what it was built from: rebuilt only when
+    # (queued_s, attained_gpu_s, predicted remaining) changed.
+    waiting_view: tuple[tuple[float, float, float | None], JobView] | None = field(
+        default=None, repr=False
+    )
 
-    @property
-    def features(self) -> JobFeatures:
+    def __post_init__(self) -> None:
         trace = self.trace
-        return JobFeatures(queue=trace.queue, user=trace.queue, num_gpus=trace.num_gpus)
+        self.features = JobFeatures(queue=trace.queue, user=trace.queue, num_gpus=trace.num_gpus)
+        self.submitted_at = EPOCH + timedelta(seconds=trace.submit_s)
 
     def progress_s(self, now: float, restore_s: float) -> float:
         """Progress of the current run, not yet checkpointed."""
@@ -182,7 +190,11 @@ class Simulator:
         self.predictor = RuntimePredictor()
         self._service_gpu_s: list[float] = []  # finished jobs' GPU-seconds: Gittins' prior
         self._prior_size = 0  # how many of them the current table was built from
-        self._policy_config = policy.config
+        # The simulator reads only Admit and Preempt decisions, so it asks the core for no
+        # exact start estimates on Waits (`eta_jobs=0`): they cost a timeline search per
+        # blocked job and change no decision.
+        self._config = replace(policy.config, eta_jobs=0)
+        self._policy_config = self._config
 
     # -- running ----------------------------------------------------------------------
 
@@ -203,7 +215,7 @@ class Simulator:
             if kind == _Event.ARRIVAL:
                 self._active[job_id] = job
                 job.queued_s = now
-                job.predicted_s = self.predictor.predict(job.features).runtime_s
+                job.predicted_s = self.predictor.runtime_s(job.features)
             elif kind == _Event.END and version == job.version and job.phase is Phase.RUNNING:
                 self._finish(job, now)
                 done += 1
@@ -235,10 +247,12 @@ class Simulator:
     # -- one scheduling pass -----------------------------------------------------------
 
     def _pass(self, now: float) -> None:
-        self._decay_usage(now)
+        if self.policy.fair_share:  # the only reader of the usage
+            self._decay_usage(now)
         self._last_pass_s = now
         self.passes += 1
-        views = [self._view(job, now) for job in self._active.values()]
+        predicted: dict[tuple[JobFeatures, float], float | None] = {}  # for this pass
+        views = [self._view(job, now, predicted) for job in self._active.values()]
         decisions = schedule(
             ClusterSnapshot(self.nodes),
             views,
@@ -252,8 +266,12 @@ class Simulator:
                 self._start(job, decision.placement, now)
             elif isinstance(decision, Preempt):
                 self._preempt(job, now)
-        busy = sum(j.shape.num_gpus for j in self._active.values() if j.placement is not None)
-        queued = sum(1 for j in self._active.values() if j.phase is Phase.WAITING)
+        busy = queued = 0
+        for job in self._active.values():
+            if job.placement is not None:
+                busy += job.shape.num_gpus
+            elif job.phase is Phase.WAITING:
+                queued += 1
         self.samples.append(Sample(now, busy, queued))
         if queued and self._timed and self._events:  # with nothing left to happen, a
             self._request_pass(now, self.config.wait_tick_s)  # waiting job never fits
@@ -261,7 +279,7 @@ class Simulator:
     def _config_with_prior(self) -> PolicyConfig:
         """The policy, with a Gittins table of the finished jobs' service when it orders
         by Gittins index; rebuilt when the prior grew by 5% (each build is O(jobs))."""
-        config = self.policy.config
+        config = self._config
         finished = len(self._service_gpu_s)
         if config.service_order != "gittins" or not finished:
             return config
@@ -295,14 +313,21 @@ class Simulator:
         for key, used in decayed_usage(window, EPOCH + timedelta(seconds=now), HALF_LIFE_S).items():
             self._usage[key] = self._usage.get(key, 0.0) + used
 
-    def _view(self, job: SimJob, now: float) -> JobView:
-        state = _JOB_STATE[job.phase]
+    def _view(
+        self, job: SimJob, now: float, predicted: dict[tuple[JobFeatures, float], float | None]
+    ) -> JobView:
+        remaining = self._predicted_remaining_s(job, now, predicted)
+        if job.phase is Phase.WAITING:  # unchanged while it waits, unless these change
+            inputs = (job.queued_s, job.attained_gpu_s, remaining)
+            cached = job.waiting_view
+            if cached is not None and cached[0] == inputs:
+                return cached[1]
         factor = self.config.time_limit_factor
-        return JobView(
+        view = JobView(
             id=job.trace.job_id,
             priority=0,
-            submitted_at=EPOCH + timedelta(seconds=job.trace.submit_s),
-            state=state,
+            submitted_at=job.submitted_at,
+            state=_JOB_STATE[job.phase],
             shape=job.shape,
             placement=job.placement,
             time_limit_s=job.trace.duration_s * factor if factor else None,
@@ -311,17 +336,27 @@ class Simulator:
             user=job.trace.queue,
             attained_gpu_s=job.attained_gpu_s,
             queued_at=EPOCH + timedelta(seconds=job.queued_s),
-            predicted_remaining_s=self._predicted_remaining_s(job, now),
+            predicted_remaining_s=remaining,
         )
+        if job.phase is Phase.WAITING:
+            job.waiting_view = (inputs, view)
+        return view
 
-    def _predicted_remaining_s(self, job: SimJob, now: float) -> float | None:
+    def _predicted_remaining_s(
+        self, job: SimJob, now: float, predicted: dict[tuple[JobFeatures, float], float | None]
+    ) -> float | None:
         """Run time still ahead of the job: the truth with `oracle`, else the predictor's
-        estimate given the progress made so far (None: unknown)."""
+        estimate given the progress made so far (None: unknown). `predicted` memoizes
+        the predictor within one pass (it learns only between passes)."""
         done = job.saved_s + (job.progress_s(now, self.config.restore_s) if job.placement else 0)
         if self.config.oracle:
             return max(0.0, job.trace.duration_s - done)
-        predicted = self.predictor.predict(job.features, done).runtime_s
-        return None if predicted is None else max(0.0, predicted - done)
+        key = (job.features, done)
+        if key in predicted:
+            total = predicted[key]
+        else:
+            total = predicted[key] = self.predictor.runtime_s(job.features, done)
+        return None if total is None else max(0.0, total - done)
 
     def _run_info(self, job: SimJob, now: float) -> RunInfo:
         progress = job.progress_s(now, self.config.restore_s)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from unittest.mock import patch
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -24,6 +26,8 @@ from scheduler.core.ordering import rank, work_lost_s
 from scheduler.model import ClusterSnapshot, JobState, JobView
 from tests.unit.builders import NOW, Cluster, at, pending, running
 
+# The module, not the function that `scheduler.core.schedule` names on the package.
+schedule_module = importlib.import_module("scheduler.core.schedule")
 TWO_BY_FOUR = Cluster().nodes(2, 4).snapshot()
 NO_PREEMPTION = PolicyConfig(preemption=False)
 
@@ -392,3 +396,32 @@ def test_aging_bounds_the_wait_behind_a_stream_of_higher_priority_jobs(
     ]
     decisions = schedule(Cluster().nodes(1, 1).snapshot(), [*stream, old], NOW, config)
     assert admitted(decisions) == [1]
+
+
+class _Forgetful(set[tuple[object, ...]]):
+    """A victim memo that never remembers: every blocked job searches for itself."""
+
+    def add(self, element: tuple[object, ...]) -> None:
+        pass
+
+
+@dataclass
+class _PassWithoutVictimMemo(schedule_module._Pass):
+    no_victims: set[tuple[object, ...]] = field(default_factory=_Forgetful)
+
+
+# Preemption at any moment and no reservations: every blocked job tries preemption.
+TIRESIAS_LIKE = PolicyConfig(
+    reservations=False, min_runtime_s=0.0, service_preemption_loss_s=1e15, starvation_s=1e15
+)
+
+
+@given(scenarios(), st.sampled_from([PolicyConfig(), TIRESIAS_LIKE]))
+def test_the_victim_memo_decides_as_a_search_per_blocked_job(
+    scenario: tuple[ClusterSnapshot, list[JobView]], config: PolicyConfig
+) -> None:
+    snapshot, jobs = scenario
+    remembered = schedule(snapshot, jobs, NOW, config)
+    with patch.object(schedule_module, "_Pass", _PassWithoutVictimMemo):
+        searched = schedule(snapshot, jobs, NOW, config)
+    assert remembered == searched

@@ -1,13 +1,15 @@
 """Load balancing: pipeline stages by measured cost, and batch shares by rank speed.
 
     .venv/bin/python bench/engine_balance.py stages --model gpt-mini --pp 2 4
+    .venv/bin/python bench/engine_balance.py stages --model gpt-mini --pp 2 4 --schedule zbv
     .venv/bin/python bench/engine_balance.py batch --model gpt-tiny --steps 40 --slow 1.5
 
 `stages`: each layer's forward + backward is measured (`workers.balance.measure_costs`);
 then every stage of the equal split and of the balanced split is built as the pipeline
 builds it (`GPT.keep_only`) and timed on its own, forward + backward on one microbatch,
 median of `--repeats`, in CPU time (one thread; the machine's other load does not
-count). Prints slowest/fastest stage time for both splits.
+count). Prints slowest/fastest pipeline rank time for both splits: a rank's time is its
+stage's, or under `--schedule zbv` the sum of its two (stages r and 2 pp - 1 - r).
 
 `batch`: 2 gloo ranks, rank 1's compute made `--slow` x slower; equal shares against
 `balance_batch` on the same samples. Prints the median step time after the first
@@ -65,19 +67,25 @@ def bench_stages(args: argparse.Namespace) -> None:
         config, batch=args.batch, in_flight=1, device=torch.device("cpu"), repeats=args.repeats
     )
     print("layer costs (ms): " + ", ".join(f"{c.time_s * 1000:.1f}" for c in costs), flush=True)
+    v_shape = args.schedule == "zbv"
     for pp in args.pp:
-        equal = balance.equal_layers(pp, config.n_layer)
-        chosen = balance.balanced_split(costs, pp).layers
-        row: dict[str, Any] = {"model": args.model, "pp": pp}
+        num_stages = 2 * pp if v_shape else pp
+        ranks = balance.placement(num_stages, v_shape=v_shape)
+        equal = balance.equal_layers(num_stages, config.n_layer)
+        chosen = balance.balanced_split(costs, num_stages, v_shape=v_shape).layers
+        row: dict[str, Any] = {"model": args.model, "schedule": args.schedule, "pp": pp}
         for name, layers in (("equal", equal), ("balanced", chosen)):
             times = stage_times(config, layers, args.batch, args.repeats)
+            per_rank = [sum(times[s] for s in stages) for stages in ranks]
             row[name] = {
                 "stages": [
-                    balance.stage_items(r, first=s == 0, last=s == pp - 1)
+                    balance.stage_items(r, first=s == 0, last=s == num_stages - 1)
                     for s, r in enumerate(layers)
                 ],
                 "stage_ms": [round(t * 1000, 1) for t in times],
-                "slowest_over_fastest": round(max(times) / min(times), 3),
+                "rank_stages": ranks,
+                "rank_ms": [round(t * 1000, 1) for t in per_rank],
+                "slowest_over_fastest": round(max(per_rank) / min(per_rank), 3),
             }
         print(json.dumps(row), flush=True)
 
@@ -117,6 +125,12 @@ def main() -> None:
     stages.add_argument("--model", default="gpt-mini")
     stages.add_argument("--pp", type=int, nargs="+", default=[2, 4])
     stages.add_argument("--batch", type=int, default=2, help="microbatch size")
+    stages.add_argument(
+        "--schedule",
+        choices=["1f1b", "zbv"],
+        default="1f1b",
+        help="zbv: two stages per rank in a V (r, 2 pp - 1 - r); a rank's time is their sum",
+    )
     stages.add_argument("--repeats", type=int, default=5)
     batch = sub.add_parser("batch")
     batch.add_argument("--model", default="gpt-tiny")

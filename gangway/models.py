@@ -104,7 +104,10 @@ class Resources(_Strict):
 
 
 # The built-in trainer's choices, named once: the ranks' plan and spec take these types.
-PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zbv"]
+# Schedules that give each pipeline rank two model chunks (virtual stages): interleaved
+# 1F1B places rank r's at stages r and r + pp, ZB-V at r and 2 pp - 1 - r (a "V").
+TWO_CHUNK_SCHEDULES: frozenset[str] = frozenset({"interleaved-1f1b", "zbv"})
 Precision = Literal["fp32", "bf16"]
 Compression = Literal["none", "fp16", "bf16", "powersgd"]
 UpdateMode = Literal["sync", "local-sgd", "diloco", "adaptive", "async"]

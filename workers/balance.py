@@ -11,6 +11,13 @@ among splits within 5% of that optimum it takes the one whose largest stage memo
 smallest. The embeddings go with the first stage and the head with the last; either may
 be its stage's only item (a head as costly as two blocks is a stage on its own).
 
+Under ZB-V (`v_shape`) a rank runs two stages, r and 2 pp - 1 - r, one after the other,
+so what is balanced is each rank's sum of its two stages: the first and the last stage
+(the embeddings and the head) share rank 0, which is what lets a costly head be paired
+with cheap embeddings instead of bounding the pipeline alone. The same two criteria
+(time, then memory within 5%) over rank sums, by a dynamic programme that takes the
+stages in pairs from both ends.
+
 Batch shares. A rank's speed is its median `local_s` per sample over a window of steps
 (all-gathered, so all ranks agree); shares of the global batch are proportional to speed
 (largest remainder, at least one sample each). The global batch, hence the loss and its
@@ -44,20 +51,40 @@ class ItemCost:
 
 @dataclass(frozen=True)
 class StageSplit:
-    """Blocks of each stage, and each stage's predicted time and memory."""
+    """Blocks of each stage, each stage's predicted time and memory, and the stages
+    each pipeline rank runs (one each, or a V's two)."""
 
     layers: list[range]
     time_s: list[float]
     memory_bytes: list[int]
+    ranks: list[list[int]]
+
+    @property
+    def rank_time_s(self) -> list[float]:
+        """Each rank's work per microbatch: the sum of its stages'."""
+        return [sum(self.time_s[s] for s in stages) for stages in self.ranks]
 
     @property
     def time_ratio(self) -> float:
-        """Slowest over fastest stage."""
-        return max(self.time_s) / max(min(self.time_s), 1e-12)
+        """Slowest over fastest rank (a rank's stages run one after the other)."""
+        times = self.rank_time_s
+        return max(times) / max(min(times), 1e-12)
+
+
+def placement(num_stages: int, *, v_shape: bool) -> list[list[int]]:
+    """Stages per pipeline rank: one each, or ZB-V's pairs (r, num_stages - 1 - r)."""
+    if v_shape:
+        return [[r, num_stages - 1 - r] for r in range(num_stages // 2)]
+    return [[s] for s in range(num_stages)]
 
 
 def equal_layers(num_stages: int, n_layer: int) -> list[range]:
-    """Contiguous, as even as possible, the earlier stages taking the remainder."""
+    """Contiguous, as even as possible, the earlier stages taking the remainder. With
+    fewer layers than stages the first stage holds only the embeddings and the last only
+    the head (needs n_layer >= num_stages - 2, which the plan checks)."""
+    if n_layer < num_stages:
+        middle = equal_layers(num_stages - 2, n_layer)
+        return [range(0, 0), *middle, range(n_layer, n_layer)]
     base, extra = divmod(n_layer, num_stages)
     starts = [s * base + min(s, extra) for s in range(num_stages)]
     return [range(start, start + base + (1 if s < extra else 0)) for s, start in enumerate(starts)]
@@ -134,7 +161,7 @@ def averaged(costs: list[ItemCost]) -> list[ItemCost]:
     return [ItemCost(float(t) / world, c.memory_bytes) for t, c in zip(times, costs, strict=True)]
 
 
-def stage_costs(costs: list[ItemCost], layers: list[range]) -> StageSplit:
+def stage_costs(costs: list[ItemCost], layers: list[range], *, v_shape: bool = False) -> StageSplit:
     """Predicted per-stage cost of a split; items are [emb, blocks..., head]."""
     last = len(layers) - 1
     times, memory = [], []
@@ -146,7 +173,7 @@ def stage_costs(costs: list[ItemCost], layers: list[range]) -> StageSplit:
             chosen.append(costs[-1])
         times.append(sum(c.time_s for c in chosen))
         memory.append(sum(c.memory_bytes for c in chosen))
-    return StageSplit(layers, times, memory)
+    return StageSplit(layers, times, memory, placement(len(layers), v_shape=v_shape))
 
 
 def stage_items(layers: range, *, first: bool, last: bool) -> str:
@@ -159,19 +186,21 @@ def stage_items(layers: range, *, first: bool, last: bool) -> str:
     return " + ".join(items) + (" only" if len(items) == 1 and not layers else "")
 
 
-def balanced_split(costs: list[ItemCost], num_stages: int) -> StageSplit:
+def balanced_split(costs: list[ItemCost], num_stages: int, *, v_shape: bool = False) -> StageSplit:
     """Contiguous split of [embeddings, blocks..., head] minimising the slowest stage's
-    time, then its largest memory. Every stage holds at least one item, so the first may
-    hold the embeddings alone and the last the head alone: a head + loss that costs as
-    much as two blocks is a stage's worth of work on its own."""
+    time (under `v_shape`, the slowest rank's two stages), then its largest memory. Every
+    stage holds at least one item, so the first may hold the embeddings alone and the
+    last the head alone: a head + loss that costs as much as two blocks is a stage's
+    worth of work on its own."""
     times = [c.time_s for c in costs]
     memory = [float(c.memory_bytes) for c in costs]
-    best_time = _min_max_split(times, num_stages, limit=None)[0]
-    _, cuts = _min_max_split(memory, num_stages, limit=(times, best_time * (1 + TIME_SLACK)))
+    split = _min_max_v_split if v_shape else _min_max_split
+    best_time = split(times, num_stages, limit=None)[0]
+    _, cuts = split(memory, num_stages, limit=(times, best_time * (1 + TIME_SLACK)))
     # A cut before item i (block i - 1) starts the next stage at block i - 1.
     bounds = [0, *(cut - 1 for cut in cuts), len(costs) - 2]
     layers = [range(a, b) for a, b in itertools.pairwise(bounds)]
-    return stage_costs(costs, layers)
+    return stage_costs(costs, layers, v_shape=v_shape)
 
 
 def _min_max_split(
@@ -184,14 +213,8 @@ def _min_max_split(
     groups: the smallest possible largest group sum, and the cut points. With `limit`
     = (times, bound), groups whose time sum exceeds the bound are not allowed."""
     n = len(values)
-    prefix = [0.0]
-    for v in values:
-        prefix.append(prefix[-1] + v)
-    time_prefix = prefix
-    if limit is not None:
-        time_prefix = [0.0]
-        for t in limit[0]:
-            time_prefix.append(time_prefix[-1] + t)
+    prefix = _prefix(values)
+    time_prefix = _prefix(limit[0]) if limit is not None else prefix
     inf = float("inf")
     # best[k][i]: the first i values in k groups.
     best = [[inf] * (n + 1) for _ in range(parts + 1)]
@@ -212,6 +235,54 @@ def _min_max_split(
         i = cut[k][i]
         cuts.append(i)
     return best[parts][n], sorted(cuts)
+
+
+def _min_max_v_split(
+    values: list[float],
+    parts: int,
+    *,
+    limit: tuple[list[float], float] | None,
+) -> tuple[float, list[int]]:
+    """As `_min_max_split`, but a group's cost is the sum of the pair of stages one rank
+    runs under ZB-V: stage r with stage parts - 1 - r. The pairs are chosen from both ends
+    inwards: state (i, j) = the front stages cover values[:i] and the back ones values[j:];
+    the innermost pair must meet (i == j). O(parts * n^4) at worst, for n items."""
+    n, pairs = len(values), parts // 2
+    prefix = _prefix(values)
+    time_prefix = _prefix(limit[0]) if limit is not None else prefix
+    bound = limit[1] + 1e-12 if limit is not None else float("inf")
+    # layer[(i, j)] = (the largest pair sum so far, the state it came from)
+    layers: list[dict[tuple[int, int], tuple[float, tuple[int, int]]]] = [{(0, n): (0.0, (0, n))}]
+    for r in range(pairs):
+        after = 2 * (pairs - r - 1)  # items the pairs still to come need at least
+        nxt: dict[tuple[int, int], tuple[float, tuple[int, int]]] = {}
+        for (i, j), (cost, _) in layers[-1].items():
+            for i2 in range(i + 1, j):
+                for j2 in range(i2 + after, j) if after else (i2,):
+                    if time_prefix[i2] - time_prefix[i] + time_prefix[j] - time_prefix[j2] > bound:
+                        continue
+                    load = max(cost, prefix[i2] - prefix[i] + prefix[j] - prefix[j2])
+                    if load < nxt.get((i2, j2), (float("inf"),))[0]:
+                        nxt[(i2, j2)] = (load, (i, j))
+        layers.append(nxt)
+    if not layers[-1]:
+        return float("inf"), []
+    state = min(layers[-1], key=lambda key: layers[-1][key][0])
+    best = layers[-1][state][0]
+    fronts, backs = [], []
+    for layer in reversed(layers[1:]):
+        fronts.append(state[0])
+        backs.append(state[1])
+        state = layer[state][1]
+    # fronts[0] == backs[0] is the middle cut, counted once.
+    return best, sorted({*fronts, *backs[1:]})
+
+
+def _prefix(values: Sequence[float]) -> list[float]:
+    prefix = [0.0]
+    for v in values:
+        prefix.append(prefix[-1] + v)
+    return prefix
 
 
 def batch_shares(speeds: Sequence[float], global_batch: int) -> list[int]:

@@ -27,6 +27,7 @@ from torch.distributed.pipelining.schedules import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
 )
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -47,7 +48,7 @@ from workers.plan import ParallelPlan
 @dataclass
 class ModelParts:
     """This rank's share of the model: one part per pipeline stage it runs (one, or two
-    with interleaved 1F1B), already parallelized; `stages` is set when pp > 1."""
+    with interleaved 1F1B or ZB-V), already parallelized; `schedule` is set when pp > 1."""
 
     parts: list[GPT]
     stage_ids: list[int]
@@ -82,7 +83,7 @@ def build_parts(
     """`stage_layers`: each pipeline stage's blocks (pp > 1). `ddp_hook`: DDP's comm
     hook (state, hook) when the caller chooses it; else the plan's compression hook."""
     pp_rank = mesh.get_local_rank("pp")
-    stage_ids = [pp_rank + i * plan.pp for i in range(plan.stages_per_rank)]
+    stage_ids = plan.stage_ids(pp_rank)
     parts = []
     for stage in stage_ids:
         torch.manual_seed(seed)  # the same full model on every rank and in a single process
@@ -248,6 +249,8 @@ def build_schedule(
     ]
     if plan.pipeline_schedule == "interleaved-1f1b":
         return ScheduleInterleaved1F1B(stages, plan.microbatches, loss_fn=loss_fn)
+    if plan.pipeline_schedule == "zbv":
+        return ScheduleZBVZeroBubble(stages, plan.microbatches, loss_fn=loss_fn)
     kind = ScheduleGPipe if plan.pipeline_schedule == "gpipe" else Schedule1F1B
     return kind(stages[0], plan.microbatches, loss_fn=loss_fn)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from gangway.models import (
+    TWO_CHUNK_SCHEDULES,
     Builtin,
     Compression,
     Parallelism,
@@ -79,8 +80,25 @@ class ParallelPlan:
 
     @property
     def stages_per_rank(self) -> int:
-        """Interleaved 1F1B gives each pipeline rank two model chunks (virtual stages)."""
-        return 2 if self.pp > 1 and self.pipeline_schedule == "interleaved-1f1b" else 1
+        """Interleaved 1F1B and ZB-V give each pipeline rank two model chunks (virtual
+        stages)."""
+        return 2 if self.pp > 1 and self.pipeline_schedule in TWO_CHUNK_SCHEDULES else 1
+
+    @property
+    def v_shape(self) -> bool:
+        """ZB-V places pipeline rank r's chunks at stages r and 2 pp - 1 - r, so rank 0
+        holds both ends: the embeddings and the head."""
+        return self.pp > 1 and self.pipeline_schedule == "zbv"
+
+    def stage_ids(self, pp_rank: int) -> list[int]:
+        """The pipeline stages `pp_rank` runs, in the order the schedule takes them."""
+        if self.v_shape:
+            return [pp_rank, self.num_stages - 1 - pp_rank]
+        return [pp_rank + i * self.pp for i in range(self.stages_per_rank)]
+
+    def ranks_stages(self) -> list[list[int]]:
+        """Every pipeline rank's stages (for balancing a rank's total work)."""
+        return [self.stage_ids(r) for r in range(self.pp)]
 
     @property
     def num_stages(self) -> int:
@@ -159,18 +177,20 @@ def _check_tensor_parallel(plan: ParallelPlan, model: GPTConfig) -> None:
 
 
 def _check_pipeline(plan: ParallelPlan, model: GPTConfig, batch_size: int) -> None:
-    if plan.num_stages > model.n_layer:
+    if plan.num_stages > model.n_layer + 2:
         raise PlanError(
             "parallelism.pp",
             f"{plan.num_stages} pipeline stages for a model of {model.n_layer} layers: every "
-            "stage needs at least one layer",
+            "stage needs a layer, but the first may hold only the embeddings and the last "
+            "only the head",
         )
     if batch_size % plan.microbatches:
         raise PlanError(
             "entrypoint.microbatches",
             f"{plan.microbatches} microbatches must divide the batch size ({batch_size})",
         )
-    if plan.stages_per_rank > 1 and plan.microbatches % plan.pp:
+    looped = plan.stages_per_rank > 1 and not plan.v_shape  # ZB-V takes any count
+    if looped and plan.microbatches % plan.pp:
         raise PlanError(
             "entrypoint.microbatches",
             f"interleaved 1F1B needs a multiple of pp={plan.pp} microbatches",

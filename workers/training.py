@@ -518,9 +518,9 @@ def _stage_layers(plan: ParallelPlan, spec: TrainSpec, device: torch.device) -> 
     costs = balance.averaged(
         balance.measure_costs(spec.config, batch=micro, in_flight=plan.microbatches, device=device)
     )
-    chosen = balance.balanced_split(costs, plan.num_stages)
+    chosen = balance.balanced_split(costs, plan.num_stages, v_shape=plan.v_shape)
     if is_rank0():
-        before = balance.stage_costs(costs, equal)
+        before = balance.stage_costs(costs, equal, v_shape=plan.v_shape)
         print(_split_line(chosen, before), flush=True)
     return chosen.layers
 
@@ -535,8 +535,14 @@ def _split_line(chosen: balance.StageSplit, equal: balance.StageSplit) -> str:
             zip(chosen.layers, chosen.time_s, chosen.memory_bytes, strict=True)
         )
     )
+    ranks = ""
+    if any(len(pair) > 1 for pair in chosen.ranks):  # ZB-V: what each rank runs
+        ranks = "; ranks: " + ", ".join(
+            f"{'+'.join(map(str, pair))} {t * 1000:.1f} ms"
+            for pair, t in zip(chosen.ranks, chosen.rank_time_s, strict=True)
+        )
     return (
-        f"pipeline stages by measured cost: {stages}; slowest/fastest "
+        f"pipeline stages by measured cost: {stages}{ranks}; slowest/fastest "
         f"{chosen.time_ratio:.2f} (equal layer counts: {equal.time_ratio:.2f})"
     )
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gangway.models import TWO_CHUNK_SCHEDULES
+
 FEATURES = ("compute_flop", "comm_bytes", "messages", "constant")
 BYTES = {"fp32": 4, "bf16": 2}
 # fp32 weights + grads + Adam's two moments: 16 bytes per parameter.
@@ -87,7 +89,7 @@ def work(model: ModelShape, plan: StepPlan, node: NodeType) -> np.ndarray:
     tokens = plan.batch_size * plan.grad_accumulation * model.seq_len  # per dp rank
     attention = 12 * model.n_layer * model.n_embd * model.seq_len  # per token, fwd+bwd
     flops = (6 * model.params + attention) * tokens / (plan.tp * plan.pp)
-    virtual = 2 if plan.schedule == "interleaved-1f1b" and plan.pp > 1 else 1
+    virtual = 2 if plan.schedule in TWO_CHUNK_SCHEDULES and plan.pp > 1 else 1
     bubble = 1 + (plan.pp - 1) / (plan.microbatches * virtual)
     sharing = max(1.0, min(plan.world, node.devices_per_node) / node.parallel_ranks)
     compute = flops * bubble * sharing

@@ -171,8 +171,9 @@ def test_bf16_autocast_and_activation_checkpointing_train(tmp_path: Path) -> Non
     [
         (ParallelPlan(tp=4), 8, "parallelism.tp"),  # 2 heads
         (ParallelPlan(tp=3), 8, "parallelism.tp"),
-        (ParallelPlan(pp=5), 8, "parallelism.pp"),  # 4 layers
+        (ParallelPlan(pp=7), 8, "parallelism.pp"),  # 4 layers + embeddings + head
         (ParallelPlan(pp=4, pipeline_schedule="interleaved-1f1b"), 8, "parallelism.pp"),
+        (ParallelPlan(pp=4, pipeline_schedule="zbv"), 8, "parallelism.pp"),
         (ParallelPlan(pp=2, microbatches=3), 8, "entrypoint.microbatches"),
         (
             ParallelPlan(pp=2, microbatches=3, pipeline_schedule="interleaved-1f1b"),

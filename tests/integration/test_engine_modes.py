@@ -94,11 +94,20 @@ def test_slower_rank_gets_a_smaller_share_and_the_loss_is_unchanged(tmp_path: Pa
 
 
 def test_balanced_pipeline_stages_keep_the_single_process_loss(tmp_path: Path) -> None:
+    """1F1B, then ZB-V (two stages per rank in a V, balanced by rank), stopped and
+    resumed from its checkpoint under plain 1F1B: every run follows one process."""
     spec = TrainSpec(steps=4, batch_size=8)
     single = run_engine(ParallelPlan(), spec, tmp_path / "one")["losses"]
     plan = ParallelPlan(pp=2, microbatches=2, balance_stages=True)
     losses = run_engine(plan, spec, tmp_path / "pp2")["losses"]
     assert losses == pytest.approx(single, abs=TOLERANCE)
+    zbv = ParallelPlan(pp=2, microbatches=2, pipeline_schedule="zbv", balance_stages=True)
+    checkpoints = tmp_path / "checkpoints"
+    first = run_engine(zbv, spec, tmp_path / "zbv", checkpoint_dir=checkpoints, stop_at=2)
+    assert first["step"] == 2
+    second = run_engine(plan, spec, tmp_path / "resumed", checkpoint_dir=checkpoints)
+    assert second["resumed_from"] == 2
+    assert first["losses"] + second["losses"] == pytest.approx(single, abs=TOLERANCE)
 
 
 def test_async_applies_no_update_older_than_the_bound(tmp_path: Path) -> None:

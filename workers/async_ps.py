@@ -7,11 +7,9 @@ batch on a working copy and pushes it; the server applies a gradient of version 
 the master is at <= v + S (`max_staleness`), else drops it and the rank tries again. No
 rank waits for another: the gang's tokens/s is the sum of the ranks' rates.
 
-Wire: a dedicated gloo group, point-to-point; a push or a reply is one float32 tensor,
-the flat gradient or parameters then a `HEADER`, each rank's two buffers allocated once.
-A thread on rank 0 answers the others; rank 0's own worker calls the server directly
-under the same lock and flattens nothing: the master takes its gradients as they are and
-its parameters are copied straight into the worker's. The server steps the optimizer for
+This module is the server and the run; what each rank computes and the wire between them
+are `workers.async_worker`. A thread on rank 0 answers the other ranks; rank 0's own
+worker calls the server directly under the same lock. The server steps the optimizer for
 every rank's update, one after another on rank 0, so that step's cost is paid dp times
 per round (the trainer gives the async master torch's fused AdamW). The run goes in
 segments ending at a checkpoint step, at `spec.steps` or on a stop: every rank leaves the
@@ -24,77 +22,29 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.utils import clip_grad_norm_
 
-from workers.data import TokenStream
+from workers.async_worker import (
+    DONE_STOP,
+    DONE_TARGET,
+    HEADER,
+    Pushed,
+    Worker,
+    flatten_into,
+    header,
+    local_loop,
+    remote_loop,
+    views,
+)
 from workers.updates import CommMeter
 
-# 4 float32 slots end each message, the first 3 holding int32 bits (exact however large).
-# Push: version, stop asked, kind (0: a pull only), the loss as a float. Reply: version,
-# done (0, DONE_TARGET or DONE_STOP), first sample, unused.
-HEADER, DONE_TARGET, DONE_STOP = 4, 1, 2
 SWITCH_INTERVAL_S = 0.0005  # rank 0 while it serves (see run_segment)
-
-# Rank 0's own push: its gradients, the version they were computed at, the loss.
-Pushed = tuple[list[torch.Tensor], int, float]
-
-
-def header(message: torch.Tensor) -> torch.Tensor:
-    """The header's int32 view (writes go through to the message)."""
-    return message[-HEADER:].view(torch.int32)
-
-
-@dataclass
-class Worker:
-    """What a rank needs to compute one update on its own."""
-
-    model: nn.Module  # the working copy: the master's parameters at some version
-    stream: TokenStream
-    batch_size: int
-    accumulation: int
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    max_grad_norm: float | None
-    slowdown: float
-    device: torch.device
-
-    @property
-    def samples(self) -> int:
-        return self.batch_size * self.accumulation
-
-    def gradient(self, first_sample: int) -> float:
-        """Compute this rank's gradient (left in the model's `.grad`) and loss on samples
-        from `first_sample`."""
-        self.model.zero_grad(set_to_none=True)
-        loss = compute_s = 0.0
-        for micro in range(self.accumulation):
-            inputs, targets = self.stream.samples(
-                first_sample + micro * self.batch_size, self.batch_size
-            )
-            began = time.perf_counter()
-            output = self.model(inputs.to(self.device))
-            compute_s += time.perf_counter() - began
-            value = self.loss_fn(output, targets.to(self.device))
-            began = time.perf_counter()
-            value.backward()  # type: ignore[no-untyped-call]
-            compute_s += time.perf_counter() - began
-            loss += float(value.detach())
-        if self.max_grad_norm is not None:
-            clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        if self.slowdown > 1:  # an injected straggler: forward and backward take slowdown x
-            time.sleep((self.slowdown - 1) * compute_s)  # as long (as the trainer's sync loop)
-        return loss
-
-    def grads(self) -> list[torch.Tensor]:
-        return [
-            p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()
-        ]
 
 
 class Server:
@@ -129,11 +79,11 @@ class Server:
         """A remote rank's push: apply its gradient if fresh enough; write the reply (see
         the module doc). The gradient is read in place from `push`."""
         version, stop, kind = (int(x) for x in header(push)[:3])
-        grads = _views(push[:-HEADER].to(self.params[0].device), self.params) if kind else None
+        grads = views(push[:-HEADER].to(self.params[0].device), self.params) if kind else None
         with self.lock:
             answer = self._serve(grads, version, bool(stop), float(push[-1]))
             if not answer[1]:
-                _flatten_into(self.params, reply[:-HEADER])
+                flatten_into(self.params, reply[:-HEADER])
         header(reply)[:3] = torch.tensor(answer)
 
     def exchange_local(
@@ -220,69 +170,12 @@ def run_segment(
         sys.setswitchinterval(min(switch_interval, SWITCH_INTERVAL_S))
     try:
         if server is not None:
-            return _local_loop(worker, server, should_stop, on_update)
-        return _remote_loop(worker, group, size, should_stop, on_update)
+            return local_loop(worker, server.exchange_local, should_stop, on_update)
+        return remote_loop(worker, group, size, should_stop, on_update)
     finally:
         if thread is not None:
             thread.join()
             sys.setswitchinterval(switch_interval)
-
-
-def _local_loop(
-    worker: Worker, server: Server, should_stop: Callable[[], bool], on_update: Callable[[], None]
-) -> bool:
-    params: list[torch.Tensor] = list(worker.model.parameters())
-    pushed: Pushed | None = None  # None: a pull only
-    while True:
-        version, done, first_sample = server.exchange_local(params, pushed, should_stop())
-        if done:
-            return done == DONE_STOP
-        loss = worker.gradient(first_sample)
-        pushed = worker.grads(), version, loss
-        on_update()
-
-
-def _remote_loop(
-    worker: Worker,
-    group: dist.ProcessGroup,
-    size: int,
-    should_stop: Callable[[], bool],
-    on_update: Callable[[], None],
-) -> bool:
-    params: list[torch.Tensor] = list(worker.model.parameters())
-    push, reply = torch.zeros(size), torch.empty(size)  # push: kind 0, a pull
-    received = _views(reply[:-HEADER], params)
-    while True:
-        header(push)[1] = int(should_stop())
-        dist.send(push, dst=0, group=group)
-        dist.recv(reply, src=0, group=group)
-        version, done, first_sample = (int(x) for x in header(reply)[:3])
-        if done:
-            return done == DONE_STOP
-        with torch.no_grad():
-            torch._foreach_copy_(params, received)
-        push[-1] = worker.gradient(first_sample)
-        _flatten_into(worker.grads(), push[:-HEADER])
-        header(push)[:3] = torch.tensor([version, 0, 1])
-        on_update()
-
-
-def _views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """`flat` cut into tensors shaped as `like` (views: no copy)."""
-    views, offset = [], 0
-    for tensor in like:
-        views.append(flat[offset : offset + tensor.numel()].view_as(tensor))
-        offset += tensor.numel()
-    return views
-
-
-def _flatten_into(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> None:
-    """Concatenate `tensors`, flattened, into `out` (one copy on the same device)."""
-    flat = [t.detach().reshape(-1) for t in tensors]
-    if all(t.device == out.device for t in flat):
-        torch.cat(flat, out=out)
-    else:
-        out.copy_(torch.cat(flat))
 
 
 def share_master(

@@ -26,7 +26,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from gangway.models import Builtin, CheckpointPolicy, Optimizer, wire_default
-from workers import async_ps, balance
+from workers import async_ps, async_worker, balance
 from workers.checkpoint import Checkpointer, is_rank0, stop_agreed
 from workers.data import SyntheticTokens, TokenFile, TokenStream
 from workers.gpt import next_token_loss, parameter_count
@@ -200,7 +200,7 @@ def _train_async(
     """`async` (`workers.async_ps`): the built model and optimizer are the master, rank
     0's serves; every rank computes on a copy. A step is one applied update."""
     spec, model = loop.spec, loop.parts.parts[0]
-    worker = async_ps.Worker(
+    worker = async_worker.Worker(
         model=copy.deepcopy(model),
         stream=loop.stream,
         batch_size=spec.batch_size,

@@ -3,6 +3,7 @@
     .venv/bin/python bench/engine_balance.py stages --model gpt-mini --pp 2 4
     .venv/bin/python bench/engine_balance.py stages --model gpt-mini --pp 2 4 --schedule zbv
     .venv/bin/python bench/engine_balance.py batch --model gpt-tiny --steps 30 --batch 200
+    .venv/bin/python bench/engine_balance.py pipeline --model gpt-mini --pp 2
 
 `stages`: each layer's forward + backward is measured (`workers.balance.measure_costs`);
 then every stage of the equal split and of the balanced split is built as the pipeline
@@ -18,6 +19,9 @@ against equal shares, the share of the straggler's cost rebalancing takes back, 
 largest loss difference per step. On 2 shared cores a sleeping straggler frees CPU for
 its peer, so equal shares lose less than the slowdown says; the no-straggler run shows
 what is left to take back.
+
+`pipeline`: the same pp job end to end under each schedule named, stages balanced by
+measured cost; prints the median step time (a check that a schedule costs nothing extra).
 """
 
 from __future__ import annotations
@@ -138,6 +142,22 @@ def bench_batch(args: argparse.Namespace) -> None:
     print(json.dumps(result), flush=True)
 
 
+def bench_pipeline(args: argparse.Namespace) -> None:
+    """End to end: the same pp job under each schedule, stages balanced by measured cost;
+    the median step time after the first steps (one process per stage's rank)."""
+    spec = TrainSpec(model=args.model, steps=args.steps, batch_size=args.batch, log_every=1000)
+    for schedule in args.schedules:
+        plan = ParallelPlan(
+            pp=args.pp,
+            microbatches=args.microbatches,
+            pipeline_schedule=schedule,
+            balance_stages=True,
+        )
+        steps = run(plan, spec, {})
+        step_s = statistics.median(s["step_time_s"] for s in steps[2:])
+        print(json.dumps({"schedule": schedule, "pp": args.pp, "step_s": round(step_s, 3)}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="what", required=True)
@@ -158,11 +178,15 @@ def main() -> None:
     batch.add_argument("--batch", type=int, default=20, help="per rank (equal shares)")
     batch.add_argument("--slow", type=float, default=1.5)
     batch.add_argument("--repeats", type=int, default=3)
+    pipeline = sub.add_parser("pipeline")
+    pipeline.add_argument("--model", default="gpt-mini")
+    pipeline.add_argument("--pp", type=int, default=2)
+    pipeline.add_argument("--steps", type=int, default=6)
+    pipeline.add_argument("--batch", type=int, default=8)
+    pipeline.add_argument("--microbatches", type=int, default=4)
+    pipeline.add_argument("--schedules", nargs="+", default=["1f1b", "zbv", "1f1b", "zbv"])
     args = parser.parse_args()
-    if args.what == "stages":
-        bench_stages(args)
-    else:
-        bench_batch(args)
+    {"stages": bench_stages, "batch": bench_batch, "pipeline": bench_pipeline}[args.what](args)
 
 
 if __name__ == "__main__":

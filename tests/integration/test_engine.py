@@ -174,6 +174,11 @@ def test_bf16_autocast_and_activation_checkpointing_train(tmp_path: Path) -> Non
         (ParallelPlan(pp=7), 8, "parallelism.pp"),  # 4 layers + embeddings + head
         (ParallelPlan(pp=4, pipeline_schedule="interleaved-1f1b"), 8, "parallelism.pp"),
         (ParallelPlan(pp=4, pipeline_schedule="zbv"), 8, "parallelism.pp"),
+        (
+            ParallelPlan(dp=2, pp=2, fsdp=True, pipeline_schedule="zbv"),
+            8,
+            "entrypoint.pipeline_schedule",
+        ),
         (ParallelPlan(pp=2, microbatches=3), 8, "entrypoint.microbatches"),
         (
             ParallelPlan(pp=2, microbatches=3, pipeline_schedule="interleaved-1f1b"),

@@ -46,6 +46,7 @@ def single_process_losses(batch_size: int, out: Path) -> tuple[float, ...]:
         (ParallelPlan(pp=2, microbatches=2, pipeline_schedule="1f1b"), 8),
         (ParallelPlan(pp=2, microbatches=2, pipeline_schedule="interleaved-1f1b"), 8),
         (ParallelPlan(dp=2, tp=2), 4),  # data parallel synced by hand beside TP
+        (ParallelPlan(dp=2, pp=2, microbatches=2, pipeline_schedule="zbv"), 4),
         (ParallelPlan(tp=2, pp=2, microbatches=2, sequence_parallel=True), 8),
         (ParallelPlan(dp=2, tp=2, pp=2, fsdp=True, microbatches=2), 4),  # 8 ranks
     ],
@@ -57,6 +58,7 @@ def single_process_losses(batch_size: int, out: Path) -> tuple[float, ...]:
         "pp2-1f1b",
         "pp2-interleaved",
         "dp2xtp2",
+        "dp2xpp2-zbv",
         "tp2xpp2-sequence-parallel",
         "2x2x2",
     ],

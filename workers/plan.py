@@ -189,6 +189,12 @@ def _check_pipeline(plan: ParallelPlan, model: GPTConfig, batch_size: int) -> No
             "entrypoint.microbatches",
             f"{plan.microbatches} microbatches must divide the batch size ({batch_size})",
         )
+    if plan.pp > 1 and plan.pipeline_schedule == "1f1b" and plan.microbatches < plan.pp:
+        raise PlanError(
+            "entrypoint.microbatches",
+            f"1F1B needs at least pp={plan.pp} microbatches (torch's Schedule1F1B); got "
+            f"{plan.microbatches}",
+        )
     if plan.v_shape and plan.fsdp:
         # Measured: gpt-tiny dp=2 pp=2 with FSDP under ZB-V left the single-process loss
         # by 0.02 in 3 steps (1F1B and ZB-V without FSDP stay within 1e-6): FSDP2's

@@ -210,7 +210,7 @@ def auto_plan(
     """For a budget of `gpus`, the plan that finishes soonest and fits the node's memory,
     keeping the global batch (dp x batch x grad_accumulation) fixed; None if none fits.
     Candidates: every dp x tp x pp <= gpus with tp dividing the heads and within a node,
-    pp dividing the layers, FSDP on or off, 1..8 microbatches."""
+    pp dividing the layers, FSDP on or off, 1..8 microbatches (at least pp)."""
     node = calibration.node
     best: Choice | None = None
     considered = fitting = 0
@@ -258,6 +258,8 @@ def _candidates(
             per_dp = global_batch // dp
             for fsdp, micro in itertools.product((False, True), (1, 2, 4, 8)):
                 if (fsdp and dp == 1) or (pp == 1 and micro > 1) or per_dp % micro:
+                    continue
+                if pp > 1 and micro < pp:  # 1F1B needs a microbatch per stage at least
                     continue
                 accumulation = micro if pp == 1 else 1
                 yield StepPlan(

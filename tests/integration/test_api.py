@@ -126,9 +126,13 @@ def test_submit_function_entrypoint(client: TestClient) -> None:
         ),
         ({"entrypoint": {"kind": "builtin", "precision": "fp8"}}, "entrypoint.precision"),
         (
-            {"parallelism": {"pp": 2}, "entrypoint": {"update_mode": "local-sgd"}},
+            {
+                "parallelism": {"pp": 2},
+                "entrypoint": {"update_mode": "local-sgd", "microbatches": 2},
+            },
             "entrypoint.update_mode",
         ),
+        ({"parallelism": {"pp": 2}}, "entrypoint.microbatches"),  # 1F1B: one per stage
         ({"entrypoint": {"update_mode": "bogus"}}, "entrypoint.update_mode"),
         (
             {"parallelism": {"tp": 2}, "entrypoint": {"update_mode": "async"}},

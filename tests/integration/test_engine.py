@@ -182,6 +182,7 @@ def test_bf16_autocast_and_activation_checkpointing_train(tmp_path: Path) -> Non
             "entrypoint.pipeline_schedule",
         ),
         (ParallelPlan(pp=2, microbatches=3), 8, "entrypoint.microbatches"),
+        (ParallelPlan(pp=2), 8, "entrypoint.microbatches"),  # 1F1B: one per stage at least
         (
             ParallelPlan(pp=2, microbatches=3, pipeline_schedule="interleaved-1f1b"),
             6,

@@ -11,6 +11,7 @@ from scheduler.predict.steptime import (
     ModelShape,
     NodeType,
     StepPlan,
+    _candidates,
     auto_plan,
     calibrate,
     memory_bytes,
@@ -110,3 +111,12 @@ def test_auto_plan_picks_the_fastest_plan_that_fits() -> None:
         )
         is None
     )
+
+
+def test_auto_plan_candidates_give_1f1b_a_microbatch_per_stage_at_least() -> None:
+    """Every pipeline plan auto may pick is one 1F1B can run (it needs at least pp
+    microbatches): never a plan the submit check would then refuse."""
+    plans = list(_candidates(MODEL, NODE, 8, 32, "fp32"))
+    pipelines = [p for p in plans if p.pp > 1]
+    assert {p.pp for p in pipelines} == {2, 4}
+    assert all(p.microbatches >= p.pp for p in pipelines)

@@ -9,6 +9,7 @@ on any replica, leader or not.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from datetime import datetime, timedelta
 
 from api.convert import runtime_prediction
 from api.errors import FieldError
-from api.validation import validate_submission
+from api.validation import runnable_plan, validate_submission
 from gangway.models import (
     Builtin,
     Estimate,
@@ -82,6 +83,8 @@ class Estimator:
             global_batch=entry.batch_size * entry.grad_accumulation,
             steps=entry.steps,
             precision=entry.precision,
+            schedule=entry.pipeline_schedule,
+            runnable=functools.partial(runnable_plan, entry),
         )
         if choice is None:
             raise FieldError("gpu_budget", "no plan within this GPU budget fits memory")

@@ -9,6 +9,7 @@ from api.errors import FieldError
 from gangway.models import Builtin, Function, JobSubmit, Script
 from scheduler.core import never_fits_reason
 from scheduler.model import JobSpec, Node
+from scheduler.predict.steptime import StepPlan
 from scheduler.runtime.launch import rank_entrypoint
 from workers.entrypoints import EntrypointError, check_function_target
 from workers.model_configs import MODEL_CONFIGS
@@ -37,6 +38,18 @@ def _check_plan(entrypoint: Builtin, spec: JobSpec) -> None:
             validate_plan(plan, MODEL_CONFIGS[entrypoint.model], batch_size=entrypoint.batch_size)
         except PlanError as exc:
             raise FieldError(exc.field, exc.message) from exc
+
+
+def runnable_plan(entrypoint: Builtin, plan: StepPlan) -> bool:
+    """Whether the engine takes `entrypoint` at the degrees, microbatches and batch of
+    `plan` (a candidate of `parallelism: auto`): the same check a submission gets."""
+    fields = entrypoint.model_dump() | {"microbatches": plan.microbatches, "fsdp": plan.fsdp}
+    candidate = plan_from_entrypoint(fields, dp=plan.dp, tp=plan.tp, pp=plan.pp)
+    try:
+        validate_plan(candidate, MODEL_CONFIGS[entrypoint.model], batch_size=plan.batch_size)
+    except PlanError:
+        return False
+    return True
 
 
 def _check_entrypoint(submit: JobSubmit, spec: JobSpec) -> None:

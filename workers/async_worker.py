@@ -75,8 +75,10 @@ class Worker:
             loss += float(value.detach())
         if self.max_grad_norm is not None:
             clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        if self.slowdown > 1:  # an injected straggler: forward and backward take slowdown x
-            time.sleep((self.slowdown - 1) * compute_s)  # as long (as the trainer's sync loop)
+        # An injected straggler: forward and backward take slowdown x as long. Slept after
+        # them, unlike the sync loop: here no collective runs during backward to overlap.
+        if self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * compute_s)
         return loss
 
     def grads(self) -> list[torch.Tensor]:

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workers import splits
 from workers.gpt import GPT, next_token_loss
 from workers.model_configs import GPTConfig
 
@@ -52,7 +53,7 @@ class ItemCost:
 @dataclass(frozen=True)
 class StageSplit:
     """Blocks of each stage, each stage's predicted time and memory, and the stages
-    each pipeline rank runs (one each, or a V's two)."""
+    each pipeline rank runs (one, or two under interleaved 1F1B and ZB-V)."""
 
     layers: list[range]
     time_s: list[float]
@@ -71,23 +72,27 @@ class StageSplit:
         return max(times) / max(min(times), 1e-12)
 
 
-def placement(num_stages: int, *, v_shape: bool) -> list[list[int]]:
-    """Stages per pipeline rank: one each, or ZB-V's pairs (r, num_stages - 1 - r)."""
-    if v_shape:
-        return [[r, num_stages - 1 - r] for r in range(num_stages // 2)]
-    return [[s] for s in range(num_stages)]
+def mirrored(ranks: Sequence[Sequence[int]]) -> bool:
+    """ZB-V's placement: every rank runs a stage and its mirror, r and num_stages - 1 - r."""
+    last = sum(len(stages) for stages in ranks) - 1
+    return all(len(stages) == 2 and stages[0] + stages[1] == last for stages in ranks)
 
 
-def equal_layers(num_stages: int, n_layer: int) -> list[range]:
-    """Contiguous, as even as possible, the earlier stages taking the remainder. With
-    fewer layers than stages the first stage holds only the embeddings and the last only
-    the head (needs n_layer >= num_stages - 2, which the plan checks)."""
-    if n_layer < num_stages:
-        middle = equal_layers(num_stages - 2, n_layer)
-        return [range(0, 0), *middle, range(n_layer, n_layer)]
-    base, extra = divmod(n_layer, num_stages)
-    starts = [s * base + min(s, extra) for s in range(num_stages)]
-    return [range(start, start + base + (1 if s < extra else 0)) for s, start in enumerate(starts)]
+def equal_layers(n_layer: int, ranks: Sequence[Sequence[int]]) -> list[range]:
+    """Contiguous, as even as possible, the earlier stages taking the remainder (under a
+    V the middle ones, as rank 0 also runs the last stage). With fewer layers than stages
+    the last stage holds only the head and, two short, the first only the embeddings."""
+    num_stages = sum(len(stages) for stages in ranks)
+    if n_layer < num_stages - 2:
+        raise ValueError(f"{n_layer} layers cannot fill {num_stages} stages")
+    holders = list(range(num_stages))[int(n_layer < num_stages - 1) :]
+    holders = holders[: len(holders) - int(n_layer < num_stages)]
+    base, extra = divmod(n_layer, len(holders))
+    ends = (0, num_stages - 1) if mirrored(ranks) else ()
+    takers = sorted(holders, key=lambda s: (s in ends, s))[:extra]
+    counts = [base + (s in takers) if s in holders else 0 for s in range(num_stages)]
+    bounds = [0, *itertools.accumulate(counts)]
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def measure_costs(
@@ -161,8 +166,11 @@ def averaged(costs: list[ItemCost]) -> list[ItemCost]:
     return [ItemCost(float(t) / world, c.memory_bytes) for t, c in zip(times, costs, strict=True)]
 
 
-def stage_costs(costs: list[ItemCost], layers: list[range], *, v_shape: bool = False) -> StageSplit:
-    """Predicted per-stage cost of a split; items are [emb, blocks..., head]."""
+def stage_costs(
+    costs: list[ItemCost], layers: list[range], ranks: Sequence[Sequence[int]]
+) -> StageSplit:
+    """Predicted per-stage cost of a split; items are [emb, blocks..., head]; `ranks`:
+    the stages each pipeline rank runs."""
     last = len(layers) - 1
     times, memory = [], []
     for stage, blocks in enumerate(layers):
@@ -173,7 +181,7 @@ def stage_costs(costs: list[ItemCost], layers: list[range], *, v_shape: bool = F
             chosen.append(costs[-1])
         times.append(sum(c.time_s for c in chosen))
         memory.append(sum(c.memory_bytes for c in chosen))
-    return StageSplit(layers, times, memory, placement(len(layers), v_shape=v_shape))
+    return StageSplit(layers, times, memory, [list(stages) for stages in ranks])
 
 
 def stage_items(layers: range, *, first: bool, last: bool) -> str:
@@ -186,103 +194,24 @@ def stage_items(layers: range, *, first: bool, last: bool) -> str:
     return " + ".join(items) + (" only" if len(items) == 1 and not layers else "")
 
 
-def balanced_split(costs: list[ItemCost], num_stages: int, *, v_shape: bool = False) -> StageSplit:
-    """Contiguous split of [embeddings, blocks..., head] minimising the slowest stage's
-    time (under `v_shape`, the slowest rank's two stages), then its largest memory. Every
-    stage holds at least one item, so the first may hold the embeddings alone and the
-    last the head alone: a head + loss that costs as much as two blocks is a stage's
-    worth of work on its own."""
+def balanced_split(costs: list[ItemCost], ranks: Sequence[Sequence[int]]) -> StageSplit:
+    """Contiguous split of [embeddings, blocks..., head] over the stages of `ranks`
+    minimising the slowest stage's time (under ZB-V's mirrored placement, the slowest
+    rank's two stages), then its largest memory. Every stage holds at least one item, so
+    the first may hold the embeddings alone and the last the head alone: a head + loss
+    that costs as much as two blocks is a stage's worth of work on its own."""
+    num_stages = sum(len(stages) for stages in ranks)
     times = [c.time_s for c in costs]
     memory = [float(c.memory_bytes) for c in costs]
-    split = _min_max_v_split if v_shape else _min_max_split
+    split = splits.min_max_pairs_split if mirrored(ranks) else splits.min_max_split
     best_time = split(times, num_stages, limit=None)[0]
+    if best_time == float("inf"):
+        raise ValueError(f"{len(costs)} items cannot fill {num_stages} stages")
     _, cuts = split(memory, num_stages, limit=(times, best_time * (1 + TIME_SLACK)))
     # A cut before item i (block i - 1) starts the next stage at block i - 1.
     bounds = [0, *(cut - 1 for cut in cuts), len(costs) - 2]
     layers = [range(a, b) for a, b in itertools.pairwise(bounds)]
-    return stage_costs(costs, layers, v_shape=v_shape)
-
-
-def _min_max_split(
-    values: list[float],
-    parts: int,
-    *,
-    limit: tuple[list[float], float] | None,
-) -> tuple[float, list[int]]:
-    """Dynamic programme over contiguous splits of `values` into `parts` non-empty
-    groups: the smallest possible largest group sum, and the cut points. With `limit`
-    = (times, bound), groups whose time sum exceeds the bound are not allowed."""
-    n = len(values)
-    prefix = _prefix(values)
-    time_prefix = _prefix(limit[0]) if limit is not None else prefix
-    inf = float("inf")
-    # best[k][i]: the first i values in k groups.
-    best = [[inf] * (n + 1) for _ in range(parts + 1)]
-    cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    best[0][0] = 0.0
-    for k in range(1, parts + 1):
-        for i in range(k, n - (parts - k) + 1):
-            for j in range(k - 1, i):
-                if best[k - 1][j] == inf:
-                    continue
-                if limit is not None and time_prefix[i] - time_prefix[j] > limit[1] + 1e-12:
-                    continue
-                cost = max(best[k - 1][j], prefix[i] - prefix[j])
-                if cost < best[k][i]:
-                    best[k][i], cut[k][i] = cost, j
-    cuts, i = [], n
-    for k in range(parts, 1, -1):
-        i = cut[k][i]
-        cuts.append(i)
-    return best[parts][n], sorted(cuts)
-
-
-def _min_max_v_split(
-    values: list[float],
-    parts: int,
-    *,
-    limit: tuple[list[float], float] | None,
-) -> tuple[float, list[int]]:
-    """As `_min_max_split`, but a group's cost is the sum of the pair of stages one rank
-    runs under ZB-V: stage r with stage parts - 1 - r. The pairs are chosen from both ends
-    inwards: state (i, j) = the front stages cover values[:i] and the back ones values[j:];
-    the innermost pair must meet (i == j). O(parts * n^4) at worst, for n items."""
-    n, pairs = len(values), parts // 2
-    prefix = _prefix(values)
-    time_prefix = _prefix(limit[0]) if limit is not None else prefix
-    bound = limit[1] + 1e-12 if limit is not None else float("inf")
-    # layer[(i, j)] = (the largest pair sum so far, the state it came from)
-    layers: list[dict[tuple[int, int], tuple[float, tuple[int, int]]]] = [{(0, n): (0.0, (0, n))}]
-    for r in range(pairs):
-        after = 2 * (pairs - r - 1)  # items the pairs still to come need at least
-        nxt: dict[tuple[int, int], tuple[float, tuple[int, int]]] = {}
-        for (i, j), (cost, _) in layers[-1].items():
-            for i2 in range(i + 1, j):
-                for j2 in range(i2 + after, j) if after else (i2,):
-                    if time_prefix[i2] - time_prefix[i] + time_prefix[j] - time_prefix[j2] > bound:
-                        continue
-                    load = max(cost, prefix[i2] - prefix[i] + prefix[j] - prefix[j2])
-                    if load < nxt.get((i2, j2), (float("inf"),))[0]:
-                        nxt[(i2, j2)] = (load, (i, j))
-        layers.append(nxt)
-    if not layers[-1]:
-        return float("inf"), []
-    state = min(layers[-1], key=lambda key: layers[-1][key][0])
-    best = layers[-1][state][0]
-    fronts, backs = [], []
-    for layer in reversed(layers[1:]):
-        fronts.append(state[0])
-        backs.append(state[1])
-        state = layer[state][1]
-    # fronts[0] == backs[0] is the middle cut, counted once.
-    return best, sorted({*fronts, *backs[1:]})
-
-
-def _prefix(values: Sequence[float]) -> list[float]:
-    prefix = [0.0]
-    for v in values:
-        prefix.append(prefix[-1] + v)
-    return prefix
+    return stage_costs(costs, layers, ranks)
 
 
 def batch_shares(speeds: Sequence[float], global_batch: int) -> list[int]:

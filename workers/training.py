@@ -517,17 +517,17 @@ def _stream(spec: TrainSpec) -> TokenStream:
 
 def _stage_layers(plan: ParallelPlan, spec: TrainSpec, device: torch.device) -> list[range]:
     """Each pipeline stage's blocks: an equal count, or split by measured cost."""
-    n_layer = spec.config.n_layer
-    equal = balance.equal_layers(plan.num_stages, n_layer)
+    ranks = plan.ranks_stages()
+    equal = balance.equal_layers(spec.config.n_layer, ranks)
     if not plan.balance_stages:
         return equal
     micro = spec.batch_size // plan.microbatches
     costs = balance.averaged(
         balance.measure_costs(spec.config, batch=micro, in_flight=plan.microbatches, device=device)
     )
-    chosen = balance.balanced_split(costs, plan.num_stages, v_shape=plan.v_shape)
+    chosen = balance.balanced_split(costs, ranks)
     if is_rank0():
-        before = balance.stage_costs(costs, equal, v_shape=plan.v_shape)
+        before = balance.stage_costs(costs, equal, ranks)
         print(_split_line(chosen, before), flush=True)
     return chosen.layers
 

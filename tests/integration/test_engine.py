@@ -47,6 +47,7 @@ def single_process_losses(batch_size: int, out: Path) -> tuple[float, ...]:
         (ParallelPlan(pp=2, microbatches=2, pipeline_schedule="interleaved-1f1b"), 8),
         (ParallelPlan(dp=2, tp=2), 4),  # data parallel synced by hand beside TP
         (ParallelPlan(dp=2, pp=2, microbatches=2, pipeline_schedule="zbv"), 4),
+        (ParallelPlan(pp=5, microbatches=5), 10),  # 4 layers: the last stage is the head
         (ParallelPlan(tp=2, pp=2, microbatches=2, sequence_parallel=True), 8),
         (ParallelPlan(dp=2, tp=2, pp=2, fsdp=True, microbatches=2), 4),  # 8 ranks
     ],
@@ -59,6 +60,7 @@ def single_process_losses(batch_size: int, out: Path) -> tuple[float, ...]:
         "pp2-interleaved",
         "dp2xtp2",
         "dp2xpp2-zbv",
+        "pp5-head-only-stage",
         "tp2xpp2-sequence-parallel",
         "2x2x2",
     ],

@@ -11,7 +11,6 @@ from scheduler.predict.steptime import (
     ModelShape,
     NodeType,
     StepPlan,
-    _candidates,
     auto_plan,
     calibrate,
     memory_bytes,
@@ -113,10 +112,25 @@ def test_auto_plan_picks_the_fastest_plan_that_fits() -> None:
     )
 
 
-def test_auto_plan_candidates_give_1f1b_a_microbatch_per_stage_at_least() -> None:
-    """Every pipeline plan auto may pick is one 1F1B can run (it needs at least pp
-    microbatches): never a plan the submit check would then refuse."""
-    plans = list(_candidates(MODEL, NODE, 8, 32, "fp32"))
-    pipelines = [p for p in plans if p.pp > 1]
-    assert {p.pp for p in pipelines} == {2, 4}
-    assert all(p.microbatches >= p.pp for p in pipelines)
+def test_auto_plan_offers_only_plans_the_engine_runs() -> None:
+    """`runnable` (the service passes the engine's plan check) filters every candidate:
+    the pick, the count of plans considered and the reason follow it."""
+    calibration = calibrate(NODE, [Measured(MODEL, StepPlan(), 1.0)])
+    free = auto_plan(calibration, MODEL, gpus=4, global_batch=32, steps=100)
+    assert free is not None and free.plan.pp == 1  # more dp is faster with compute alone
+    pipelines = auto_plan(
+        calibration,
+        MODEL,
+        gpus=4,
+        global_batch=32,
+        steps=100,
+        schedule="zbv",
+        runnable=lambda plan: plan.pp == 2 and plan.microbatches >= 2,
+    )
+    assert pipelines is not None
+    assert (pipelines.plan.pp, pipelines.plan.schedule) == (2, "zbv")
+    assert pipelines.plan.microbatches >= 2
+    nothing = auto_plan(
+        calibration, MODEL, gpus=4, global_batch=32, steps=1, runnable=lambda plan: False
+    )
+    assert nothing is None

@@ -50,6 +50,9 @@ class Recorder:
     def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None:
         self.steps.append({"step": step, "loss": loss, **metrics})
 
+    def event(self, text: str) -> None:
+        """Printed already by the trainer on rank 0."""
+
 
 def run(plan: ParallelPlan, spec: TrainSpec, slowdown: dict[int, float]) -> list[dict[str, Any]]:
     """Train on plan.world_size spawned gloo processes; rank 0's per-step reports."""

@@ -31,22 +31,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from bench.engine_modes import Recorder
 from workers.data import SyntheticTokens, rank_slice
 from workers.gpt import GPT, next_token_loss
 from workers.model_configs import MODEL_CONFIGS
 from workers.plan import ParallelPlan
 from workers.training import TrainSpec, train
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.steps: list[dict[str, Any]] = []
-
-    def should_stop(self) -> bool:
-        return False
-
-    def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None:
-        self.steps.append({"step": step, "loss": loss, **metrics})
 
 
 def plain_ddp(model_name: str, steps: int, batch_size: int) -> list[float]:

@@ -25,6 +25,7 @@ class _StopAt:
         self.stop_at, self.step = stop_at, 0
         self.metrics: dict[str, Any] = {}
         self.history: list[dict[str, Any]] = []
+        self.events: list[str] = []
 
     def should_stop(self) -> bool:
         return self.stop_at is not None and self.step >= self.stop_at
@@ -32,6 +33,9 @@ class _StopAt:
     def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None:
         self.step, self.metrics = step, metrics
         self.history.append(metrics)
+
+    def event(self, text: str) -> None:
+        self.events.append(text)
 
 
 def run_engine(
@@ -87,6 +91,7 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
                 "step": result.step,
                 "metrics": reporter.metrics,
                 "history": reporter.history,
+                "events": reporter.events,
             }
             Path(job["out"], "rank0.json").write_text(json.dumps(payload))
         dist.barrier()  # no rank tears gloo down while a peer still talks to it

@@ -24,6 +24,11 @@ class RankInfo:
     local_world_size: int = 1
 
 
+# Bounds on `RankContext.event`: the lines are the job's (its code may be anyone's).
+MAX_EVENTS = 50
+MAX_EVENT_CHARS = 1000
+
+
 @dataclass
 class Progress:
     """The latest metrics a rank reported; read by the runtime through `RankActor.status`."""
@@ -61,6 +66,7 @@ class RankContext:
         self.stop_seen = False
         self._lock = threading.Lock()
         self._progress = Progress()
+        self._events: list[str] = []
 
     @property
     def rank(self) -> int:
@@ -128,3 +134,17 @@ class RankContext:
     def progress(self) -> Progress:
         with self._lock:
             return self._progress
+
+    def event(self, text: str) -> None:
+        """A line for the job's event timeline (rank 0's are recorded), for what the job's
+        owner should find beside its state changes: how the trainer split its pipeline
+        stages, a change of batch shares. Cheap like `report`; at most `MAX_EVENTS` per
+        attempt, each cut to `MAX_EVENT_CHARS`."""
+        with self._lock:
+            if len(self._events) < MAX_EVENTS:
+                self._events.append(text[:MAX_EVENT_CHARS])
+
+    def events(self) -> tuple[str, ...]:
+        """Every event line this attempt, oldest first."""
+        with self._lock:
+            return tuple(self._events)

@@ -121,6 +121,8 @@ class GroupStatus:
     stop_ack_s: float | None = None
     # Some rank's entrypoint was told to stop (see `RankContext.stop_seen`).
     stop_seen: bool = False
+    # Rank 0's event lines this attempt (`RankContext.event`), oldest first, all of them.
+    events: tuple[str, ...] = ()
 
 
 class WorkerGroup:
@@ -482,6 +484,7 @@ def _aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     acks = [float(s["stop_ack_s"]) for s in statuses if s.get("stop_ack_s") is not None]
     progress["stop_ack_s"] = max(acks) if len(acks) == len(statuses) else None
     progress["stop_seen"] = any(s.get("stop_seen") for s in statuses)
+    progress["events"] = tuple(str(line) for line in lead.get("events", ()))
     phases = Counter(s["phase"] for s in statuses)
     if phases[FAILED]:
         return GroupStatus(

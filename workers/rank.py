@@ -121,6 +121,7 @@ class RankActor:
             "reported_at": progress.reported_at,
             "stop_ack_s": self._stop_ack_s(),
             "stop_seen": self._ctx.stop_seen if self._ctx else False,
+            "events": self._ctx.events() if self._ctx else (),
             "pid": os.getpid(),
         }
 

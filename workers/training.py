@@ -56,6 +56,8 @@ class Reporter(Protocol):
 
     def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None: ...
 
+    def event(self, text: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class TrainSpec:
@@ -121,7 +123,7 @@ def train(
         device,
         seed=spec.seed,
         loss_fn=loss_fn,
-        stage_layers=_stage_layers(plan, spec, device),
+        stage_layers=_stage_layers(plan, spec, device, reporter),
         ddp_hook=ddp_hook(plan, dp_group, meter) if plan.dp > 1 else None,
     )
     # async: rank 0's master steps every rank's update in turn (dp x the steps of a sync
@@ -149,6 +151,7 @@ def train(
         rule=rule,
         meter=meter,
         slowdown=slowdown,
+        event=reporter.event,
     )
     # Checkpoints written before the position was saved ran at this plan's batch.
     loop.next_sample = checkpointer.counters.get(NEXT_SAMPLE, step * loop.samples_per_step)
@@ -252,12 +255,15 @@ class _Loop:
         rule: UpdateRule,
         meter: CommMeter,
         slowdown: float,
+        event: Callable[[str], None],
     ) -> None:
         self.plan, self.spec, self.mesh, self.parts = plan, spec, mesh, parts
         self.device, self.loss_fn = device, loss_fn
         self.rule, self.meter, self.slowdown = rule, meter, slowdown
         self.params = list(_params(parts.parts))
-        self.batch = _BatchShares(plan.dp, plan.dp * spec.batch_size, enabled=plan.balance_batch)
+        self.batch = _BatchShares(
+            plan.dp, plan.dp * spec.batch_size, enabled=plan.balance_batch, event=event
+        )
         self.dp_rank = mesh.get_local_rank("dp")
         self.counts_loss = parts.last(plan) and mesh.get_local_rank("tp") == 0
         self.stream = _stream(spec)
@@ -431,8 +437,10 @@ class _BatchShares:
     """This rank's share of each global batch: equal, or (`balance_batch`) in proportion
     to the ranks' speeds measured over the last `REBALANCE_EVERY` steps."""
 
-    def __init__(self, dp: int, global_batch: int, *, enabled: bool) -> None:
-        self.dp, self.global_batch, self.enabled = dp, global_batch, enabled
+    def __init__(
+        self, dp: int, global_batch: int, *, enabled: bool, event: Callable[[str], None]
+    ) -> None:
+        self.dp, self.global_batch, self.enabled, self.event = dp, global_batch, enabled, event
         self.shares = [global_batch // dp] * dp
         self.window: list[float] = []
 
@@ -449,12 +457,13 @@ class _BatchShares:
         speeds = [1.0 / max(float(t), 1e-9) for t in gathered]
         shares = balance.batch_shares(speeds, self.global_batch)
         if shares != self.shares and is_rank0():
-            print(
-                f"batch shares {self.shares} -> {shares} (rank speeds, samples/s: "
-                + ", ".join(f"{s:.1f}" for s in speeds)
-                + ")",
-                flush=True,
+            rates = ", ".join(f"{s:.1f}" for s in speeds)
+            line = (
+                f"step {step}: batch shares {self.shares} -> {shares} "
+                f"(rank speeds, samples/s: {rates})"
             )
+            print(line, flush=True)
+            self.event(line)
         self.shares = shares
 
 
@@ -515,8 +524,11 @@ def _stream(spec: TrainSpec) -> TokenStream:
     return SyntheticTokens(vocab_size=config.vocab_size, seq_len=config.seq_len, seed=spec.seed)
 
 
-def _stage_layers(plan: ParallelPlan, spec: TrainSpec, device: torch.device) -> list[range]:
-    """Each pipeline stage's blocks: an equal count, or split by measured cost."""
+def _stage_layers(
+    plan: ParallelPlan, spec: TrainSpec, device: torch.device, reporter: Reporter
+) -> list[range]:
+    """Each pipeline stage's blocks: an equal count, or split by measured cost (said in
+    the job's log and its events)."""
     ranks = plan.ranks_stages()
     equal = balance.equal_layers(spec.config.n_layer, ranks)
     if not plan.balance_stages:
@@ -528,7 +540,9 @@ def _stage_layers(plan: ParallelPlan, spec: TrainSpec, device: torch.device) -> 
     chosen = balance.balanced_split(costs, ranks)
     if is_rank0():
         before = balance.stage_costs(costs, equal, ranks)
-        print(_split_line(chosen, before), flush=True)
+        line = _split_line(chosen, before)
+        print(line, flush=True)
+        reporter.event(line)
     return chosen.layers
 
 

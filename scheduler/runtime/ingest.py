@@ -13,10 +13,13 @@ class ProgressIngest:
     def __init__(self, repo: JobRepository, stragglers: StragglerWatch) -> None:
         self._repo = repo
         self._stragglers = stragglers
+        # (job, attempt) -> how many of rank 0's event lines are recorded
+        self._events_seen: dict[tuple[int, int], int] = {}
 
     def keep_only(self, job_ids: set[int]) -> None:
-        """Forget straggler history of gangs that are gone."""
+        """Forget straggler history and event counts of gangs that are gone."""
         self._stragglers.keep_only(job_ids)
+        self._events_seen = {k: v for k, v in self._events_seen.items() if k[0] in job_ids}
 
     def record(
         self, job: JobRecord, status: GroupStatus, node_names: Mapping[str, str]
@@ -24,6 +27,7 @@ class ProgressIngest:
         """Store new log lines and straggler flags; the progress point to store when the
         step moved (the loop stores a pass's points in one transaction)."""
         self._repo.append_logs(job.id, job.attempt, status.logs)
+        self._record_events(job, status.events)
         if status.step == job.step:
             return None
         point = ProgressPoint(
@@ -38,6 +42,23 @@ class ProgressIngest:
         )
         self._watch_stragglers(job, status, node_names)
         return ProgressNote(job.id, job.attempt, point, job.version)
+
+    def _record_events(self, job: JobRecord, lines: tuple[str, ...]) -> None:
+        """Rank 0's event lines (`RankContext.event`: how the trainer split its stages, a
+        change of batch shares) become events that keep the job's state, each once. The
+        count recorded is kept per attempt; a service that restarts finds it again from
+        the job's events (a line is new unless an event already says exactly it)."""
+        key = (job.id, job.attempt)
+        seen = self._events_seen.get(key)
+        if seen == len(lines) or not lines:
+            return
+        fresh = [f"attempt {job.attempt}: {line}" for line in lines[seen or 0 :]]
+        if seen is None:
+            recorded = {event.reason for event in self._repo.events(job.id)}
+            fresh = [reason for reason in fresh if reason not in recorded]
+        for reason in fresh:
+            self._repo.annotate(job.id, reason)
+        self._events_seen[key] = len(lines)
 
     def _watch_stragglers(
         self, job: JobRecord, status: GroupStatus, node_names: Mapping[str, str]

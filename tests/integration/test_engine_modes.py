@@ -90,6 +90,7 @@ def test_slower_rank_gets_a_smaller_share_and_the_loss_is_unchanged(tmp_path: Pa
     shares = [h["batch_share"] for h in balanced["history"]]
     assert shares[:10] == [4] * 10  # rank 0, fast: equal until the first window is measured
     assert all(share >= 5 for share in shares[10:]), shares
+    assert balanced["events"][0].startswith("step 10: batch shares [4, 4] -> [")
     assert balanced["losses"] == pytest.approx(equal["losses"], abs=TOLERANCE)
 
 
@@ -99,8 +100,10 @@ def test_balanced_pipeline_stages_keep_the_single_process_loss(tmp_path: Path) -
     spec = TrainSpec(steps=4, batch_size=8)
     single = run_engine(ParallelPlan(), spec, tmp_path / "one")["losses"]
     plan = ParallelPlan(pp=2, microbatches=2, balance_stages=True)
-    losses = run_engine(plan, spec, tmp_path / "pp2")["losses"]
-    assert losses == pytest.approx(single, abs=TOLERANCE)
+    balanced = run_engine(plan, spec, tmp_path / "pp2")
+    assert balanced["losses"] == pytest.approx(single, abs=TOLERANCE)
+    [split] = balanced["events"]  # the split goes to the job's events
+    assert split.startswith("pipeline stages by measured cost: 0: embeddings + layers 0-")
     zbv = ParallelPlan(pp=2, microbatches=2, pipeline_schedule="zbv", balance_stages=True)
     checkpoints = tmp_path / "checkpoints"
     first = run_engine(zbv, spec, tmp_path / "zbv", checkpoint_dir=checkpoints, stop_at=2)

@@ -699,6 +699,32 @@ def test_a_persistently_slow_rank_is_flagged_and_unflagged_in_events(
     assert repo.events(job.id)[-1].reason.startswith("no straggler")
 
 
+def test_rank_0s_event_lines_become_job_events_once_even_after_a_restart(
+    repo: JobRepository, executor: FakeExecutor, clock: Clock
+) -> None:
+    """What the trainer tells the job's owner (`RankContext.event`) lands in the job's
+    events, state kept, each line once: not again on the next poll, nor when a restarted
+    service (no memory of what it recorded) reads the same lines back from the gang."""
+    loop = make_loop(repo, executor, clock)
+    job = submit(repo, dp=2)
+    loop.tick()
+    split = "pipeline stages by measured cost: 0: embeddings + layers 0-3; 1: layers 4-5 + head"
+    shares = "step 10: batch shares [4, 4] -> [5, 3] (rank speeds, samples/s: 12.6, 8.5)"
+
+    def poll(the_loop: SchedulerLoop, step: int, *lines: str) -> list[str]:
+        executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=step, events=lines)
+        the_loop.tick()
+        return [event.reason for event in repo.events(job.id)]
+
+    assert poll(loop, 0, split).count(f"attempt 1: {split}") == 1  # before any step too
+    assert poll(loop, 1, split).count(f"attempt 1: {split}") == 1
+    reasons = poll(make_loop(repo, executor, clock), 10, split, shares)
+    assert reasons.count(f"attempt 1: {split}") == 1
+    assert reasons.count(f"attempt 1: {shares}") == 1
+    last = repo.events(job.id)[-1]
+    assert last.from_state is last.to_state is JobState.RUNNING
+
+
 def test_a_job_without_progress_is_hung_its_stacks_kept_and_it_restarts(
     repo: JobRepository, executor: FakeExecutor, clock: Clock
 ) -> None:

@@ -216,9 +216,7 @@ def test_start_estimates_change_no_simulated_decision() -> None:
     config = SimConfig(nodes=2, gpus_per_node=4, tick_s=60.0)
     for policy in POLICIES.values():
         fast = Simulator(trace, config, policy).run()
-        with_etas = Simulator(trace, config, policy)
-        with_etas._config = with_etas._policy_config = policy.config  # eta_jobs=50
-        slow = with_etas.run()
+        slow = Simulator(trace, config, policy, eta_jobs=policy.config.eta_jobs).run()
         outcome = [(j.first_start_s, j.finish_s, j.preemptions, j.lost_gpu_s) for j in fast.jobs]
         assert outcome == [
             (j.first_start_s, j.finish_s, j.preemptions, j.lost_gpu_s) for j in slow.jobs

@@ -175,6 +175,11 @@ def test_simulate_command_prints_writes_json_and_plots(tmp_path: Path) -> None:
     assert body["policies"][0]["jct_avg_s"] == pytest.approx((100 + 149 + 178) / 3)
     for name in ("jct_cdf.png", "queue_length.png", "utilization.png"):
         assert (out / name).stat().st_size > 1000
+    counted = CliRunner().invoke(
+        app, [*args, "--policy", "fifo", "--placement", "count", "--out", str(out)]
+    )
+    assert counted.exit_code == 0, counted.output
+    assert json.loads((out / "result.json").read_text())["settings"]["placement"] == "count"
     bad = CliRunner().invoke(app, [*args, "--policy", "nope", "--out", str(out)])
     assert bad.exit_code != 0 and "unknown policy" in str(bad.output) + str(bad.exception)
 

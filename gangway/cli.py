@@ -423,6 +423,9 @@ def simulate(
         float | None, typer.Option(help="jobs declare limits of duration x F (user estimates)")
     ] = None,
     oracle: Annotated[bool, typer.Option(help="let the policy see true durations")] = False,
+    placement: Annotated[
+        str, typer.Option(help="consolidated (gangs by node) or count (any free GPUs)")
+    ] = "consolidated",
     out: Annotated[Path, typer.Option(help="folder for result.json and plots")] = Path(
         "sim-results"
     ),
@@ -449,6 +452,7 @@ def simulate(
             "restore_s": restore_s,
             "time_limit_factor": time_limit_factor,
             "oracle": oracle,
+            "placement": placement,
         },
     )
 

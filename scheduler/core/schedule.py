@@ -31,7 +31,7 @@ from scheduler.core.decisions import (
     Wait,
 )
 from scheduler.core.elastic import grown, replica_nodes, shrunk
-from scheduler.core.ordering import attained_gpu_s, queue_order, rank
+from scheduler.core.ordering import attained_gpu_s, queue_order, rank, remaining_gpu_s
 from scheduler.core.placement import (
     NOTHING,
     Capacity,
@@ -402,6 +402,12 @@ def _why_preempted(state: _Pass, job: JobView, victim: JobView) -> str:
     if victim.priority < job.priority:
         return f"priority {job.priority} > {victim.priority}"
     if rank(victim, state.now, state.config) < rank(job, state.now, state.config):
+        if state.config.service_order == "srsf":
+            return (
+                f"same priority {job.priority}; job {victim.id} has "
+                f"{remaining_gpu_s(victim) / 3600:.1f} GPU-hours of predicted service left, "
+                f"job {job.id} {remaining_gpu_s(job) / 3600:.1f} (shortest remaining first)"
+            )
         used_h = attained_gpu_s(victim, state.now) / 3600
         return (
             f"same priority {job.priority}; job {victim.id} has used {used_h:.1f} GPU-hours, "

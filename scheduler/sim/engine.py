@@ -160,7 +160,12 @@ def shape_for(num_gpus: int, gpus_per_node: int, placement: str = "consolidated"
 
 
 class Simulator:
-    def __init__(self, trace: list[TraceJob], config: SimConfig, policy: SimPolicy) -> None:
+    def __init__(
+        self, trace: list[TraceJob], config: SimConfig, policy: SimPolicy, *, eta_jobs: int = 0
+    ) -> None:
+        """`eta_jobs`: how many blocked jobs per pass get an exact start estimate from the
+        core. The simulator reads only Admit and Preempt decisions, so by default it asks
+        for none (each costs a timeline search per blocked job and changes no decision)."""
         self.config = config
         self.policy = policy
         self.nodes = tuple(
@@ -190,10 +195,7 @@ class Simulator:
         self.predictor = RuntimePredictor()
         self._service_gpu_s: list[float] = []  # finished jobs' GPU-seconds: Gittins' prior
         self._prior_size = 0  # how many of them the current table was built from
-        # The simulator reads only Admit and Preempt decisions, so it asks the core for no
-        # exact start estimates on Waits (`eta_jobs=0`): they cost a timeline search per
-        # blocked job and change no decision.
-        self._config = replace(policy.config, eta_jobs=0)
+        self._config = replace(policy.config, eta_jobs=eta_jobs)
         self._policy_config = self._config
 
     # -- running ----------------------------------------------------------------------

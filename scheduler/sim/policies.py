@@ -12,6 +12,23 @@ NEVER_S = 1e15  # an aging interval no wait reaches: aging off
 # The baselines are the published algorithms: they neither order by predicted remaining
 # service nor ask a preemption to pay for itself (Gangway's own defaults do).
 BASELINE: dict[str, Any] = {"shortest_predicted_first": False, "preemption_payoff": False}
+# SRSF's preemption counts the work a victim would lose (its progress since its last
+# checkpoint), as SRPT with switching costs does: a running job is preempted only when its
+# predicted remaining run time exceeds the newcomer's by more than that loss plus the stop
+# and restart (`preemption_payoff`), and only while it would lose at most
+# `service_preemption_loss_s` (300 s): a job whose remaining time is unknown (it outlived
+# every similar finished job) counts as long, so the window alone protects its work.
+# Without this, jobs that overran their predictions were preempted before their first
+# checkpoint, lost everything, ranked short again and preempted the next one: a livelock.
+SRSF_PREEMPTION: dict[str, Any] = {
+    **BASELINE,
+    "preemption_payoff": True,
+    "reservations": False,
+    "elastic_resize": False,
+    "aging_interval_s": NEVER_S,
+    "min_runtime_s": 0.0,
+    "starvation_s": NEVER_S,
+}
 
 
 @dataclass(frozen=True)
@@ -92,17 +109,9 @@ POLICIES: dict[str, SimPolicy] = {
         SimPolicy(
             "srsf",
             "shortest remaining GPU service first, preemptive, greedy backfill, on "
-            "predicted remaining run times (with --oracle: the true ones, a lower bound)",
-            PolicyConfig(
-                **BASELINE,
-                reservations=False,
-                elastic_resize=False,
-                aging_interval_s=NEVER_S,
-                min_runtime_s=0.0,
-                starvation_s=NEVER_S,
-                service_preemption_loss_s=NEVER_S,
-                service_order="srsf",
-            ),
+            "predicted remaining run times (with --oracle: the true ones, a lower bound); "
+            "a preemption must pay for the victim's work since its checkpoint",
+            PolicyConfig(**SRSF_PREEMPTION, service_order="srsf"),
         ),
         SimPolicy(
             "gangway",

@@ -90,3 +90,25 @@ def test_a_preemption_for_service_must_pay_for_itself() -> None:
     ):
         decisions = schedule(cluster, jobs, NOW, paying)
         assert any(isinstance(d, Preempt) for d in decisions) is preempts
+
+
+def test_srsf_preemption_counts_the_victims_unsaved_work() -> None:
+    """The simulator's srsf: payoff rule and checkpoint window on. A victim that overran
+    every prediction (remaining unknown, so long) 720 s past its last checkpoint keeps
+    its GPUs; a known one is preempted only if it pays for the work it would lose."""
+    cluster = Cluster().nodes(1, 1).snapshot()
+    srsf = replace(CONFIG, service_order="srsf", min_runtime_s=0, shortest_predicted_first=False)
+    newcomer = replace(pending(2), predicted_remaining_s=300.0)
+    overrun = running(1, ["n0"], started=-720, step=720, step_time_s=1.0)
+    decisions = schedule(cluster, [overrun, newcomer], NOW, srsf)
+    assert not any(isinstance(d, Preempt) for d in decisions)
+    checkpointed = running(1, ["n0"], started=-1900, step=100, step_time_s=1.0)
+    decisions = schedule(cluster, [checkpointed, newcomer], NOW, srsf)
+    preempt = next(d for d in decisions if isinstance(d, Preempt))
+    assert "shortest remaining first" in preempt.reason
+    # Known: 700 s left vs 300 s + grace 120 + restart 60 + 100 s lost = 580 s: it pays;
+    # 500 s left does not.
+    for left, preempts in ((700.0, True), (500.0, False)):
+        victim = replace(checkpointed, predicted_remaining_s=left)
+        decisions = schedule(cluster, [victim, newcomer], NOW, srsf)
+        assert any(isinstance(d, Preempt) for d in decisions) is preempts

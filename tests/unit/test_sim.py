@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,22 +175,53 @@ def test_simulate_command_prints_writes_json_and_plots(tmp_path: Path) -> None:
     assert body["policies"][0]["jct_avg_s"] == pytest.approx((100 + 149 + 178) / 3)
     for name in ("jct_cdf.png", "queue_length.png", "utilization.png"):
         assert (out / name).stat().st_size > 1000
+    counted = CliRunner().invoke(
+        app, [*args, "--policy", "fifo", "--placement", "count", "--out", str(out)]
+    )
+    assert counted.exit_code == 0, counted.output
+    assert json.loads((out / "result.json").read_text())["settings"]["placement"] == "count"
     bad = CliRunner().invoke(app, [*args, "--policy", "nope", "--out", str(out)])
     assert bad.exit_code != 0 and "unknown policy" in str(bad.output) + str(bad.exception)
+
+
+LIVELOCK_TRACE = [TraceJob(i, 50 * i, (1, 2, 4, 8)[i % 4], 300 + 97 * (i % 13)) for i in range(40)]
+
+
+def test_srsf_on_predictions_does_not_preempt_back_and_forth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On this trace srsf used to livelock: a job that overran its prediction (remaining
+    unknown, so ranked last) was preempted after ~720 s, before its first checkpoint,
+    lost everything, ranked short again and preempted the next one, over and over (20,000
+    preemptions, no job ended). Now a preemption must pay for the victim's unsaved work."""
+    from scheduler.core import Preempt
+    from scheduler.sim import engine
+
+    preemptions = 0
+    decide = engine.schedule
+
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        nonlocal preemptions
+        decisions = decide(*args, **kwargs)
+        preemptions += sum(isinstance(d, Preempt) for d in decisions)
+        assert preemptions <= len(LIVELOCK_TRACE), "srsf preempts back and forth"
+        return decisions
+
+    monkeypatch.setattr(engine, "schedule", bounded)
+    config = SimConfig(nodes=2, gpus_per_node=4, tick_s=60.0)
+    result = Simulator(LIVELOCK_TRACE, config, POLICIES["srsf"]).run()
+    assert all(j.finish_s is not None for j in result.jobs)
+    assert sum(j.preemptions for j in result.jobs) == preemptions
 
 
 def test_start_estimates_change_no_simulated_decision() -> None:
     """The simulator asks the core for no exact ETAs (it reads only Admit and Preempt):
     the same trace with them gives the same schedule, for every policy."""
-    trace = [TraceJob(i, 50 * i, (1, 2, 4, 8)[i % 4], 300 + 97 * (i % 13)) for i in range(40)]
+    trace = LIVELOCK_TRACE
     config = SimConfig(nodes=2, gpus_per_node=4, tick_s=60.0)
-    # srsf is left out: on this trace it preempts back and forth without end (it does at
-    # the base commit too; a livelock of its own, not of the estimates).
-    for policy in (p for p in POLICIES.values() if p.name != "srsf"):
+    for policy in POLICIES.values():
         fast = Simulator(trace, config, policy).run()
-        with_etas = Simulator(trace, config, policy)
-        with_etas._config = with_etas._policy_config = policy.config  # eta_jobs=50
-        slow = with_etas.run()
+        slow = Simulator(trace, config, policy, eta_jobs=policy.config.eta_jobs).run()
         outcome = [(j.first_start_s, j.finish_s, j.preemptions, j.lost_gpu_s) for j in fast.jobs]
         assert outcome == [
             (j.first_start_s, j.finish_s, j.preemptions, j.lost_gpu_s) for j in slow.jobs

@@ -44,7 +44,8 @@ from workers import balance
 from workers.gpt import GPT, next_token_loss
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.plan import ParallelPlan
-from workers.training import REBALANCE_EVERY, TrainSpec
+from workers.rank_speed import REBALANCE_EVERY
+from workers.training import TrainSpec
 
 
 def stage_times(config: GPTConfig, layers: list[range], batch: int, repeats: int) -> list[float]:

@@ -13,7 +13,6 @@ import contextlib
 import copy
 import math
 import resource
-import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,13 +32,12 @@ from workers.gpt import next_token_loss, parameter_count
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.parallelize import ModelParts, build_mesh, build_parts
 from workers.plan import ParallelPlan, validate_plan
+from workers.rank_speed import BatchShares, LocalTimer
 from workers.updates import AdaptivePeriod, CommMeter, DiLoCo, UpdateRule, build_rule, ddp_hook
 
 # The checkpoint counter that holds the data position (the next sample index).
 NEXT_SAMPLE = "next_sample"
 
-# Batch rebalancing: every this many steps, from the medians of the steps since.
-REBALANCE_EVERY = 10
 # An injected straggler's backward: twice its forward (two matmuls per forward matmul;
 # measured on CPU: 1.86x gpt-mini, 1.97x gpt-tiny). Not measured in the run, as under DDP
 # the backward's elapsed time includes waiting for the last gradient all-reduce.
@@ -261,7 +259,7 @@ class _Loop:
         self.device, self.loss_fn = device, loss_fn
         self.rule, self.meter, self.slowdown = rule, meter, slowdown
         self.params = list(_params(parts.parts))
-        self.batch = _BatchShares(
+        self.batch = BatchShares(
             plan.dp, plan.dp * spec.batch_size, enabled=plan.balance_batch, event=event
         )
         self.dp_rank = mesh.get_local_rank("dp")
@@ -274,7 +272,7 @@ class _Loop:
         self.next_sample = 0
         self.flops_per_token = 6 * parameter_count(config)
         self.state_mb: float | None = None
-        self.local = _LocalTimer(device)
+        self.local = LocalTimer(device)
 
     def step(self, step: int, optimizers: list[torch.optim.Optimizer]) -> dict[str, float]:
         started = time.perf_counter()
@@ -431,82 +429,6 @@ class _Loop:
             # 6 N flops per token (forward + backward), the usual MFU estimate
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (peak * self.plan.world_size)
         return metrics
-
-
-class _BatchShares:
-    """This rank's share of each global batch: equal, or (`balance_batch`) in proportion
-    to the ranks' speeds measured over the last `REBALANCE_EVERY` steps."""
-
-    def __init__(
-        self, dp: int, global_batch: int, *, enabled: bool, event: Callable[[str], None]
-    ) -> None:
-        self.dp, self.global_batch, self.enabled, self.event = dp, global_batch, enabled, event
-        self.shares = [global_batch // dp] * dp
-        self.window: list[float] = []
-
-    def observe(self, step: int, seconds_per_sample: float, group: Any) -> None:
-        if not self.enabled or self.dp == 1:
-            return
-        self.window.append(seconds_per_sample)
-        if step % REBALANCE_EVERY:
-            return
-        mine = torch.tensor([statistics.median(self.window)], dtype=torch.float64)
-        self.window = []
-        gathered = [torch.zeros_like(mine) for _ in range(self.dp)]
-        dist.all_gather(gathered, mine, group=group)
-        speeds = [1.0 / max(float(t), 1e-9) for t in gathered]
-        shares = balance.batch_shares(speeds, self.global_batch)
-        if shares != self.shares and is_rank0():
-            rates = ", ".join(f"{s:.1f}" for s in speeds)
-            line = (
-                f"step {step}: batch shares {self.shares} -> {shares} "
-                f"(rank speeds, samples/s: {rates})"
-            )
-            print(line, flush=True)
-            self.event(line)
-        self.shares = shares
-
-
-class _LocalTimer:
-    """Time in work that waits on no peer (`local_s`, the runtime's straggler signal).
-
-    A peer's wait hides in every synchronised step time: each rank's step takes as long as
-    the slowest's. A forward pass of plain data parallel involves no collective, so its
-    time is this rank's own speed. CUDA events on the compute stream (read once the step
-    has synchronised), wall time on CPU. Not measured under a pipeline schedule, whose
-    forwards interleave with sends and receives; under TP or FSDP the forward holds their
-    collectives, so a slow rank slows its group's forwards alike.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.spans: list[Any] = []
-
-    @contextlib.contextmanager
-    def span(self) -> Iterator[None]:
-        if self.cuda:
-            start, end = _timing_event(), _timing_event()
-            start.record()
-            yield
-            end.record()
-            self.spans.append((start, end))
-        else:
-            began = time.perf_counter()
-            yield
-            self.spans.append(time.perf_counter() - began)
-
-    def total_s(self) -> float | None:
-        """The step's total, then start over; None when nothing was timed."""
-        spans, self.spans = self.spans, []
-        if not spans:
-            return None
-        if self.cuda:
-            return float(sum(start.elapsed_time(end) for start, end in spans)) / 1000.0
-        return float(sum(spans))
-
-
-def _timing_event() -> Any:
-    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
 
 def _progress_line(step: int, steps: int, metrics: dict[str, float]) -> str:

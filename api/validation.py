@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from api.errors import FieldError
 from gangway.models import Builtin, Function, JobSubmit, Script
@@ -33,9 +34,8 @@ def _check_plan(entrypoint: Builtin, spec: JobSpec) -> None:
     launch = rank_entrypoint(spec, job_id=0, checkpoint_root=None)
     tp, pp = shape.parallelism.tp, shape.parallelism.pp
     for dp in sorted(degrees):
-        plan = plan_from_entrypoint(launch, dp=dp, tp=tp, pp=pp)
         try:
-            validate_plan(plan, MODEL_CONFIGS[entrypoint.model], batch_size=entrypoint.batch_size)
+            _engine_check(launch, entrypoint.model, (dp, tp, pp), entrypoint.batch_size)
         except PlanError as exc:
             raise FieldError(exc.field, exc.message) from exc
 
@@ -44,12 +44,21 @@ def runnable_plan(entrypoint: Builtin, plan: StepPlan) -> bool:
     """Whether the engine takes `entrypoint` at the degrees, microbatches and batch of
     `plan` (a candidate of `parallelism: auto`): the same check a submission gets."""
     fields = entrypoint.model_dump() | {"microbatches": plan.microbatches, "fsdp": plan.fsdp}
-    candidate = plan_from_entrypoint(fields, dp=plan.dp, tp=plan.tp, pp=plan.pp)
     try:
-        validate_plan(candidate, MODEL_CONFIGS[entrypoint.model], batch_size=plan.batch_size)
+        _engine_check(fields, entrypoint.model, (plan.dp, plan.tp, plan.pp), plan.batch_size)
     except PlanError:
         return False
     return True
+
+
+def _engine_check(
+    fields: Mapping[str, Any], model: str, degrees: tuple[int, int, int], batch_size: int
+) -> None:
+    """The engine's `validate_plan` on a builtin entrypoint's plan fields at (dp, tp, pp);
+    raises `PlanError`."""
+    dp, tp, pp = degrees
+    plan = plan_from_entrypoint(fields, dp=dp, tp=tp, pp=pp)
+    validate_plan(plan, MODEL_CONFIGS[model], batch_size=batch_size)
 
 
 def _check_entrypoint(submit: JobSubmit, spec: JobSpec) -> None:

@@ -76,7 +76,7 @@ class LocalTimer:
     @contextlib.contextmanager
     def span(self) -> Iterator[None]:
         if self.cuda:
-            start, end = timing_event(), timing_event()
+            start, end = _timing_event(), _timing_event()
             start.record()
             yield
             end.record()
@@ -96,5 +96,5 @@ class LocalTimer:
         return float(sum(spans))
 
 
-def timing_event() -> Any:
+def _timing_event() -> Any:
     return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]

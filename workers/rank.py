@@ -51,6 +51,7 @@ class RankActor:
         # time of a preemption or resize (the trainer saves before it returns).
         self._stop_at: float | None = None
         self._ended_at: float | None = None
+        self._store: Any = None  # rank 0 of a script gang: the process-group store
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port: rank 0 hosts the process-group store."""
@@ -90,6 +91,8 @@ class RankActor:
         target: Callable[..., None]
         args: tuple[Any, ...]
         if entrypoint["kind"] in ("script", "command"):  # they make their own process group
+            if info.rank == 0:
+                self._store = host_store(master_addr, master_port, info.world_size, timeout_s)
             target, args = self._run_script, (self._ctx, entrypoint, master_addr, master_port)
         else:
             init_method = f"tcp://{master_addr}:{master_port}"
@@ -186,6 +189,23 @@ class RankActor:
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def host_store(address: str, port: int, world_size: int, timeout_s: float) -> Any:
+    """The process-group store of a script gang, held by rank 0's actor as torchrun's
+    agent holds it: the scripts connect as clients (TORCHELASTIC_USE_AGENT_STORE), so the
+    store outlives every script, and a rank that tears down its process group after rank
+    0's script has exited still finds it."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        address,
+        port,
+        world_size,
+        is_master=True,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
 
 
 def _run_entrypoint(ctx: RankContext, entrypoint: dict[str, Any]) -> None:

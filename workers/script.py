@@ -7,7 +7,9 @@ or command of a job with a shipped working directory runs in it (Ray made it the
 working directory); a script on the host runs in its own folder.
 
 The script sets up its own process group (`init_process_group()` reads MASTER_ADDR and
-MASTER_PORT from the environment), so the rank actor does not create one. The output goes
+MASTER_PORT from the environment), so the rank actor does not create one; as under
+torchrun, the store it connects to is the launcher's (rank 0's actor holds it,
+`workers.rank.host_store`), not rank 0's script's. The output goes
 line by line to the actor's stdout (Ray's worker log) and the last lines are kept, so a
 failure carries them in its error. A stop request (cancel, preemption) sends SIGTERM, then
 SIGKILL after `grace_s`.
@@ -47,6 +49,16 @@ def torchrun_env(ctx: RankContext, master_addr: str, master_port: int) -> dict[s
     }
 
 
+def agent_store_env() -> dict[str, str]:
+    """torchrun's word to `init_process_group` that the launcher hosts the store: every
+    rank, rank 0 included, connects as a client."""
+    return {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
+
+
 def command_line(entrypoint: dict[str, Any]) -> tuple[list[str], Path]:
     """argv and working directory of a script or command entrypoint."""
     if entrypoint["kind"] == "command":
@@ -62,6 +74,7 @@ def child_environment(
     env = {
         **rank_environment(os.environ, entrypoint.get("env") or {}),
         **torchrun_env(ctx, master_addr, master_port),
+        **agent_store_env(),
         "PYTHONUNBUFFERED": "1",
     }
     if ctx.checkpoint_dir is not None:

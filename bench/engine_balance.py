@@ -5,11 +5,13 @@
     .venv/bin/python bench/engine_balance.py batch --model gpt-tiny --steps 30 --batch 200
     .venv/bin/python bench/engine_balance.py pipeline --model gpt-mini --pp 2
 
-`stages`: each layer's forward + backward is measured (`workers.balance.measure_costs`);
-then every stage of the equal split and of the balanced split is built as the pipeline
-builds it (`GPT.keep_only`) and timed on its own, forward + backward on one microbatch,
-median of `--repeats`, in CPU time (one thread; the machine's other load does not
-count). Prints slowest/fastest pipeline rank time for both splits: a rank's time is its
+`stages`: each item's forward + backward is measured (`workers.balance.measure_costs`:
+embeddings, each block's three pieces, head); then every stage of the equal split, of
+the balanced split at whole blocks (as under tensor parallel) and of the balanced split
+that may cut blocks is built as the pipeline builds it (`GPT.keep_only`) and timed on
+its own, forward + backward on one microbatch, median of `--repeats`, in CPU time (one
+thread; the machine's other load does not count). Prints slowest/fastest pipeline rank
+time for each split: a rank's time is its
 stage's, or under `--schedule zbv` the sum of its two (stages r and 2 pp - 1 - r).
 
 `batch`: 2 gloo ranks, rank 1's compute made `--slow` x slower; equal shares against
@@ -41,33 +43,34 @@ import torch
 from bench.engine_modes import run
 from gangway.models import PipelineSchedule
 from workers import balance
-from workers.gpt import GPT, next_token_loss
+from workers.gpt import GPT, block_units, boundary_width, next_token_loss
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.plan import ParallelPlan
 from workers.rank_speed import REBALANCE_EVERY
 from workers.training import TrainSpec
 
 
-def stage_times(config: GPTConfig, layers: list[range], batch: int, repeats: int) -> list[float]:
-    """Each stage of a split, built and timed alone (forward + backward, one microbatch)."""
+def stage_times(config: GPTConfig, units: list[range], batch: int, repeats: int) -> list[float]:
+    """Each stage of a split, built and timed alone (forward + backward, one microbatch);
+    the runs go round the stages in turn, so the machine's drift falls on all alike."""
     tokens = torch.randint(config.vocab_size, (batch, config.seq_len))
-    hidden = torch.randn(batch, config.seq_len, config.n_embd)
-    times = []
-    for stage, blocks in enumerate(layers):
-        first, last = stage == 0, stage == len(layers) - 1
+    stages = []
+    for stage, pieces in enumerate(units):
         torch.manual_seed(0)
         model = GPT(config)
-        model.keep_only(blocks, first=first, last=last)
-        runs = []
-        for _ in range(repeats):
-            x = tokens if first else hidden.clone().requires_grad_(True)
+        model.keep_only(pieces, first=stage == 0, last=stage == len(units) - 1)
+        hidden = torch.randn(batch, config.seq_len, boundary_width(config, pieces.start))
+        stages.append((model, tokens if stage == 0 else hidden, stage == len(units) - 1))
+    runs: list[list[float]] = [[] for _ in stages]
+    for _ in range(repeats):
+        for stage, (model, inputs, last) in enumerate(stages):
+            x = inputs if stage == 0 else inputs.clone().requires_grad_(True)
             began = time.process_time()
             out = model(x)
             loss = next_token_loss(out, tokens) if last else out.square().mean()
             loss.backward()  # type: ignore[no-untyped-call]
-            runs.append(time.process_time() - began)
-        times.append(statistics.median(runs))
-    return times
+            runs[stage].append(time.process_time() - began)
+    return [statistics.median(r) for r in runs]
 
 
 def bench_stages(args: argparse.Namespace) -> None:
@@ -76,20 +79,21 @@ def bench_stages(args: argparse.Namespace) -> None:
     costs = balance.measure_costs(
         config, batch=args.batch, in_flight=1, device=torch.device("cpu"), repeats=args.repeats
     )
-    print("layer costs (ms): " + ", ".join(f"{c.time_s * 1000:.1f}" for c in costs), flush=True)
+    print("item costs (ms): " + ", ".join(f"{c.time_s * 1000:.1f}" for c in costs), flush=True)
     for pp in args.pp:
         ranks = ParallelPlan(pp=pp, pipeline_schedule=args.schedule).ranks_stages()
         num_stages = sum(len(stages) for stages in ranks)
-        equal = balance.equal_layers(config.n_layer, ranks)
-        chosen = balance.balanced_split(costs, ranks).layers
+        equal = [block_units(r) for r in balance.equal_layers(config.n_layer, ranks)]
+        whole = balance.balanced_split(costs, ranks, cut_blocks=False).units
+        chosen = balance.balanced_split(costs, ranks).units
         row: dict[str, Any] = {"model": args.model, "schedule": args.schedule, "pp": pp}
-        for name, layers in (("equal", equal), ("balanced", chosen)):
-            times = stage_times(config, layers, args.batch, args.repeats)
+        for name, units in (("equal", equal), ("whole_blocks", whole), ("balanced", chosen)):
+            times = stage_times(config, units, args.batch, args.repeats)
             per_rank = [sum(times[s] for s in stages) for stages in ranks]
             row[name] = {
                 "stages": [
                     balance.stage_items(r, first=s == 0, last=s == num_stages - 1)
-                    for s, r in enumerate(layers)
+                    for s, r in enumerate(units)
                 ],
                 "stage_ms": [round(t * 1000, 1) for t in times],
                 "rank_stages": ranks,

@@ -157,7 +157,9 @@ class Builtin(_Strict):
     max_staleness: Int = Field(
         4, ge=0, le=10_000, description="async: the oldest parameters an applied update may use"
     )
-    balance_stages: bool = Field(False, description="pipeline stages by measured layer cost")
+    balance_stages: bool = Field(
+        False, description="pipeline stages by measured cost (may cut inside a block)"
+    )
     balance_batch: bool = Field(False, description="smaller batch shares for slower dp ranks")
 
 

@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.e2e.service import free_port
+from workers import balance
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.plan import ParallelPlan
 from workers.training import TrainSpec, train
@@ -47,11 +48,13 @@ def run_engine(
     stop_at: int | None = None,
     models: dict[str, GPTConfig] | None = None,
     slowdown: dict[int, float] | None = None,
+    item_times: list[float] | None = None,
 ) -> dict[str, Any]:
     """Train on plan.world_size processes; rank 0's result: losses, resumed_from, step,
     and the metrics it reported last (`history`: every step's). `models`: sizes to
     register by name in each rank besides the built-in ones. `slowdown`: rank -> how many
-    times slower its compute is made."""
+    times slower its compute is made. `item_times`: what every rank's stage balancer
+    measures for [embeddings, block pieces..., head], to force a split."""
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "world": plan.world_size,
@@ -63,6 +66,7 @@ def run_engine(
         "stop_at": stop_at,
         "models": {name: asdict(config) for name, config in (models or {}).items()},
         "slowdown": slowdown or {},
+        "item_times": item_times,
     }
     mp.start_processes(_rank_main, args=(job,), nprocs=plan.world_size, start_method="spawn")
     result: dict[str, Any] = json.loads((out / "rank0.json").read_text())
@@ -73,6 +77,9 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
     torch.set_num_threads(1)  # 8 ranks on 2 cores: no oversubscription
     for name, config in job["models"].items():
         MODEL_CONFIGS[name] = GPTConfig(**config)
+    if job["item_times"] is not None:
+        forced = [balance.ItemCost(t, 1) for t in job["item_times"]]
+        balance.measure_costs = lambda *args, **kwargs: forced  # type: ignore[assignment]
     url = f"tcp://127.0.0.1:{job['port']}"
     dist.init_process_group("gloo", init_method=url, rank=rank, world_size=job["world"])
     try:

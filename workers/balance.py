@@ -1,22 +1,26 @@
 """Load balancing: pipeline stages by measured layer cost, data shares by rank speed.
 
-Stages. The pipeline's items are [embeddings, block 0, ..., block n-1, head + loss]; each
-is timed forward + backward on one microbatch (median of a few runs; wall time on a GPU,
-the process's CPU time on a CPU, where other processes share the cores), and its memory is
-its parameters with their gradients and AdamW moments (4 copies) plus its output
-activation per microbatch in flight. Every rank measures and the costs are averaged over
-the world (one all-reduce), so every rank computes the same split. The split is
-contiguous, gives every stage at least one item, and minimises the slowest stage's time;
-among splits within 5% of that optimum it takes the one whose largest stage memory is
-smallest. The embeddings go with the first stage and the head with the last; either may
-be its stage's only item (a head as costly as two blocks is a stage on its own).
+Stages. The pipeline's items are [embeddings, block pieces, head + loss], a block in three
+pieces (attention, MLP in, MLP out: `workers.gpt.PIECES`), so a stage boundary may fall
+inside a block where whole blocks are too coarse (gpt-mini's head costs 1.7 blocks: at
+pp = 4 no whole-block split comes within 15%). Each item is timed forward + backward on
+one microbatch (median of a few runs; wall time on a GPU, the process's CPU time on a
+CPU, where other processes share the cores); its memory is its parameters with their
+gradients and AdamW moments (4 copies) plus its output activation per microbatch in
+flight (5x wider after MLP in). Every rank measures and the costs are averaged over the
+world (one all-reduce), so every rank computes the same split.
+
+The split is contiguous and gives every stage at least one item. Throughput first: the
+slowest stage as fast as it can be (it sets the pipeline's pace); then balance: among
+those splits, the fastest stage as slow as it can be (the least idle time); memory is a
+bound (a GPU's memory), not a goal. The embeddings go with the first stage and the head
+with the last; either may be its stage's only item.
 
 Under ZB-V (`v_shape`) a rank runs two stages, r and 2 pp - 1 - r, one after the other,
 so what is balanced is each rank's sum of its two stages: the first and the last stage
 (the embeddings and the head) share rank 0, which is what lets a costly head be paired
-with cheap embeddings instead of bounding the pipeline alone. The same two criteria
-(time, then memory within 5%) over rank sums, by a dynamic programme that takes the
-stages in pairs from both ends.
+with cheap embeddings instead of bounding the pipeline alone. The same criteria over
+rank sums, by a dynamic programme that takes the stages in pairs from both ends.
 
 Batch shares. A rank's speed is its median `local_s` per sample over a window of steps
 (all-gathered, so all ranks agree); shares of the global batch are proportional to speed
@@ -37,11 +41,21 @@ import torch.distributed as dist
 from torch import nn
 
 from workers import splits
-from workers.gpt import GPT, next_token_loss
+from workers.gpt import (
+    GPT,
+    PIECE_NAMES,
+    PIECES,
+    Block,
+    block_units,
+    boundary_width,
+    next_token_loss,
+)
 from workers.model_configs import GPTConfig
 
-# Slack on the slowest stage's time within which memory decides.
-TIME_SLACK = 0.05
+# Timing runs per repeat: as many as the blocks one measurement stands for, up to this.
+MAX_ROUNDS_PER_REPEAT = 6
+# Items up to which ZB-V's pair programme (O(items^4)) also tries block pieces: 14 layers.
+MAX_PAIR_ITEMS = 2 + 14 * PIECES
 
 
 @dataclass(frozen=True)
@@ -52,10 +66,10 @@ class ItemCost:
 
 @dataclass(frozen=True)
 class StageSplit:
-    """Blocks of each stage, each stage's predicted time and memory, and the stages
+    """Block pieces of each stage, each stage's predicted time and memory, and the stages
     each pipeline rank runs (one, or two under interleaved 1F1B and ZB-V)."""
 
-    layers: list[range]
+    units: list[range]
     time_s: list[float]
     memory_bytes: list[int]
     ranks: list[list[int]]
@@ -98,7 +112,14 @@ def equal_layers(n_layer: int, ranks: Sequence[Sequence[int]]) -> list[range]:
 def measure_costs(
     config: GPTConfig, *, batch: int, in_flight: int, device: torch.device, repeats: int = 3
 ) -> list[ItemCost]:
-    """Forward + backward time and memory of [embeddings, blocks..., head + loss]."""
+    """Forward + backward time and memory of [embeddings, block pieces..., head + loss]
+    (each block's pieces in order: attention, MLP in, MLP out; `workers.gpt.PIECES`).
+
+    The blocks are alike, so one block's pieces are timed and stand for every block: the
+    medians come from repeats x n_layer runs each (at most repeats x 6), and the runs go
+    round the items in turn, so a change in the machine's load falls on all of them
+    alike (timing each of gpt-mini's 18 pieces on its own gave the same piece 22-41 ms
+    on a shared CPU)."""
     torch.manual_seed(0)
     model = GPT(config).to(device)
     tokens = torch.randint(config.vocab_size, (batch, config.seq_len), device=device)
@@ -114,19 +135,37 @@ def measure_costs(
     def head_loss(x: torch.Tensor) -> torch.Tensor:
         return next_token_loss(head(ln_f(x)), tokens)
 
-    hidden = embed(tokens).detach()
-    items: list[tuple[Callable[[torch.Tensor], torch.Tensor], Sequence[nn.Module]]] = [
-        (embed, [tok_emb, pos_emb])
+    pieces = []
+    for p in range(PIECES):
+        piece = Block(config).to(device)
+        piece.cut(range(p, p + 1))
+        pieces.append(piece)
+    # (what runs, its modules, the unit its input enters, the unit its output enters)
+    kinds: list[tuple[Callable[[torch.Tensor], torch.Tensor], Sequence[nn.Module], int, int]] = [
+        (embed, [tok_emb, pos_emb], 0, 0),
+        *((piece, [piece], p, p + 1) for p, piece in enumerate(pieces)),
+        (head_loss, [ln_f, head], 0, -1),
     ]
-    items += [(block, [block]) for block in model.blocks.values()]
-    items.append((head_loss, [ln_f, head]))
-    costs = []
-    for fn, modules in items:
+    inputs = [
+        torch.randn(batch, config.seq_len, boundary_width(config, k[2]), device=device)
+        for k in kinds
+    ]
+    runs: list[list[float]] = [[] for _ in kinds]
+    for _ in range(repeats * min(max(config.n_layer, 1), MAX_ROUNDS_PER_REPEAT)):
+        for k, (fn, _modules, _in, _out) in enumerate(kinds):
+            runs[k].append(_time_fwd_bwd(fn, inputs[k], device))
+    measured = []
+    for (_fn, modules, _in, out_unit), times in zip(kinds, runs, strict=True):
         params = sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
-        out_bytes = hidden.numel() * hidden.element_size() if fn is not head_loss else 0
-        elapsed = statistics.median(_time_fwd_bwd(fn, hidden, device) for _ in range(repeats))
-        costs.append(ItemCost(elapsed, 4 * params + in_flight * out_bytes))
-    return costs
+        out_bytes = 0 if out_unit < 0 else _hidden_bytes(config, batch, out_unit)
+        measured.append(ItemCost(statistics.median(times), 4 * params + in_flight * out_bytes))
+    embeddings, *block, head_cost = measured
+    return [embeddings, *block * config.n_layer, head_cost]
+
+
+def _hidden_bytes(config: GPTConfig, batch: int, unit: int) -> int:
+    """Bytes of the activation a stage starting at `unit` receives (fp32)."""
+    return batch * config.seq_len * boundary_width(config, unit) * 4
 
 
 def _time_fwd_bwd(
@@ -167,51 +206,97 @@ def averaged(costs: list[ItemCost]) -> list[ItemCost]:
 
 
 def stage_costs(
-    costs: list[ItemCost], layers: list[range], ranks: Sequence[Sequence[int]]
+    costs: list[ItemCost], units: list[range], ranks: Sequence[Sequence[int]]
 ) -> StageSplit:
-    """Predicted per-stage cost of a split; items are [emb, blocks..., head]; `ranks`:
-    the stages each pipeline rank runs."""
-    last = len(layers) - 1
+    """Predicted per-stage cost of a split; items are [emb, block pieces..., head];
+    `units`: each stage's block pieces; `ranks`: the stages each pipeline rank runs."""
+    last = len(units) - 1
     times, memory = [], []
-    for stage, blocks in enumerate(layers):
-        chosen = [costs[1 + b] for b in blocks]
+    for stage, pieces in enumerate(units):
+        chosen = [costs[1 + u] for u in pieces]
         if stage == 0:
             chosen.append(costs[0])
         if stage == last:
             chosen.append(costs[-1])
         times.append(sum(c.time_s for c in chosen))
         memory.append(sum(c.memory_bytes for c in chosen))
-    return StageSplit(layers, times, memory, [list(stages) for stages in ranks])
+    return StageSplit(units, times, memory, [list(stages) for stages in ranks])
 
 
-def stage_items(layers: range, *, first: bool, last: bool) -> str:
-    """What a stage holds, for logs: "embeddings + layers 0-1", "layers 2-3", "head only"."""
+def stage_items(units: range, *, first: bool, last: bool) -> str:
+    """What a stage holds, for logs: "embeddings + layers 0-1 + layer 2 (attention)",
+    "layer 2 (MLP in, MLP out) + layers 3-4", "head only"."""
     items = ["embeddings"] if first else []
-    if layers:
-        items.append(f"layers {layers.start}-{layers.stop - 1}")
+    start = units.start
+    if start % PIECES and units:  # it begins inside a block
+        start = min(units.stop, (start // PIECES + 1) * PIECES)
+        items.append(_pieces_name(range(units.start, start)))
+    whole = range(start, start + (units.stop - start) // PIECES * PIECES)
+    if whole:
+        first_block, last_block = whole.start // PIECES, whole.stop // PIECES - 1
+        many = last_block > first_block
+        items.append(f"layers {first_block}-{last_block}" if many else f"layer {first_block}")
+    if whole.stop < units.stop:  # it ends inside a block
+        items.append(_pieces_name(range(whole.stop, units.stop)))
     if last:
         items.append("head")
-    return " + ".join(items) + (" only" if len(items) == 1 and not layers else "")
+    return " + ".join(items) + (" only" if len(items) == 1 and not units else "")
 
 
-def balanced_split(costs: list[ItemCost], ranks: Sequence[Sequence[int]]) -> StageSplit:
-    """Contiguous split of [embeddings, blocks..., head] over the stages of `ranks`
-    minimising the slowest stage's time (under ZB-V's mirrored placement, the slowest
-    rank's two stages), then its largest memory. Every stage holds at least one item, so
-    the first may hold the embeddings alone and the last the head alone: a head + loss
-    that costs as much as two blocks is a stage's worth of work on its own."""
+def _pieces_name(units: range) -> str:
+    names = ", ".join(PIECE_NAMES[u % PIECES] for u in units)
+    return f"layer {units.start // PIECES} ({names})"
+
+
+def balanced_split(
+    costs: list[ItemCost],
+    ranks: Sequence[Sequence[int]],
+    *,
+    cut_blocks: bool = True,
+    memory_budget: float | None = None,
+) -> StageSplit:
+    """Contiguous split of [embeddings, block pieces..., head] over the stages of `ranks`
+    with the slowest stage (under ZB-V's mirrored placement, the slowest rank's two
+    stages) as fast as it can be, and then the fastest as slow as it can be (the least
+    idle time at that throughput); no stage's memory above `memory_budget`. Every stage
+    holds at least one item, so the first may hold the embeddings alone and the last the
+    head alone: a head + loss that costs as much as two blocks is a stage's worth of work
+    on its own.
+
+    A stage boundary may fall inside a block (at its pieces) unless `cut_blocks` is off
+    (tensor parallel shards whole blocks). Under ZB-V the pair programme grows as
+    items^4, so beyond MAX_PAIR_ITEMS items it cuts at whole blocks only."""
+    if cut_blocks and not (mirrored(ranks) and len(costs) > MAX_PAIR_ITEMS):
+        return stage_costs(costs, _balanced_ranges(costs, ranks, memory_budget), ranks)
+    pieces = range(1, len(costs) - 1, PIECES)
+    blocks = [costs[0], *(_merged(costs[i : i + PIECES]) for i in pieces), costs[-1]]
+    whole = _balanced_ranges(blocks, ranks, memory_budget)
+    return stage_costs(costs, [block_units(r) for r in whole], ranks)
+
+
+def _merged(costs: Sequence[ItemCost]) -> ItemCost:
+    return ItemCost(sum(c.time_s for c in costs), sum(c.memory_bytes for c in costs))
+
+
+def _balanced_ranges(
+    costs: list[ItemCost], ranks: Sequence[Sequence[int]], memory_budget: float | None
+) -> list[range]:
+    """The split of [first, middle items..., last] as each stage's range of middle items:
+    the least slowest time (stage, or ZB-V rank pair), then the most fastest time."""
     num_stages = sum(len(stages) for stages in ranks)
     times = [c.time_s for c in costs]
-    memory = [float(c.memory_bytes) for c in costs]
+    limits = (
+        [] if memory_budget is None else [([float(c.memory_bytes) for c in costs], memory_budget)]
+    )
     split = splits.min_max_pairs_split if mirrored(ranks) else splits.min_max_split
-    best_time = split(times, num_stages, limit=None)[0]
-    if best_time == float("inf"):
-        raise ValueError(f"{len(costs)} items cannot fill {num_stages} stages")
-    _, cuts = split(memory, num_stages, limit=(times, best_time * (1 + TIME_SLACK)))
-    # A cut before item i (block i - 1) starts the next stage at block i - 1.
+    slowest, _ = split(times, num_stages, limits=limits)
+    if slowest == float("inf"):
+        within = "" if memory_budget is None else f" within {memory_budget / 2**30:.1f} GiB each"
+        raise ValueError(f"{len(costs)} items cannot fill {num_stages} stages{within}")
+    _, cuts = split([-t for t in times], num_stages, limits=[*limits, (times, slowest)])
+    # A cut before item i (middle item i - 1) starts the next stage at middle item i - 1.
     bounds = [0, *(cut - 1 for cut in cuts), len(costs) - 2]
-    layers = [range(a, b) for a, b in itertools.pairwise(bounds)]
-    return stage_costs(costs, layers, ranks)
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def batch_shares(speeds: Sequence[float], global_batch: int) -> list[int]:

@@ -77,11 +77,12 @@ def build_parts(
     *,
     seed: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    stage_layers: Sequence[range] = (),
+    stage_units: Sequence[range] = (),
     ddp_hook: tuple[Any, Callable[..., Any]] | None = None,
 ) -> ModelParts:
-    """`stage_layers`: each pipeline stage's blocks (pp > 1). `ddp_hook`: DDP's comm
-    hook (state, hook) when the caller chooses it; else the plan's compression hook."""
+    """`stage_units`: each pipeline stage's block pieces (pp > 1, `GPT.keep_only`).
+    `ddp_hook`: DDP's comm hook (state, hook) when the caller chooses it; else the plan's
+    compression hook."""
     pp_rank = mesh.get_local_rank("pp")
     stage_ids = plan.stage_ids(pp_rank)
     parts = []
@@ -90,7 +91,7 @@ def build_parts(
         model = GPT(config).to(device)
         if plan.pp > 1:
             last = stage == plan.num_stages - 1
-            model.keep_only(stage_layers[stage], first=stage == 0, last=last)
+            model.keep_only(stage_units[stage], first=stage == 0, last=last)
         parts.append(model)
     for model in parts:
         if plan.tp > 1:

@@ -196,9 +196,9 @@ def host_store(address: str, port: int, world_size: int, timeout_s: float) -> An
     agent holds it: the scripts connect as clients (TORCHELASTIC_USE_AGENT_STORE), so the
     store outlives every script, and a rank that tears down its process group after rank
     0's script has exited still finds it."""
-    import torch.distributed as dist
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-    return dist.TCPStore(
+    return TCPStore(
         address,
         port,
         world_size,

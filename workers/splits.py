@@ -2,42 +2,45 @@
 
 `min_max_split`: `parts` groups, minimising the largest group sum (one stage per rank).
 `min_max_pairs_split`: `parts` groups where rank r runs group r and group parts - 1 - r
-(ZB-V's placement), minimising the largest pair sum. Both take an optional `limit`, a
-second cost (times) and its bound, to choose by memory among splits fast enough.
+(ZB-V's placement), minimising the largest pair sum. Both take `limits`: other costs
+(times, memory) with a bound no group (or pair) may exceed. Minimising the largest sum of
+negated values maximises the smallest sum, which is how a caller balances the fastest
+stage once the slowest is fixed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+# Other costs and the bound on a group's (ZB-V: a pair's) sum of each.
+Limits = Sequence[tuple[Sequence[float], float]]
+_TOLERANCE = 1e-9  # relative: a bound taken from a previous pass's float sums
 
 
 def min_max_split(
-    values: list[float],
-    parts: int,
-    *,
-    limit: tuple[list[float], float] | None,
+    values: list[float], parts: int, *, limits: Limits = ()
 ) -> tuple[float, list[int]]:
     """Dynamic programme over contiguous splits of `values` into `parts` non-empty
-    groups: the smallest possible largest group sum, and the cut points. With `limit`
-    = (times, bound), groups whose time sum exceeds the bound are not allowed."""
+    groups: the smallest possible largest group sum, and the cut points; groups breaking
+    a limit are not allowed (inf and no cuts when no split keeps them)."""
     n = len(values)
     prefix = _prefix(values)
-    time_prefix = _prefix(limit[0]) if limit is not None else prefix
+    bounded = _bounded(limits)
     inf = float("inf")
     # best[k][i]: the first i values in k groups.
     best = [[inf] * (n + 1) for _ in range(parts + 1)]
     cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    best[0][0] = 0.0
+    best[0][0] = -inf
     for k in range(1, parts + 1):
         for i in range(k, n - (parts - k) + 1):
             for j in range(k - 1, i):
-                if best[k - 1][j] == inf:
-                    continue
-                if limit is not None and time_prefix[i] - time_prefix[j] > limit[1] + 1e-12:
+                if best[k - 1][j] == inf or not bounded(((j, i),)):
                     continue
                 cost = max(best[k - 1][j], prefix[i] - prefix[j])
                 if cost < best[k][i]:
                     best[k][i], cut[k][i] = cost, j
+    if best[parts][n] == inf:
+        return inf, []
     cuts, i = [], n
     for k in range(parts, 1, -1):
         i = cut[k][i]
@@ -46,10 +49,7 @@ def min_max_split(
 
 
 def min_max_pairs_split(
-    values: list[float],
-    parts: int,
-    *,
-    limit: tuple[list[float], float] | None,
+    values: list[float], parts: int, *, limits: Limits = ()
 ) -> tuple[float, list[int]]:
     """As `min_max_split`, but a group's cost is the sum of the pair of stages one rank
     runs under ZB-V: stage r with stage parts - 1 - r. The pairs are chosen from both ends
@@ -57,17 +57,18 @@ def min_max_pairs_split(
     the innermost pair must meet (i == j). O(parts * n^4) at worst, for n items."""
     n, pairs = len(values), parts // 2
     prefix = _prefix(values)
-    time_prefix = _prefix(limit[0]) if limit is not None else prefix
-    bound = limit[1] + 1e-12 if limit is not None else float("inf")
+    bounded = _bounded(limits)
     # layer[(i, j)] = (the largest pair sum so far, the state it came from)
-    layers: list[dict[tuple[int, int], tuple[float, tuple[int, int]]]] = [{(0, n): (0.0, (0, n))}]
+    layers: list[dict[tuple[int, int], tuple[float, tuple[int, int]]]] = [
+        {(0, n): (-float("inf"), (0, n))}
+    ]
     for r in range(pairs):
         after = 2 * (pairs - r - 1)  # items the pairs still to come need at least
         nxt: dict[tuple[int, int], tuple[float, tuple[int, int]]] = {}
         for (i, j), (cost, _) in layers[-1].items():
             for i2 in range(i + 1, j):
                 for j2 in range(i2 + after, j) if after else (i2,):
-                    if time_prefix[i2] - time_prefix[i] + time_prefix[j] - time_prefix[j2] > bound:
+                    if not bounded(((i, i2), (j2, j))):
                         continue
                     load = max(cost, prefix[i2] - prefix[i] + prefix[j] - prefix[j2])
                     if load < nxt.get((i2, j2), (float("inf"),))[0]:
@@ -84,6 +85,17 @@ def min_max_pairs_split(
         state = layer[state][1]
     # fronts[0] == backs[0] is the middle cut, counted once.
     return best, sorted({*fronts, *backs[1:]})
+
+
+def _bounded(limits: Limits) -> Callable[[Sequence[tuple[int, int]]], bool]:
+    """A test of whether spans [(a, b), ...] of items, taken together (one stage, or a
+    ZB-V pair), keep every limit."""
+    checks = [(_prefix(costs), bound + _TOLERANCE * abs(bound)) for costs, bound in limits]
+
+    def bounded(spans: Sequence[tuple[int, int]]) -> bool:
+        return all(sum(p[b] - p[a] for a, b in spans) <= bound for p, bound in checks)
+
+    return bounded
 
 
 def _prefix(values: Sequence[float]) -> list[float]:

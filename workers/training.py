@@ -28,7 +28,7 @@ from gangway.models import Builtin, CheckpointPolicy, Optimizer, wire_default
 from workers import async_ps, async_worker, balance
 from workers.checkpoint import Checkpointer, is_rank0, stop_agreed
 from workers.data import SyntheticTokens, TokenFile, TokenStream
-from workers.gpt import next_token_loss, parameter_count
+from workers.gpt import block_units, next_token_loss, parameter_count
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.parallelize import ModelParts, build_mesh, build_parts
 from workers.plan import ParallelPlan, validate_plan
@@ -121,7 +121,7 @@ def train(
         device,
         seed=spec.seed,
         loss_fn=loss_fn,
-        stage_layers=_stage_layers(plan, spec, device, reporter),
+        stage_units=_stage_units(plan, spec, device, reporter),
         ddp_hook=ddp_hook(plan, dp_group, meter) if plan.dp > 1 else None,
     )
     # async: rank 0's master steps every rank's update in turn (dp x the steps of a sync
@@ -446,36 +446,37 @@ def _stream(spec: TrainSpec) -> TokenStream:
     return SyntheticTokens(vocab_size=config.vocab_size, seq_len=config.seq_len, seed=spec.seed)
 
 
-def _stage_layers(
+def _stage_units(
     plan: ParallelPlan, spec: TrainSpec, device: torch.device, reporter: Reporter
 ) -> list[range]:
-    """Each pipeline stage's blocks: an equal count, or split by measured cost (said in
-    the job's log and its events)."""
+    """Each pipeline stage's block pieces: an equal count of whole blocks, or split by
+    measured cost (said in the job's log and its events); under tensor parallel whole
+    blocks only, as its sharding plan is per block."""
     ranks = plan.ranks_stages()
-    equal = balance.equal_layers(spec.config.n_layer, ranks)
+    equal = [block_units(r) for r in balance.equal_layers(spec.config.n_layer, ranks)]
     if not plan.balance_stages:
         return equal
     micro = spec.batch_size // plan.microbatches
     costs = balance.averaged(
         balance.measure_costs(spec.config, batch=micro, in_flight=plan.microbatches, device=device)
     )
-    chosen = balance.balanced_split(costs, ranks)
+    chosen = balance.balanced_split(costs, ranks, cut_blocks=plan.tp == 1)
     if is_rank0():
         before = balance.stage_costs(costs, equal, ranks)
         line = _split_line(chosen, before)
         print(line, flush=True)
         reporter.event(line)
-    return chosen.layers
+    return chosen.units
 
 
 def _split_line(chosen: balance.StageSplit, equal: balance.StageSplit) -> str:
     """The job's log keeps how the stages were split and why."""
-    last = len(chosen.layers) - 1
+    last = len(chosen.units) - 1
     stages = "; ".join(
         f"{s}: {balance.stage_items(r, first=s == 0, last=s == last)}, {t * 1000:.1f} ms, "
         f"{m / 2**20:.0f} MiB"
         for s, (r, t, m) in enumerate(
-            zip(chosen.layers, chosen.time_s, chosen.memory_bytes, strict=True)
+            zip(chosen.units, chosen.time_s, chosen.memory_bytes, strict=True)
         )
     )
     ranks = ""

@@ -95,20 +95,32 @@ def test_slower_rank_gets_a_smaller_share_and_the_loss_is_unchanged(tmp_path: Pa
 
 
 def test_balanced_pipeline_stages_keep_the_single_process_loss(tmp_path: Path) -> None:
-    """1F1B, then ZB-V (two stages per rank in a V, balanced by rank), stopped and
-    resumed from its checkpoint under plain 1F1B: every run follows one process."""
+    """Stages cut inside blocks (forced item times) under 1F1B, then ZB-V (two stages per
+    rank in a V, balanced by rank), stopped and resumed from its checkpoint under 1F1B's
+    different split: every run follows one process."""
     spec = TrainSpec(steps=4, batch_size=8)
     single = run_engine(ParallelPlan(), spec, tmp_path / "one")["losses"]
+    # gpt-tiny: embeddings, 4 blocks x (attention, MLP in, MLP out), head. Even at 7 + 7:
+    # stage 0 = embeddings + layer 0 + layer 1's attention and MLP in.
+    times = [2.0, *[1.0] * 12, 0.0]
     plan = ParallelPlan(pp=2, microbatches=2, balance_stages=True)
-    balanced = run_engine(plan, spec, tmp_path / "pp2")
+    balanced = run_engine(plan, spec, tmp_path / "pp2", item_times=times)
     assert balanced["losses"] == pytest.approx(single, abs=TOLERANCE)
     [split] = balanced["events"]  # the split goes to the job's events
-    assert split.startswith("pipeline stages by measured cost: 0: embeddings + layers 0-")
+    assert split.startswith(
+        "pipeline stages by measured cost: 0: embeddings + layer 0 + layer 1 (attention, MLP "
+        "in), 7000.0 ms, 0 MiB; 1: layer 1 (MLP out) + layers 2-3 + head, 7000.0 ms"
+    )
     zbv = ParallelPlan(pp=2, microbatches=2, pipeline_schedule="zbv", balance_stages=True)
     checkpoints = tmp_path / "checkpoints"
-    first = run_engine(zbv, spec, tmp_path / "zbv", checkpoint_dir=checkpoints, stop_at=2)
+    first = run_engine(
+        zbv, spec, tmp_path / "zbv", checkpoint_dir=checkpoints, stop_at=2, item_times=times
+    )
     assert first["step"] == 2
-    second = run_engine(plan, spec, tmp_path / "resumed", checkpoint_dir=checkpoints)
+    assert "1: layer 0 (attention)" in first["events"][0]  # cut between attention and MLP
+    second = run_engine(
+        plan, spec, tmp_path / "resumed", checkpoint_dir=checkpoints, item_times=times
+    )
     assert second["resumed_from"] == 2
     assert first["losses"] + second["losses"] == pytest.approx(single, abs=TOLERANCE)
 

@@ -10,9 +10,10 @@ embeddings, each block's three pieces, head); then every stage of the equal spli
 the balanced split at whole blocks (as under tensor parallel) and of the balanced split
 that may cut blocks is built as the pipeline builds it (`GPT.keep_only`) and timed on
 its own, forward + backward on one microbatch, median of `--repeats`, in CPU time (one
-thread; the machine's other load does not count). Prints slowest/fastest pipeline rank
-time for each split: a rank's time is its
-stage's, or under `--schedule zbv` the sum of its two (stages r and 2 pp - 1 - r).
+thread; the machine's other load does not count), the runs going round every stage of
+every split in turn. Prints slowest/fastest pipeline rank time for each split, timed and
+as the item costs predict it: a rank's time is its stage's, or under `--schedule zbv`
+the sum of its two (stages r and 2 pp - 1 - r).
 
 `batch`: 2 gloo ranks, rank 1's compute made `--slow` x slower; equal shares against
 `balance_batch` on the same samples, and the same gang with no straggler, alternated
@@ -50,27 +51,35 @@ from workers.rank_speed import REBALANCE_EVERY
 from workers.training import TrainSpec
 
 
-def stage_times(config: GPTConfig, units: list[range], batch: int, repeats: int) -> list[float]:
-    """Each stage of a split, built and timed alone (forward + backward, one microbatch);
-    the runs go round the stages in turn, so the machine's drift falls on all alike."""
+def stage_times(
+    config: GPTConfig, splits: list[list[range]], batch: int, repeats: int
+) -> list[list[float]]:
+    """Each stage of each split, built and timed alone (forward + backward, one
+    microbatch); the runs go round every stage of every split in turn, so the machine's
+    drift falls on all alike (timed one split after another, the same split read 1.11
+    and 1.26 two minutes apart)."""
     tokens = torch.randint(config.vocab_size, (batch, config.seq_len))
     stages = []
-    for stage, pieces in enumerate(units):
-        torch.manual_seed(0)
-        model = GPT(config)
-        model.keep_only(pieces, first=stage == 0, last=stage == len(units) - 1)
-        hidden = torch.randn(batch, config.seq_len, boundary_width(config, pieces.start))
-        stages.append((model, tokens if stage == 0 else hidden, stage == len(units) - 1))
+    for units in splits:
+        for stage, pieces in enumerate(units):
+            torch.manual_seed(0)
+            model = GPT(config)
+            first, last = stage == 0, stage == len(units) - 1
+            model.keep_only(pieces, first=first, last=last)
+            width = boundary_width(config, pieces.start)
+            hidden = torch.randn(batch, config.seq_len, width)
+            stages.append((model, tokens if first else hidden, first, last))
     runs: list[list[float]] = [[] for _ in stages]
     for _ in range(repeats):
-        for stage, (model, inputs, last) in enumerate(stages):
-            x = inputs if stage == 0 else inputs.clone().requires_grad_(True)
+        for k, (model, inputs, first, last) in enumerate(stages):
+            x = inputs if first else inputs.clone().requires_grad_(True)
             began = time.process_time()
             out = model(x)
             loss = next_token_loss(out, tokens) if last else out.square().mean()
             loss.backward()  # type: ignore[no-untyped-call]
-            runs[stage].append(time.process_time() - began)
-    return [statistics.median(r) for r in runs]
+            runs[k].append(time.process_time() - began)
+    medians = iter([statistics.median(r) for r in runs])
+    return [[next(medians) for _ in units] for units in splits]
 
 
 def bench_stages(args: argparse.Namespace) -> None:
@@ -83,12 +92,14 @@ def bench_stages(args: argparse.Namespace) -> None:
     for pp in args.pp:
         ranks = ParallelPlan(pp=pp, pipeline_schedule=args.schedule).ranks_stages()
         num_stages = sum(len(stages) for stages in ranks)
-        equal = [block_units(r) for r in balance.equal_layers(config.n_layer, ranks)]
-        whole = balance.balanced_split(costs, ranks, cut_blocks=False).units
-        chosen = balance.balanced_split(costs, ranks).units
+        splits = {
+            "equal": [block_units(r) for r in balance.equal_layers(config.n_layer, ranks)],
+            "whole_blocks": balance.balanced_split(costs, ranks, cut_blocks=False).units,
+            "balanced": balance.balanced_split(costs, ranks).units,
+        }
+        timed = stage_times(config, list(splits.values()), args.batch, args.repeats)
         row: dict[str, Any] = {"model": args.model, "schedule": args.schedule, "pp": pp}
-        for name, units in (("equal", equal), ("whole_blocks", whole), ("balanced", chosen)):
-            times = stage_times(config, units, args.batch, args.repeats)
+        for (name, units), times in zip(splits.items(), timed, strict=True):
             per_rank = [sum(times[s] for s in stages) for stages in ranks]
             row[name] = {
                 "stages": [
@@ -98,6 +109,7 @@ def bench_stages(args: argparse.Namespace) -> None:
                 "stage_ms": [round(t * 1000, 1) for t in times],
                 "rank_stages": ranks,
                 "rank_ms": [round(t * 1000, 1) for t in per_rank],
+                "predicted": round(balance.stage_costs(costs, units, ranks).time_ratio, 3),
                 "slowest_over_fastest": round(max(per_rank) / min(per_rank), 3),
             }
         print(json.dumps(row), flush=True)

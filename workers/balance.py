@@ -52,6 +52,8 @@ from workers.gpt import (
 )
 from workers.model_configs import GPTConfig
 
+# What a split that cuts blocks must gain over whole blocks (slowest or fastest rank).
+CUT_GAIN = 0.01
 # Timing runs per repeat: as many as the blocks one measurement stands for, up to this.
 MAX_ROUNDS_PER_REPEAT = 6
 # Items up to which ZB-V's pair programme (O(items^4)) also tries block pieces: 14 layers.
@@ -263,15 +265,34 @@ def balanced_split(
     head alone: a head + loss that costs as much as two blocks is a stage's worth of work
     on its own.
 
-    A stage boundary may fall inside a block (at its pieces) unless `cut_blocks` is off
-    (tensor parallel shards whole blocks). Under ZB-V the pair programme grows as
+    A stage boundary may fall inside a block (at its pieces) where that gains over whole
+    blocks (`_better`), unless `cut_blocks` is off (tensor parallel shards whole
+    blocks). Under ZB-V the pair programme grows as
     items^4, so beyond MAX_PAIR_ITEMS items it cuts at whole blocks only."""
-    if cut_blocks and not (mirrored(ranks) and len(costs) > MAX_PAIR_ITEMS):
-        return stage_costs(costs, _balanced_ranges(costs, ranks, memory_budget), ranks)
     pieces = range(1, len(costs) - 1, PIECES)
     blocks = [costs[0], *(_merged(costs[i : i + PIECES]) for i in pieces), costs[-1]]
-    whole = _balanced_ranges(blocks, ranks, memory_budget)
-    return stage_costs(costs, [block_units(r) for r in whole], ranks)
+    if not cut_blocks or (mirrored(ranks) and len(costs) > MAX_PAIR_ITEMS):
+        whole_ranges = _balanced_ranges(blocks, ranks, memory_budget)
+        return stage_costs(costs, [block_units(r) for r in whole_ranges], ranks)
+    cut = stage_costs(costs, _balanced_ranges(costs, ranks, memory_budget), ranks)
+    try:
+        whole_ranges = _balanced_ranges(blocks, ranks, memory_budget)
+    except ValueError:  # whole blocks cannot keep the memory bound; pieces can
+        return cut
+    whole = stage_costs(costs, [block_units(r) for r in whole_ranges], ranks)
+    return cut if _better(cut, whole) else whole
+
+
+def _better(cut: StageSplit, whole: StageSplit) -> bool:
+    """Whether cutting blocks buys more than CUT_GAIN: a slower slowest rank would be
+    noise in the timings, and a cut adds stage boundaries (a ZB-V split of gpt-mini at
+    pp = 4 cut layer 0 into three one-piece stages for the same predicted times)."""
+    slowest, whole_slowest = max(cut.rank_time_s), max(whole.rank_time_s)
+    if slowest < whole_slowest * (1 - CUT_GAIN):
+        return True
+    return slowest <= whole_slowest and min(cut.rank_time_s) > min(whole.rank_time_s) * (
+        1 + CUT_GAIN
+    )
 
 
 def _merged(costs: Sequence[ItemCost]) -> ItemCost:

@@ -460,7 +460,10 @@ def _stage_units(
     costs = balance.averaged(
         balance.measure_costs(spec.config, batch=micro, in_flight=plan.microbatches, device=device)
     )
-    chosen = balance.balanced_split(costs, ranks, cut_blocks=plan.tp == 1)
+    budget = None  # on a GPU no stage may plan past 90% of its memory
+    if device.type == "cuda":
+        budget = 0.9 * torch.cuda.get_device_properties(device).total_memory
+    chosen = balance.balanced_split(costs, ranks, cut_blocks=plan.tp == 1, memory_budget=budget)
     if is_rank0():
         before = balance.stage_costs(costs, equal, ranks)
         line = _split_line(chosen, before)

@@ -9,7 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from workers.balance import (
+    CUT_GAIN,
     ItemCost,
+    StageSplit,
     balanced_split,
     batch_shares,
     equal_layers,
@@ -58,6 +60,18 @@ def best_by_brute_force(times: list[float], ranks: list[list[int]]) -> tuple[flo
     slowest = min(max(f) for f in found)
     fastest = max(min(f) for f in found if max(f) <= slowest + 1e-9)
     return slowest, fastest
+
+
+def assert_best_or_whole_blocks(split: StageSplit, slowest: float, fastest: float) -> None:
+    """The best split (brute force's slowest, then fastest), or whole blocks where the
+    best gains no more than CUT_GAIN over them."""
+    got_slowest, got_fastest = max(split.rank_time_s), min(split.rank_time_s)
+    if all(r.start % 3 == 0 and r.stop % 3 == 0 for r in split.units):
+        assert slowest >= got_slowest * (1 - CUT_GAIN) - 1e-9
+        assert slowest > got_slowest + 1e-9 or fastest <= got_fastest * (1 + CUT_GAIN) + 1e-9
+    else:
+        assert got_slowest == pytest.approx(slowest)
+        assert got_fastest == pytest.approx(fastest)
 
 
 def test_a_heavy_head_gets_fewer_blocks_than_an_equal_split() -> None:
@@ -110,9 +124,7 @@ def test_the_split_is_the_fastest_then_the_most_even(n_layer: int, data: st.Data
     stages = data.draw(st.integers(1, min(5, len(times))))
     split = balanced_split(costs(times), one_each(stages))
     assert [u for r in split.units for u in r] == list(range(3 * n_layer))
-    slowest, fastest = best_by_brute_force(times, one_each(stages))
-    assert max(split.rank_time_s) == pytest.approx(slowest)
-    assert min(split.rank_time_s) == pytest.approx(fastest)
+    assert_best_or_whole_blocks(split, *best_by_brute_force(times, one_each(stages)))
 
 
 def test_zbv_pairs_the_head_with_the_embeddings_on_one_rank() -> None:
@@ -154,9 +166,7 @@ def test_the_v_split_is_the_fastest_then_the_most_even(n_layer: int, data: st.Da
     stages = 2 * data.draw(st.integers(1, len(times) // 2))
     split = balanced_split(costs(times), v_shape(stages))
     assert [u for r in split.units for u in r] == list(range(3 * n_layer))
-    slowest, fastest = best_by_brute_force(times, v_shape(stages))
-    assert max(split.rank_time_s) == pytest.approx(slowest)
-    assert min(split.rank_time_s) == pytest.approx(fastest)
+    assert_best_or_whole_blocks(split, *best_by_brute_force(times, v_shape(stages)))
 
 
 @given(st.lists(st.floats(0.1, 100), min_size=1, max_size=8), st.integers(8, 512))

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
-import resource
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,11 +26,14 @@ from gangway.models import Builtin, CheckpointPolicy, Optimizer, wire_default
 from workers import async_ps, async_worker, balance
 from workers.checkpoint import Checkpointer, is_rank0, stop_agreed
 from workers.data import SyntheticTokens, TokenFile, TokenStream
-from workers.gpt import block_units, next_token_loss, parameter_count
+from workers.device_stats import peak_flops, peak_memory_mb, rank_device, state_bytes
+from workers.gpt import next_token_loss, parameter_count
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
+from workers.optim import build_optimizer, gradients_of, lr_schedule, parameters_of
 from workers.parallelize import ModelParts, build_mesh, build_parts
 from workers.plan import ParallelPlan, validate_plan
 from workers.rank_speed import BatchShares, LocalTimer
+from workers.stage_plan import stage_units
 from workers.updates import AdaptivePeriod, CommMeter, DiLoCo, UpdateRule, build_rule, ddp_hook
 
 # The checkpoint counter that holds the data position (the next sample index).
@@ -42,9 +43,6 @@ NEXT_SAMPLE = "next_sample"
 # measured on CPU: 1.86x gpt-mini, 1.97x gpt-tiny). Not measured in the run, as under DDP
 # the backward's elapsed time includes waiting for the last gradient all-reduce.
 BACKWARD_PER_FORWARD = 2.0
-
-# Dense bf16 peak FLOP/s by device name fragment, for MFU (per GPU).
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
 
 
 class Reporter(Protocol):
@@ -105,7 +103,7 @@ def train(
     rank's compute that many times slower (an injected straggler, for tests and
     benchmarks)."""
     validate_plan(plan, spec.config, batch_size=spec.batch_size)
-    device = _device()
+    device = rank_device()
     mesh = build_mesh(plan, device.type)
     accumulation = spec.grad_accumulation
 
@@ -121,15 +119,15 @@ def train(
         device,
         seed=spec.seed,
         loss_fn=loss_fn,
-        stage_units=_stage_units(plan, spec, device, reporter),
+        stage_units=stage_units(plan, spec, device, reporter),
         ddp_hook=ddp_hook(plan, dp_group, meter) if plan.dp > 1 else None,
     )
     # async: rank 0's master steps every rank's update in turn (dp x the steps of a sync
     # replica, serially), so it takes torch's fused AdamW: one kernel over all parameters.
     fused = plan.update_mode == "async" and plan.dp > 1
-    optimizers = [_optimizer(part, spec, fused=fused) for part in parts.parts]
-    schedulers = [_lr_schedule(opt, spec) for opt in optimizers]
-    params = list(_params(parts.parts))
+    optimizers = [build_optimizer(part, spec, fused=fused) for part in parts.parts]
+    schedulers = [lr_schedule(opt, spec) for opt in optimizers]
+    params = list(parameters_of(parts.parts))
     rule = build_rule(plan, dp_group, meter, params)
     checkpointer = Checkpointer(
         checkpoint_dir, parts.parts, optimizers, spec.keep_last, extra=rule.outer_state()
@@ -258,7 +256,7 @@ class _Loop:
         self.plan, self.spec, self.mesh, self.parts = plan, spec, mesh, parts
         self.device, self.loss_fn = device, loss_fn
         self.rule, self.meter, self.slowdown = rule, meter, slowdown
-        self.params = list(_params(parts.parts))
+        self.params = list(parameters_of(parts.parts))
         self.batch = BatchShares(
             plan.dp, plan.dp * spec.batch_size, enabled=plan.balance_batch, event=event
         )
@@ -310,7 +308,7 @@ class _Loop:
         metrics["batch_share"] = float(shares[self.dp_rank])
         metrics |= self.rule.describe()
         if self.state_mb is None:  # fixed once the optimizer has made its state
-            self.state_mb = _state_bytes(self.parts.parts, optimizers) / 2**20
+            self.state_mb = state_bytes(self.parts.parts, optimizers) / 2**20
         metrics["state_mb"] = self.state_mb
         return metrics
 
@@ -373,7 +371,7 @@ class _Loop:
         if self.plan.dp == 1 or self.plan.fsdp or self.parts.ddp is not None:
             return
         group = self.mesh.get_group("dp")
-        for grad in _grads(self.parts.parts):
+        for grad in gradients_of(self.parts.parts):
             local = grad.to_local() if isinstance(grad, DTensor) else grad
             with self.meter.timed(local.numel() * local.element_size()):
                 dist.all_reduce(local, group=group)
@@ -382,7 +380,7 @@ class _Loop:
     def _clip(self) -> float:
         """Global gradient norm over every shard and stage; clip to `max_grad_norm`."""
         squares = torch.zeros((), device=self.device)
-        for grad in _grads(self.parts.parts):
+        for grad in gradients_of(self.parts.parts):
             norm = torch.linalg.vector_norm(grad.float())
             squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
         if self.plan.pp > 1:
@@ -393,7 +391,7 @@ class _Loop:
             # By hand, as a Python float: torch's clip helpers refuse a mix of DTensor
             # (sharded) and plain (replicated) gradients, which TP without FSDP has.
             scale = limit / (total + 1e-6)
-            for grad in _grads(self.parts.parts):
+            for grad in gradients_of(self.parts.parts):
                 grad.mul_(scale)
         return total
 
@@ -422,9 +420,9 @@ class _Loop:
             "comm_bytes": float(comm_bytes),
             "compute_s": max(0.0, elapsed - comm_s),
             "grad_norm": grad_norm,
-            "peak_memory_mb": _peak_memory_mb(self.device),
+            "peak_memory_mb": peak_memory_mb(self.device),
         }
-        peak = _peak_flops(self.device)
+        peak = peak_flops(self.device)
         if peak is not None:
             # 6 N flops per token (forward + backward), the usual MFU estimate
             metrics["mfu"] = self.flops_per_token * tokens_per_s / (peak * self.plan.world_size)
@@ -446,54 +444,6 @@ def _stream(spec: TrainSpec) -> TokenStream:
     return SyntheticTokens(vocab_size=config.vocab_size, seq_len=config.seq_len, seed=spec.seed)
 
 
-def _stage_units(
-    plan: ParallelPlan, spec: TrainSpec, device: torch.device, reporter: Reporter
-) -> list[range]:
-    """Each pipeline stage's block pieces: an equal count of whole blocks, or split by
-    measured cost (said in the job's log and its events); under tensor parallel whole
-    blocks only, as its sharding plan is per block."""
-    ranks = plan.ranks_stages()
-    equal = [block_units(r) for r in balance.equal_layers(spec.config.n_layer, ranks)]
-    if not plan.balance_stages:
-        return equal
-    micro = spec.batch_size // plan.microbatches
-    costs = balance.averaged(
-        balance.measure_costs(spec.config, batch=micro, in_flight=plan.microbatches, device=device)
-    )
-    budget = None  # on a GPU no stage may plan past 90% of its memory
-    if device.type == "cuda":
-        budget = 0.9 * torch.cuda.get_device_properties(device).total_memory
-    chosen = balance.balanced_split(costs, ranks, cut_blocks=plan.tp == 1, memory_budget=budget)
-    if is_rank0():
-        before = balance.stage_costs(costs, equal, ranks)
-        line = _split_line(chosen, before)
-        print(line, flush=True)
-        reporter.event(line)
-    return chosen.units
-
-
-def _split_line(chosen: balance.StageSplit, equal: balance.StageSplit) -> str:
-    """The job's log keeps how the stages were split and why."""
-    last = len(chosen.units) - 1
-    stages = "; ".join(
-        f"{s}: {balance.stage_items(r, first=s == 0, last=s == last)}, {t * 1000:.1f} ms, "
-        f"{m / 2**20:.0f} MiB"
-        for s, (r, t, m) in enumerate(
-            zip(chosen.units, chosen.time_s, chosen.memory_bytes, strict=True)
-        )
-    )
-    ranks = ""
-    if any(len(pair) > 1 for pair in chosen.ranks):  # ZB-V: what each rank runs
-        ranks = "; ranks: " + ", ".join(
-            f"{'+'.join(map(str, pair))} {t * 1000:.1f} ms"
-            for pair, t in zip(chosen.ranks, chosen.rank_time_s, strict=True)
-        )
-    return (
-        f"pipeline stages by measured cost: {stages}{ranks}; slowest/fastest "
-        f"{chosen.time_ratio:.2f} (equal layer counts: {equal.time_ratio:.2f})"
-    )
-
-
 _RULE_COUNTERS = ("sync_period", "next_sync")
 
 
@@ -505,81 +455,3 @@ def _resume_rule(
         rule.reset_anchor(params)
     if isinstance(rule, AdaptivePeriod):
         rule.restore(counters, step)
-
-
-def _optimizer(part: nn.Module, spec: TrainSpec, *, fused: bool = False) -> torch.optim.Optimizer:
-    if spec.optimizer == "sgd":
-        return torch.optim.SGD(
-            part.parameters(), lr=spec.learning_rate, weight_decay=spec.weight_decay
-        )
-    return torch.optim.AdamW(
-        part.parameters(),
-        lr=spec.learning_rate,
-        weight_decay=spec.weight_decay,
-        fused=fused or None,  # None: torch's default (for-loop on CPU, foreach on CUDA)
-    )
-
-
-def _lr_schedule(
-    optimizer: torch.optim.Optimizer, spec: TrainSpec
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup, then cosine decay to `min_lr_ratio` of the peak at the last step."""
-
-    def factor(step: int) -> float:
-        if step < spec.warmup_steps:
-            return (step + 1) / spec.warmup_steps
-        span = max(1, spec.steps - spec.warmup_steps)
-        progress = min(1.0, (step - spec.warmup_steps) / span)
-        cosine = 0.5 * (1 + math.cos(math.pi * progress))
-        return spec.min_lr_ratio + (1 - spec.min_lr_ratio) * cosine
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def _params(parts: Sequence[nn.Module]) -> Iterator[nn.Parameter]:
-    for part in parts:
-        yield from part.parameters()
-
-
-def _grads(parts: Sequence[nn.Module]) -> Iterator[torch.Tensor]:
-    for param in _params(parts):
-        if param.grad is not None:
-            yield param.grad
-
-
-def _state_bytes(parts: Sequence[nn.Module], optimizers: list[torch.optim.Optimizer]) -> int:
-    """Bytes of parameters, gradients and optimizer state this rank holds (its shards
-    under FSDP or TP): what sharding divides."""
-    total = 0
-    for param in _params(parts):
-        for tensor in (param, param.grad):
-            if tensor is not None:
-                local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-                total += local.numel() * local.element_size()
-    for opt in optimizers:
-        for state in opt.state.values():
-            for value in state.values():
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    local = value.to_local() if isinstance(value, DTensor) else value
-                    total += local.numel() * local.element_size()
-    return total
-
-
-def _device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _peak_memory_mb(device: torch.device) -> float:
-    """GPU: the allocator's peak. CPU: the process's peak resident set (all of it)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)

@@ -1,0 +1,65 @@
+"""Which block pieces each pipeline stage of a built-in job holds: an equal count of
+whole blocks, or the split `workers.balance` computes from measured costs, said in the
+job's log and events."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from workers import balance
+from workers.checkpoint import is_rank0
+from workers.gpt import block_units
+from workers.plan import ParallelPlan
+
+if TYPE_CHECKING:
+    from workers.training import Reporter, TrainSpec
+
+
+def stage_units(
+    plan: ParallelPlan, spec: TrainSpec, device: torch.device, reporter: Reporter
+) -> list[range]:
+    """Each pipeline stage's block pieces: an equal count of whole blocks, or split by
+    measured cost (said in the job's log and its events); under tensor parallel whole
+    blocks only, as its sharding plan is per block."""
+    ranks = plan.ranks_stages()
+    equal = [block_units(r) for r in balance.equal_layers(spec.config.n_layer, ranks)]
+    if not plan.balance_stages:
+        return equal
+    micro = spec.batch_size // plan.microbatches
+    costs = balance.averaged(
+        balance.measure_costs(spec.config, batch=micro, in_flight=plan.microbatches, device=device)
+    )
+    budget = None  # on a GPU no stage may plan past 90% of its memory
+    if device.type == "cuda":
+        budget = 0.9 * torch.cuda.get_device_properties(device).total_memory
+    chosen = balance.balanced_split(costs, ranks, cut_blocks=plan.tp == 1, memory_budget=budget)
+    if is_rank0():
+        before = balance.stage_costs(costs, equal, ranks)
+        line = split_line(chosen, before)
+        print(line, flush=True)
+        reporter.event(line)
+    return chosen.units
+
+
+def split_line(chosen: balance.StageSplit, equal: balance.StageSplit) -> str:
+    """The job's log keeps how the stages were split and why."""
+    last = len(chosen.units) - 1
+    stages = "; ".join(
+        f"{s}: {balance.stage_items(r, first=s == 0, last=s == last)}, {t * 1000:.1f} ms, "
+        f"{m / 2**20:.0f} MiB"
+        for s, (r, t, m) in enumerate(
+            zip(chosen.units, chosen.time_s, chosen.memory_bytes, strict=True)
+        )
+    )
+    ranks = ""
+    if any(len(pair) > 1 for pair in chosen.ranks):  # ZB-V: what each rank runs
+        ranks = "; ranks: " + ", ".join(
+            f"{'+'.join(map(str, pair))} {t * 1000:.1f} ms"
+            for pair, t in zip(chosen.ranks, chosen.rank_time_s, strict=True)
+        )
+    return (
+        f"pipeline stages by measured cost: {stages}{ranks}; slowest/fastest "
+        f"{chosen.time_ratio:.2f} (equal layer counts: {equal.time_ratio:.2f})"
+    )

@@ -24,7 +24,8 @@ import ray
 
 from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
-from workers.group import GroupPhase, GroupSpec, GroupStatus, WorkerGroup
+from workers.group import GroupSpec, WorkerGroup
+from workers.group_status import GroupPhase, GroupStatus
 
 
 def _spec(job_id: int, model: str, node_id: str, checkpoints: Path) -> GroupSpec:

@@ -39,7 +39,7 @@ from scheduler.runtime import loop as loop_module
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.store import JobRecord, JobRepository, NewJob, make_engine, upgrade_to_head
-from workers.group import GroupPhase, GroupStatus
+from workers.group_status import GroupPhase, GroupStatus
 
 STEP_S = 0.2
 

@@ -72,7 +72,7 @@ def serve(database_url: str, port: int) -> None:
     from scheduler.runtime.lease import LeaderLease
     from scheduler.runtime.loop import SchedulerLoop
     from scheduler.store import JobRepository, make_engine
-    from workers.group import GroupPhase, GroupStatus
+    from workers.group_status import GroupPhase, GroupStatus
 
     repo = JobRepository(make_engine(database_url))
     holder = repo.in_states([JobState.RUNNING])[0].id

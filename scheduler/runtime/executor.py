@@ -14,7 +14,8 @@ from typing import Protocol
 
 from scheduler.runtime.launch import rank_entrypoint, runtime_env
 from scheduler.store import JobRecord
-from workers.group import GroupSpec, GroupStatus, WorkerGroup, attempts_on_ray, reap
+from workers.group import GroupSpec, WorkerGroup, attempts_on_ray, reap
+from workers.group_status import GroupStatus
 
 
 class Executor(Protocol):

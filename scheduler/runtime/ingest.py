@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRecord, JobRepository, ProgressNote, ProgressPoint
-from workers.group import GroupStatus
+from workers.group_status import GroupStatus
 
 
 class ProgressIngest:

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from scheduler.model import JobState
 from scheduler.runtime.views import run_info
 from scheduler.store import JobRecord
-from workers.group import GroupPhase, GroupStatus
+from workers.group_status import GroupPhase, GroupStatus
 
 # Observed for progress, completion and failure: the gang is (about to be) running.
 _OBSERVED_STATES = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING})

@@ -43,7 +43,7 @@ from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import Fenced, FenceSlot, JobRecord, JobRepository, ProgressNote
 from scheduler.store.base import utcnow
 from workers import faults
-from workers.group import GroupStatus
+from workers.group_status import GroupStatus
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from scheduler.runtime.loop import SchedulerLoop
 from scheduler.store import JobRecord, JobRepository, NewJob
 from tests.integration.test_loop import FakeCluster, FakeExecutor, submit
 from workers.checkpoint import Checkpointer
-from workers.group import GroupPhase, GroupStatus
+from workers.group_status import GroupPhase, GroupStatus
 
 pytestmark = pytest.mark.faults
 

@@ -17,7 +17,7 @@ from scheduler.runtime.loop import SchedulerLoop
 from scheduler.store import Fenced, JobRepository
 from tests.integration.test_loop import FakeCluster, FakeExecutor, submit
 from workers import faults
-from workers.group import GroupPhase, GroupStatus
+from workers.group_status import GroupPhase, GroupStatus
 
 pytestmark = pytest.mark.faults
 

@@ -22,7 +22,7 @@ from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.predictions import REPREDICT_RUNNING_S, Predictions
 from scheduler.store import JobRecord, JobRepository, NewJob
 from tests.integration.test_loop import NODES, Clock, FakeCluster, FakeExecutor
-from workers.group import GroupPhase, GroupStatus
+from workers.group_status import GroupPhase, GroupStatus
 
 
 @pytest.fixture

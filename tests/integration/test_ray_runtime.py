@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import ray
 
-from workers.group import GroupPhase, GroupSpec, GroupStatus, WorkerGroup
+from workers.group import GroupSpec, WorkerGroup
+from workers.group_status import GroupPhase, GroupStatus
 
 pytestmark = pytest.mark.ray
 

@@ -23,7 +23,8 @@ from gangway.packaging import pack
 from scheduler.model import CodeSpec
 from scheduler.runtime.launch import runtime_env
 from tests.integration.test_ray_runtime import poll_until, run_to_end, spec
-from workers.group import GroupPhase, GroupSpec, GroupStatus, WorkerGroup
+from workers.group import GroupSpec, WorkerGroup
+from workers.group_status import GroupPhase, GroupStatus
 
 pytestmark = pytest.mark.ray
 

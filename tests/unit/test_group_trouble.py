@@ -10,7 +10,8 @@ import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RaySystemError
 
 import workers.group
-from workers.group import GroupPhase, GroupSpec, WorkerGroup
+from workers.group import GroupSpec, WorkerGroup
+from workers.group_status import GroupPhase
 
 SPEC = GroupSpec(
     job_id=1,

@@ -16,7 +16,7 @@ from scheduler.runtime.lifecycle import (
 )
 from scheduler.store import JobRecord
 from scheduler.store.specs import spec_from_json
-from workers.group import GroupPhase, GroupStatus
+from workers.group_status import GroupPhase, GroupStatus
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NOW = T0 + timedelta(hours=1)

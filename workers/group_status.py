@@ -1,0 +1,91 @@
+"""A gang's phase and status as the runtime sees it, and how the ranks' own statuses make
+one. Ray-free, so the pure lifecycle and the store's readers import it without Ray."""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from workers.rank import FAILED, IDLE, SUCCEEDED
+
+
+class GroupPhase(enum.StrEnum):
+    PLACING = "placing"
+    RENDEZVOUS = "rendezvous"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PLACEMENT_TIMEOUT = "placement_timeout"
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    phase: GroupPhase
+    ranks_started: bool = False
+    step: int = 0
+    loss: float | None = None
+    first_loss: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    memory_mb: float | None = None  # rank 0's peak
+    # Rank 0's latest step: seconds in data-parallel collectives, their payload bytes.
+    comm_s: float | None = None
+    comm_bytes: float | None = None
+    error: str | None = None
+    checkpoint_step: int | None = None  # the newest step the ranks have saved
+    # Output lines new since the previous poll: (rank, number, line). Handed out once.
+    logs: tuple[tuple[int, int, str], ...] = ()
+    lost_nodes: tuple[str, ...] = ()  # nodes whose rank actors died (a failed gang)
+    # Per rank, the latest step's time in work that waits on no peer (None: not reported).
+    rank_local_s: tuple[float | None, ...] = ()
+    # Seconds from the stop notice until the last rank had saved and returned.
+    stop_ack_s: float | None = None
+    # Some rank's entrypoint was told to stop (see `RankContext.stop_seen`).
+    stop_seen: bool = False
+    # Rank 0's event lines this attempt (`RankContext.event`), oldest first, all of them.
+    events: tuple[str, ...] = ()
+
+
+def aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
+    """One status for the gang: a failed rank fails it, all succeeded succeeds it."""
+    lead = statuses[0]
+    progress = {key: lead[key] for key in ("step", "loss", "first_loss", "tokens_per_s")}
+    progress["step_time_s"] = lead.get("step_time_s")
+    progress["memory_mb"] = lead.get("memory_mb")
+    progress["comm_s"] = lead.get("comm_s")
+    progress["comm_bytes"] = lead.get("comm_bytes")
+    saved = lead.get("checkpoint_step")  # absent from actors started by an older release
+    progress["checkpoint_step"] = int(saved) if saved is not None else None
+    progress["rank_local_s"] = tuple(s.get("local_s") for s in statuses)
+    acks = [float(s["stop_ack_s"]) for s in statuses if s.get("stop_ack_s") is not None]
+    progress["stop_ack_s"] = max(acks) if len(acks) == len(statuses) else None
+    progress["stop_seen"] = any(s.get("stop_seen") for s in statuses)
+    progress["events"] = tuple(str(line) for line in lead.get("events", ()))
+    phases = Counter(s["phase"] for s in statuses)
+    if phases[FAILED]:
+        return GroupStatus(
+            GroupPhase.FAILED, ranks_started=True, error=_root_cause(statuses), **progress
+        )
+    if phases[IDLE]:
+        rank = next(r for r, s in enumerate(statuses) if s["phase"] == IDLE)
+        error = f"rank {rank} lost its state (its actor was restarted outside Gangway)"
+        return GroupStatus(GroupPhase.FAILED, ranks_started=True, error=error, **progress)
+    if phases[SUCCEEDED] == len(statuses):
+        return GroupStatus(GroupPhase.SUCCEEDED, ranks_started=True, **progress)
+    return GroupStatus(GroupPhase.RUNNING, ranks_started=True, **progress)
+
+
+def _root_cause(statuses: list[dict[str, Any]]) -> str:
+    """The rank that failed first is the cause; its peers usually fail from the broken
+    collective a moment later, so they are only named."""
+    failed = sorted(
+        (s["failed_at"], rank) for rank, s in enumerate(statuses) if s["phase"] == FAILED
+    )
+    first = failed[0][1]
+    message = f"rank {first} failed:\n{statuses[first]['error']}"
+    others = [str(rank) for _, rank in failed[1:]]
+    if others:
+        message += f"\n(rank(s) {', '.join(others)} failed after it)"
+    return message

@@ -35,7 +35,7 @@ from scheduler.model import (
     QueueQuota,
     RunInfo,
 )
-from scheduler.sim.engine import shape_for as trace_shape
+from scheduler.sim.jobs import shape_for as trace_shape
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/philly/philly_digest.csv"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

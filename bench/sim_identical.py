@@ -24,7 +24,8 @@ from typing import Any
 
 
 def run(args: argparse.Namespace) -> None:
-    from scheduler.sim.engine import SimConfig, Simulator
+    from scheduler.sim.engine import Simulator
+    from scheduler.sim.jobs import SimConfig
     from scheduler.sim.metrics import compute
     from scheduler.sim.policies import POLICIES
     from scheduler.sim.trace import load_trace

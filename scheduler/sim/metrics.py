@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from scheduler.predict.runtime import accuracy
-from scheduler.sim.engine import SimJob, SimResult
+from scheduler.sim.jobs import SimJob, SimResult
 
 SIZE_CLASSES = (("1 GPU", 1, 1), ("2-8 GPUs", 2, 8), (">8 GPUs", 9, 10**9))
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scheduler.sim.engine import SimResult
+from scheduler.sim.jobs import SimResult
 from scheduler.sim.metrics import Metrics
 
 COLUMNS: tuple[tuple[str, str], ...] = (

@@ -18,7 +18,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from scheduler.sim.engine import SimConfig, SimResult, Simulator
+from scheduler.sim.engine import Simulator
+from scheduler.sim.jobs import SimConfig, SimResult
 from scheduler.sim.metrics import Metrics, compute
 from scheduler.sim.policies import POLICIES
 from scheduler.sim.report import table_rows, write_json, write_plots

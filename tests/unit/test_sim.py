@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from scheduler.sim.engine import SimConfig, Simulator
+from scheduler.sim.engine import Simulator
+from scheduler.sim.jobs import SimConfig
 from scheduler.sim.metrics import compute, jain_index, percentile
 from scheduler.sim.policies import POLICIES
 from scheduler.sim.trace import TraceFormatError, TraceJob, load_trace

@@ -195,15 +195,6 @@ def _check_pipeline(plan: ParallelPlan, model: GPTConfig, batch_size: int) -> No
             f"1F1B needs at least pp={plan.pp} microbatches (torch's Schedule1F1B); got "
             f"{plan.microbatches}",
         )
-    if plan.v_shape and plan.fsdp:
-        # Measured: gpt-tiny dp=2 pp=2 with FSDP under ZB-V left the single-process loss
-        # by 0.02 in 3 steps (1F1B and ZB-V without FSDP stay within 1e-6): FSDP2's
-        # reduce-scatter does not see the weight gradients ZB-V computes in a later pass.
-        raise PlanError(
-            "entrypoint.pipeline_schedule",
-            "zbv does not combine with fsdp (its split backward escapes FSDP's gradient "
-            "reduction); use 1f1b or interleaved-1f1b with fsdp",
-        )
     looped = plan.stages_per_rank > 1 and not plan.v_shape  # ZB-V takes any count
     if looped and plan.microbatches % plan.pp:
         raise PlanError(

@@ -47,6 +47,7 @@ def single_process_losses(batch_size: int, out: Path) -> tuple[float, ...]:
         (ParallelPlan(pp=2, microbatches=2, pipeline_schedule="interleaved-1f1b"), 8),
         (ParallelPlan(dp=2, tp=2), 4),  # data parallel synced by hand beside TP
         (ParallelPlan(dp=2, pp=2, microbatches=2, pipeline_schedule="zbv"), 4),
+        (ParallelPlan(dp=2, pp=2, fsdp=True, microbatches=2, pipeline_schedule="zbv"), 4),
         (ParallelPlan(pp=5, microbatches=5), 10),  # 4 layers: the last stage is the head
         (ParallelPlan(tp=2, pp=2, microbatches=2, sequence_parallel=True), 8),
         (ParallelPlan(dp=2, tp=2, pp=2, fsdp=True, microbatches=2), 4),  # 8 ranks
@@ -60,6 +61,7 @@ def single_process_losses(batch_size: int, out: Path) -> tuple[float, ...]:
         "pp2-interleaved",
         "dp2xtp2",
         "dp2xpp2-zbv",
+        "dp2xpp2-zbv-fsdp",
         "pp5-head-only-stage",
         "tp2xpp2-sequence-parallel",
         "2x2x2",
@@ -178,11 +180,6 @@ def test_bf16_autocast_and_activation_checkpointing_train(tmp_path: Path) -> Non
         (ParallelPlan(pp=7), 8, "parallelism.pp"),  # 4 layers + embeddings + head
         (ParallelPlan(pp=4, pipeline_schedule="interleaved-1f1b"), 8, "parallelism.pp"),
         (ParallelPlan(pp=4, pipeline_schedule="zbv"), 8, "parallelism.pp"),
-        (
-            ParallelPlan(dp=2, pp=2, fsdp=True, pipeline_schedule="zbv"),
-            8,
-            "entrypoint.pipeline_schedule",
-        ),
         (ParallelPlan(pp=2, microbatches=3), 8, "entrypoint.microbatches"),
         (ParallelPlan(pp=2), 8, "entrypoint.microbatches"),  # 1F1B: one per stage at least
         (

@@ -112,7 +112,13 @@ def equal_layers(n_layer: int, ranks: Sequence[Sequence[int]]) -> list[range]:
 
 
 def measure_costs(
-    config: GPTConfig, *, batch: int, in_flight: int, device: torch.device, repeats: int = 3
+    config: GPTConfig,
+    *,
+    batch: int,
+    in_flight: int,
+    device: torch.device,
+    repeats: int = 3,
+    param_shards: int = 1,
 ) -> list[ItemCost]:
     """Forward + backward time and memory of [embeddings, block pieces..., head + loss]
     (each block's pieces in order: attention, MLP in, MLP out; `workers.gpt.PIECES`).
@@ -123,7 +129,9 @@ def measure_costs(
     alike (timing each of gpt-mini's 18 pieces on its own gave the same piece 22-41 ms
     on a shared CPU)."""
     torch.manual_seed(0)
-    model = GPT(config).to(device)
+    model = GPT(config)
+    model.keep_only(range(0, 0), first=True, last=True)  # the ends; the pieces come below
+    model.to(device)
     tokens = torch.randint(config.vocab_size, (batch, config.seq_len), device=device)
     assert model.tok_emb is not None and model.pos_emb is not None
     assert model.ln_f is not None and model.head is not None
@@ -159,6 +167,7 @@ def measure_costs(
     measured = []
     for (_fn, modules, _in, out_unit), times in zip(kinds, runs, strict=True):
         params = sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+        params //= param_shards  # FSDP over dp holds 1/dp of them, their grads and moments
         out_bytes = 0 if out_unit < 0 else _hidden_bytes(config, batch, out_unit)
         measured.append(ItemCost(statistics.median(times), 4 * params + in_flight * out_bytes))
     embeddings, *block, head_cost = measured
@@ -260,7 +269,8 @@ def balanced_split(
     """Contiguous split of [embeddings, block pieces..., head] over the stages of `ranks`
     with the slowest stage (under ZB-V's mirrored placement, the slowest rank's two
     stages) as fast as it can be, and then the fastest as slow as it can be (the least
-    idle time at that throughput); no stage's memory above `memory_budget`. Every stage
+    idle time at that throughput); no stage's memory (under ZB-V: no rank pair's) above
+    `memory_budget`. Every stage
     holds at least one item, so the first may hold the embeddings alone and the last the
     head alone: a head + loss that costs as much as two blocks is a stage's worth of work
     on its own.
@@ -277,22 +287,27 @@ def balanced_split(
     cut = stage_costs(costs, _balanced_ranges(costs, ranks, memory_budget), ranks)
     try:
         whole_ranges = _balanced_ranges(blocks, ranks, memory_budget)
-    except ValueError:  # whole blocks cannot keep the memory bound; pieces can
+    except ValueError:  # no whole-block split keeps the memory bound or fills the stages
         return cut
     whole = stage_costs(costs, [block_units(r) for r in whole_ranges], ranks)
     return cut if _better(cut, whole) else whole
 
 
 def _better(cut: StageSplit, whole: StageSplit) -> bool:
-    """Whether cutting blocks buys more than CUT_GAIN: a slower slowest rank would be
-    noise in the timings, and a cut adds stage boundaries (a ZB-V split of gpt-mini at
-    pp = 4 cut layer 0 into three one-piece stages for the same predicted times)."""
-    slowest, whole_slowest = max(cut.rank_time_s), max(whole.rank_time_s)
+    """Whether cutting blocks gains more than CUT_GAIN on what the programme balanced
+    (a rank's pair under ZB-V, else each stage): a smaller gain is within the timings'
+    noise, and a cut adds stage boundaries (a ZB-V split of gpt-mini at pp = 4 cut layer
+    0 into three one-piece stages for the same predicted times)."""
+    loads, whole_loads = _balanced_loads(cut), _balanced_loads(whole)
+    slowest, whole_slowest = max(loads), max(whole_loads)
     if slowest < whole_slowest * (1 - CUT_GAIN):
         return True
-    return slowest <= whole_slowest and min(cut.rank_time_s) > min(whole.rank_time_s) * (
-        1 + CUT_GAIN
-    )
+    no_slower = slowest <= whole_slowest * (1 + 1e-9)
+    return no_slower and min(loads) > min(whole_loads) * (1 + CUT_GAIN)
+
+
+def _balanced_loads(split: StageSplit) -> list[float]:
+    return split.rank_time_s if mirrored(split.ranks) else split.time_s
 
 
 def _merged(costs: Sequence[ItemCost]) -> ItemCost:

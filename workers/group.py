@@ -202,7 +202,9 @@ class WorkerGroup:
                 )
             return
         self._actors = [self._create_actor(rank) for rank in range(self.spec.world_size)]
-        self._address_ref = self._actors[0].rendezvous_address.remote()
+        scripted = self.spec.entrypoint["kind"] in ("script", "command")
+        store_for = self.spec.world_size if scripted else None  # torchrun's agent store
+        self._address_ref = self._actors[0].rendezvous_address.remote(store_for)
         self._phase = GroupPhase.RENDEZVOUS
 
     def _create_actor(self, rank: int) -> Any:

@@ -182,12 +182,13 @@ def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, plan: ParallelPlan) -> None:
     """FSDP2 per block, then the rest: each block's parameters are gathered just before
     it runs and freed after. bf16 keeps fp32 master weights and reduces in fp32.
 
-    Under ZB-V the stage is one FSDP unit: ZB-V computes weight gradients in a pass after
-    the input-gradient backward, and torch's stage then runs FSDP's post-backward
-    (reduce-scatter) by hand for the stage's root only, so per-block units never reduced
-    theirs (gpt-tiny dp=2 pp=2 left the single process by 0.03 in 4 steps; one unit per
-    stage: 4.8e-7). Parameters, gradients and optimizer state stay sharded at rest; a
-    stage's parameters are gathered together rather than block by block."""
+    Under ZB-V the stage is one FSDP unit. Measured: with a unit per block, gpt-tiny dp=2
+    pp=2 left the single process by 0.03 in 4 steps; with one unit per stage, 4.8e-7.
+    The cause is not traced: torch's stage runs every unit's post-backward by hand after
+    the last weight pass, so the likely culprit is the per-block units' own autograd
+    hooks firing in ZB-V's input-gradient pass, before their weight gradients exist.
+    Parameters, gradients and optimizer state stay sharded at rest; a stage's parameters
+    are gathered together rather than block by block."""
     policy = MixedPrecisionPolicy()
     if plan.precision == "bf16":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -53,14 +53,20 @@ class RankActor:
         self._ended_at: float | None = None
         self._store: Any = None  # rank 0 of a script gang: the process-group store
 
-    def rendezvous_address(self) -> tuple[str, int]:
-        """This node's address and a free port: rank 0 hosts the process-group store."""
+    def rendezvous_address(self, store_world_size: int | None = None) -> tuple[str, int]:
+        """This node's address and a free port: rank 0 hosts the process-group store. A
+        script gang's store (`store_world_size`: its ranks) is this actor's, bound here
+        on a port the system picks, so no other process can take it in between."""
         import ray
 
+        address = ray.util.get_node_ip_address()
+        if store_world_size is not None:
+            self._store = host_store(address, store_world_size)
+            return address, int(self._store.port)
         with socket.socket() as sock:
             sock.bind(("", 0))
             port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), int(port)
+        return address, int(port)
 
     def start(
         self,
@@ -91,8 +97,6 @@ class RankActor:
         target: Callable[..., None]
         args: tuple[Any, ...]
         if entrypoint["kind"] in ("script", "command"):  # they make their own process group
-            if info.rank == 0:
-                self._store = host_store(master_addr, master_port, info.world_size, timeout_s)
             target, args = self._run_script, (self._ctx, entrypoint, master_addr, master_port)
         else:
             init_method = f"tcp://{master_addr}:{master_port}"
@@ -191,16 +195,16 @@ class RankActor:
                 dist.destroy_process_group()
 
 
-def host_store(address: str, port: int, world_size: int, timeout_s: float) -> Any:
+def host_store(address: str, world_size: int, timeout_s: float = 600.0) -> Any:
     """The process-group store of a script gang, held by rank 0's actor as torchrun's
-    agent holds it: the scripts connect as clients (TORCHELASTIC_USE_AGENT_STORE), so the
-    store outlives every script, and a rank that tears down its process group after rank
-    0's script has exited still finds it."""
+    agent holds it (on a free port, `.port`): the scripts connect as clients
+    (TORCHELASTIC_USE_AGENT_STORE), so the store outlives every script, and a rank that
+    tears down its process group after rank 0's script has exited still finds it."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     return TCPStore(
         address,
-        port,
+        0,
         world_size,
         is_master=True,
         timeout=timedelta(seconds=timeout_s),

@@ -28,19 +28,33 @@ def stage_units(
     if not plan.balance_stages:
         return equal
     micro = spec.batch_size // plan.microbatches
-    costs = balance.averaged(
-        balance.measure_costs(spec.config, batch=micro, in_flight=plan.microbatches, device=device)
+    shards = plan.dp if plan.fsdp else 1
+    measured = balance.measure_costs(
+        spec.config, batch=micro, in_flight=plan.microbatches, device=device, param_shards=shards
     )
-    budget = None  # on a GPU no stage may plan past 90% of its memory
-    if device.type == "cuda":
-        budget = 0.9 * torch.cuda.get_device_properties(device).total_memory
-    chosen = balance.balanced_split(costs, ranks, cut_blocks=plan.tp == 1, memory_budget=budget)
+    costs = balance.averaged(measured)
+    budget = _memory_budget(plan, device)
+    note = ""
+    try:
+        chosen = balance.balanced_split(costs, ranks, cut_blocks=plan.tp == 1, memory_budget=budget)
+    except ValueError:  # the estimate is rough (no activations inside a stage): go by time
+        chosen = balance.balanced_split(costs, ranks, cut_blocks=plan.tp == 1)
+        note = f" (no split keeps the memory estimate under {budget or 0:.3g} B: by time only)"
     if is_rank0():
         before = balance.stage_costs(costs, equal, ranks)
-        line = split_line(chosen, before)
+        line = split_line(chosen, before) + note
         print(line, flush=True)
         reporter.event(line)
     return chosen.units
+
+
+def _memory_budget(plan: ParallelPlan, device: torch.device) -> float | None:
+    """What the split may plan per stage (ZB-V: per rank pair): 90% of a GPU's memory,
+    shared by the stages a rank runs under interleaved 1F1B; none on a CPU."""
+    if device.type != "cuda":
+        return None
+    share = 1 if plan.v_shape else plan.stages_per_rank
+    return 0.9 * torch.cuda.get_device_properties(device).total_memory / share
 
 
 def split_line(chosen: balance.StageSplit, equal: balance.StageSplit) -> str:

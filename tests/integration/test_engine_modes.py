@@ -95,9 +95,10 @@ def test_slower_rank_gets_a_smaller_share_and_the_loss_is_unchanged(tmp_path: Pa
 
 
 def test_balanced_pipeline_stages_keep_the_single_process_loss(tmp_path: Path) -> None:
-    """Stages cut inside blocks (forced item times) under 1F1B, then ZB-V (two stages per
-    rank in a V, balanced by rank), stopped and resumed from its checkpoint under 1F1B's
-    different split: every run follows one process."""
+    """Stages cut inside blocks (forced item times) under 1F1B, then ZB-V with FSDP over
+    dp = 2 (two stages per rank in a V, balanced by rank), stopped and resumed from its
+    checkpoint under 1F1B's different split at dp = 1: every run follows one process.
+    Both splits send the packed boundary (residual + MLP activation) between stages."""
     spec = TrainSpec(steps=4, batch_size=8)
     single = run_engine(ParallelPlan(), spec, tmp_path / "one")["losses"]
     # gpt-tiny: embeddings, 4 blocks x (attention, MLP in, MLP out), head. Even at 7 + 7:
@@ -111,13 +112,22 @@ def test_balanced_pipeline_stages_keep_the_single_process_loss(tmp_path: Path) -
         "pipeline stages by measured cost: 0: embeddings + layer 0 + layer 1 (attention, MLP "
         "in), 7000.0 ms, 0 MiB; 1: layer 1 (MLP out) + layers 2-3 + head, 7000.0 ms"
     )
-    zbv = ParallelPlan(pp=2, microbatches=2, pipeline_schedule="zbv", balance_stages=True)
+    zbv = ParallelPlan(
+        dp=2, pp=2, fsdp=True, microbatches=2, pipeline_schedule="zbv", balance_stages=True
+    )
+    # The only best pair of outer cuts (ranks 23 + 23): stage 3 = layer 3 (MLP out) + head.
+    v_times = [1.0, 5, 3, 2, 3, 2, 3, 3, 5, 3, 3, 4, 1, 8]
     checkpoints = tmp_path / "checkpoints"
     first = run_engine(
-        zbv, spec, tmp_path / "zbv", checkpoint_dir=checkpoints, stop_at=2, item_times=times
+        zbv,
+        TrainSpec(steps=4, batch_size=4),  # per dp rank: the same global batch of 8
+        tmp_path / "zbv",
+        checkpoint_dir=checkpoints,
+        stop_at=2,
+        item_times=v_times,
     )
     assert first["step"] == 2
-    assert "1: layer 0 (attention)" in first["events"][0]  # cut between attention and MLP
+    assert "3: layer 3 (MLP out) + head" in first["events"][0]
     second = run_engine(
         plan, spec, tmp_path / "resumed", checkpoint_dir=checkpoints, item_times=times
     )

@@ -68,7 +68,7 @@ def assert_best_or_whole_blocks(split: StageSplit, slowest: float, fastest: floa
     got_slowest, got_fastest = max(split.rank_time_s), min(split.rank_time_s)
     if all(r.start % 3 == 0 and r.stop % 3 == 0 for r in split.units):
         assert slowest >= got_slowest * (1 - CUT_GAIN) - 1e-9
-        assert slowest > got_slowest + 1e-9 or fastest <= got_fastest * (1 + CUT_GAIN) + 1e-9
+        assert fastest <= got_fastest * (1 + CUT_GAIN) + 1e-9
     else:
         assert got_slowest == pytest.approx(slowest)
         assert got_fastest == pytest.approx(fastest)
@@ -154,7 +154,7 @@ def test_an_equal_split_fills_every_stage_it_can_and_under_a_v_spares_rank_0() -
 
 def test_more_stages_than_items_is_refused() -> None:
     with pytest.raises(ValueError):
-        balanced_split(costs([0.1, 0.4, 0.3, 0.3, 1.7])[:3], v_shape(4))
+        balanced_split(costs([0.1, 0.4, 0.3, 0.3, 1.7]), v_shape(8))  # 5 items, 8 stages
 
 
 @given(st.integers(1, 2), st.data())

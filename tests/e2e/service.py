@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,9 +15,24 @@ import httpx
 
 from gangway import Client, JobInfo, JobState
 
+# Ray's worker processes take ports up to 19999 (its default max_worker_port).
+_ABOVE_RAY_WORKERS = 20000
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port free now that nothing takes by chance before the caller binds it: below
+    the ephemeral range, where bind(0) and every outgoing connection take theirs (CI saw
+    a service restarted on its port find it taken), and above Ray's worker ports."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    candidates = range(_ABOVE_RAY_WORKERS, low)
+    for port in random.sample(candidates, min(len(candidates), 200)):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no static port free: the system's choice
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 

@@ -44,10 +44,11 @@ import torch
 from bench.engine_modes import run
 from gangway.models import PipelineSchedule
 from workers import balance
-from workers.gpt import GPT, block_units, boundary_width, next_token_loss
+from workers.gpt import GPT, next_token_loss, splits_head
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.plan import ParallelPlan
 from workers.rank_speed import REBALANCE_EVERY
+from workers.stage_plan import equal_units
 from workers.training import TrainSpec
 
 
@@ -61,20 +62,21 @@ def stage_times(
     tokens = torch.randint(config.vocab_size, (batch, config.seq_len))
     stages = []
     for units in splits:
+        carries = splits_head(config, units)
         for stage, pieces in enumerate(units):
             torch.manual_seed(0)
             model = GPT(config)
             first, last = stage == 0, stage == len(units) - 1
-            model.keep_only(pieces, first=first, last=last)
-            width = boundary_width(config, pieces.start)
-            hidden = torch.randn(batch, config.seq_len, width)
-            stages.append((model, tokens if first else hidden, first, last))
+            model.keep_only(pieces, first=first, carries_targets=carries)
+            hidden = balance.unit_input(config, batch, pieces.start, torch.device("cpu"))
+            stages.append((model, tokens if first else hidden, first, last, carries))
     runs: list[list[float]] = [[] for _ in stages]
     for _ in range(repeats):
-        for k, (model, inputs, first, last) in enumerate(stages):
+        for k, (model, inputs, first, last, carries) in enumerate(stages):
             x = inputs if first else inputs.clone().requires_grad_(True)
             began = time.process_time()
-            out = model(x)
+            out = model(x, tokens) if carries else model(x)
+            out = out[0] if isinstance(out, tuple) else out
             loss = next_token_loss(out, tokens) if last else out.square().mean()
             loss.backward()  # type: ignore[no-untyped-call]
             runs[k].append(time.process_time() - began)
@@ -91,11 +93,13 @@ def bench_stages(args: argparse.Namespace) -> None:
     print("item costs (ms): " + ", ".join(f"{c.time_s * 1000:.1f}" for c in costs), flush=True)
     for pp in args.pp:
         ranks = ParallelPlan(pp=pp, pipeline_schedule=args.schedule).ranks_stages()
-        num_stages = sum(len(stages) for stages in ranks)
         splits = {
-            "equal": [block_units(r) for r in balance.equal_layers(config.n_layer, ranks)],
-            "whole_blocks": balance.balanced_split(costs, ranks, cut_blocks=False).units,
-            "balanced": balance.balanced_split(costs, ranks).units,
+            "equal": equal_units(config, ranks),
+            "whole_blocks": balance.balanced_split(
+                costs, ranks, config, cut_blocks=False, cut_head=False
+            ).units,
+            "whole_head": balance.balanced_split(costs, ranks, config, cut_head=False).units,
+            "balanced": balance.balanced_split(costs, ranks, config).units,
         }
         timed = stage_times(config, list(splits.values()), args.batch, args.repeats)
         row: dict[str, Any] = {"model": args.model, "schedule": args.schedule, "pp": pp}
@@ -103,8 +107,7 @@ def bench_stages(args: argparse.Namespace) -> None:
             per_rank = [sum(times[s] for s in stages) for stages in ranks]
             row[name] = {
                 "stages": [
-                    balance.stage_items(r, first=s == 0, last=s == num_stages - 1)
-                    for s, r in enumerate(units)
+                    balance.stage_items(config, r, first=s == 0) for s, r in enumerate(units)
                 ],
                 "stage_ms": [round(t * 1000, 1) for t in times],
                 "rank_stages": ranks,

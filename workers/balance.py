@@ -1,9 +1,11 @@
 """Load balancing: pipeline stages by measured layer cost, data shares by rank speed.
 
-Stages. The pipeline's items are [embeddings, block pieces, head + loss], a block in three
-pieces (attention, MLP in, MLP out: `workers.gpt.PIECES`), so a stage boundary may fall
-inside a block where whole blocks are too coarse (gpt-mini's head costs 1.7 blocks: at
-pp = 4 no whole-block split comes within 15%). Each item is timed forward + backward on
+Stages. The pipeline's items are [embeddings, units...]: each block in three pieces
+(attention, MLP in, MLP out: `workers.gpt.PIECES`), then the head in vocabulary slices
+(`workers.gpt.HEAD_PIECES`, the last with the loss), so a stage boundary may fall inside
+a block or inside the head where whole items are too coarse (gpt-mini's head costs 1.7
+blocks: at pp = 4 no whole-block split comes within 15%, and with whole blocks cut but
+the head whole, the split comes to 1.14 at best). Each item is timed forward + backward on
 one microbatch (median of a few runs; wall time on a GPU, the process's CPU time on a
 CPU, where other processes share the cores); its memory is its parameters with their
 gradients and AdamW moments (4 copies) plus its output activation per microbatch in
@@ -13,8 +15,8 @@ world (one all-reduce), so every rank computes the same split.
 The split is contiguous and gives every stage at least one item. Throughput first: the
 slowest stage as fast as it can be (it sets the pipeline's pace); then balance: among
 those splits, the fastest stage as slow as it can be (the least idle time); memory is a
-bound (a GPU's memory), not a goal. The embeddings go with the first stage and the head
-with the last; either may be its stage's only item.
+bound (a GPU's memory), not a goal. The embeddings go with the first stage and may be
+its only item; the last stage holds at least the head's last slice.
 
 Under ZB-V (`v_shape`) a rank runs two stages, r and 2 pp - 1 - r, one after the other,
 so what is balanced is each rank's sum of its two stages: the first and the last stage
@@ -30,6 +32,7 @@ gradient, does not change: each rank's mean loss is weighted by its share.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import statistics
 import time
@@ -43,12 +46,12 @@ from torch import nn
 from workers import splits
 from workers.gpt import (
     GPT,
+    HEAD_STATS,
     PIECE_NAMES,
     PIECES,
     Block,
-    block_units,
     boundary_width,
-    next_token_loss,
+    head_units,
 )
 from workers.model_configs import GPTConfig
 
@@ -56,8 +59,9 @@ from workers.model_configs import GPTConfig
 CUT_GAIN = 0.01
 # Timing runs per repeat: as many as the blocks one measurement stands for, up to this.
 MAX_ROUNDS_PER_REPEAT = 6
-# Items up to which ZB-V's pair programme (O(items^4)) also tries block pieces: 14 layers.
-MAX_PAIR_ITEMS = 2 + 14 * PIECES
+# Items up to which ZB-V's pair programme (O(items^4)) also tries block pieces: 14 layers
+# and a head in 4 slices.
+MAX_PAIR_ITEMS = 1 + 14 * PIECES + 4
 
 
 @dataclass(frozen=True)
@@ -120,8 +124,9 @@ def measure_costs(
     repeats: int = 3,
     param_shards: int = 1,
 ) -> list[ItemCost]:
-    """Forward + backward time and memory of [embeddings, block pieces..., head + loss]
-    (each block's pieces in order: attention, MLP in, MLP out; `workers.gpt.PIECES`).
+    """Forward + backward time and memory of [embeddings, block pieces..., head slices...]
+    (each block's pieces in order: attention, MLP in, MLP out; `workers.gpt.PIECES`; the
+    head's first slice with the final norm, its last with the loss).
 
     The blocks are alike, so one block's pieces are timed and stand for every block: the
     medians come from repeats x n_layer runs each (at most repeats x 6), and the runs go
@@ -129,37 +134,31 @@ def measure_costs(
     alike (timing each of gpt-mini's 18 pieces on its own gave the same piece 22-41 ms
     on a shared CPU)."""
     torch.manual_seed(0)
-    model = GPT(config)
-    model.keep_only(range(0, 0), first=True, last=True)  # the ends; the pieces come below
-    model.to(device)
+    ends = GPT(config)
+    head = head_units(config)
+    ends.keep_only(head, first=True)  # the embeddings and the head; the pieces come below
+    ends.to(device)
     tokens = torch.randint(config.vocab_size, (batch, config.seq_len), device=device)
-    assert model.tok_emb is not None and model.pos_emb is not None
-    assert model.ln_f is not None and model.head is not None
-    tok_emb, pos_emb, ln_f, head = model.tok_emb, model.pos_emb, model.ln_f, model.head
+    assert ends.tok_emb is not None and ends.pos_emb is not None
+    tok_emb, pos_emb = ends.tok_emb, ends.pos_emb
     positions = torch.arange(config.seq_len, device=device)
 
     def embed(_: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = tok_emb(tokens) + pos_emb(positions)
         return out
 
-    def head_loss(x: torch.Tensor) -> torch.Tensor:
-        return next_token_loss(head(ln_f(x)), tokens)
-
-    pieces = []
+    # (what runs, its modules, the unit its input enters, the unit its output enters)
+    kinds: list[tuple[Callable[[torch.Tensor], torch.Tensor], Sequence[nn.Module], int, int]] = [
+        (embed, [tok_emb, pos_emb], 0, 0)
+    ]
     for p in range(PIECES):
         piece = Block(config).to(device)
         piece.cut(range(p, p + 1))
-        pieces.append(piece)
-    # (what runs, its modules, the unit its input enters, the unit its output enters)
-    kinds: list[tuple[Callable[[torch.Tensor], torch.Tensor], Sequence[nn.Module], int, int]] = [
-        (embed, [tok_emb, pos_emb], 0, 0),
-        *((piece, [piece], p, p + 1) for p, piece in enumerate(pieces)),
-        (head_loss, [ln_f, head], 0, -1),
-    ]
-    inputs = [
-        torch.randn(batch, config.seq_len, boundary_width(config, k[2]), device=device)
-        for k in kinds
-    ]
+        kinds.append((piece, [piece], p, p + 1))
+    for unit in head:
+        part = _head_slice(ends, unit, tokens)
+        kinds.append((part, [part.model], unit, unit + 1 if unit + 1 < head.stop else -1))
+    inputs = [unit_input(config, batch, k[2], device) for k in kinds]
     runs: list[list[float]] = [[] for _ in kinds]
     for _ in range(repeats * min(max(config.n_layer, 1), MAX_ROUNDS_PER_REPEAT)):
         for k, (fn, _modules, _in, _out) in enumerate(kinds):
@@ -170,8 +169,39 @@ def measure_costs(
         params //= param_shards  # FSDP over dp holds 1/dp of them, their grads and moments
         out_bytes = 0 if out_unit < 0 else _hidden_bytes(config, batch, out_unit)
         measured.append(ItemCost(statistics.median(times), 4 * params + in_flight * out_bytes))
-    embeddings, *block, head_cost = measured
-    return [embeddings, *block * config.n_layer, head_cost]
+    embeddings, *rest = measured
+    block, slices = rest[:PIECES], rest[PIECES:]
+    return [embeddings, *block * config.n_layer, *slices]
+
+
+class _HeadSlice:
+    """One head slice run as a stage holding only it: its part of the running loss."""
+
+    def __init__(self, model: GPT, tokens: torch.Tensor) -> None:
+        self.model, self.tokens = model, tokens
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.model(x, self.tokens)
+        part: torch.Tensor = out[0] if isinstance(out, tuple) else out
+        return part
+
+
+def _head_slice(ends: GPT, unit: int, tokens: torch.Tensor) -> _HeadSlice:
+    model = copy.deepcopy(ends)
+    model.keep_only(range(unit, unit + 1), first=False, carries_targets=True)
+    return _HeadSlice(model, tokens)
+
+
+def unit_input(config: GPTConfig, batch: int, unit: int, device: torch.device) -> torch.Tensor:
+    """A stand-in for what a stage starting at `unit` receives; inside the head, a
+    running log-sum-exp that is valid (max 0, sum 1, target logit 0)."""
+    width = boundary_width(config, unit)
+    if unit <= head_units(config).start:
+        return torch.randn(batch, config.seq_len, width, device=device)
+    hidden = torch.randn(batch, config.seq_len, width - HEAD_STATS, device=device)
+    stats = torch.zeros(batch, config.seq_len, HEAD_STATS, device=device)
+    stats[..., 1] = 1.0
+    return torch.cat([hidden, stats], dim=-1)
 
 
 def _hidden_bytes(config: GPTConfig, batch: int, unit: int) -> int:
@@ -219,39 +249,41 @@ def averaged(costs: list[ItemCost]) -> list[ItemCost]:
 def stage_costs(
     costs: list[ItemCost], units: list[range], ranks: Sequence[Sequence[int]]
 ) -> StageSplit:
-    """Predicted per-stage cost of a split; items are [emb, block pieces..., head];
-    `units`: each stage's block pieces; `ranks`: the stages each pipeline rank runs."""
-    last = len(units) - 1
+    """Predicted per-stage cost of a split; items are [embeddings, units...] (block pieces,
+    then head slices); `units`: each stage's; `ranks`: the stages each pipeline rank runs."""
     times, memory = [], []
-    for stage, pieces in enumerate(units):
-        chosen = [costs[1 + u] for u in pieces]
-        if stage == 0:
-            chosen.append(costs[0])
-        if stage == last:
-            chosen.append(costs[-1])
+    for stage, held in enumerate(units):
+        chosen = [costs[1 + u] for u in held] + ([costs[0]] if stage == 0 else [])
         times.append(sum(c.time_s for c in chosen))
         memory.append(sum(c.memory_bytes for c in chosen))
     return StageSplit(units, times, memory, [list(stages) for stages in ranks])
 
 
-def stage_items(units: range, *, first: bool, last: bool) -> str:
+def stage_items(config: GPTConfig, units: range, *, first: bool) -> str:
     """What a stage holds, for logs: "embeddings + layers 0-1 + layer 2 (attention)",
-    "layer 2 (MLP in, MLP out) + layers 3-4", "head only"."""
+    "layer 2 (MLP in, MLP out) + layers 3-4 + head slice 0 of 4", "head only"."""
+    head = head_units(config)
     items = ["embeddings"] if first else []
-    start = units.start
-    if start % PIECES and units:  # it begins inside a block
-        start = min(units.stop, (start // PIECES + 1) * PIECES)
-        items.append(_pieces_name(range(units.start, start)))
-    whole = range(start, start + (units.stop - start) // PIECES * PIECES)
+    blocks = range(min(units.start, head.start), min(units.stop, head.start))
+    start = blocks.start
+    if start % PIECES and blocks:  # it begins inside a block
+        start = min(blocks.stop, (start // PIECES + 1) * PIECES)
+        items.append(_pieces_name(range(blocks.start, start)))
+    whole = range(start, start + (blocks.stop - start) // PIECES * PIECES)
     if whole:
         first_block, last_block = whole.start // PIECES, whole.stop // PIECES - 1
         many = last_block > first_block
         items.append(f"layers {first_block}-{last_block}" if many else f"layer {first_block}")
-    if whole.stop < units.stop:  # it ends inside a block
-        items.append(_pieces_name(range(whole.stop, units.stop)))
-    if last:
+    if whole.stop < blocks.stop:  # it ends inside a block
+        items.append(_pieces_name(range(whole.stop, blocks.stop)))
+    held = range(max(units.start, head.start) - head.start, max(units.stop - head.start, 0))
+    if len(held) == len(head):
         items.append("head")
-    return " + ".join(items) + (" only" if len(items) == 1 and not units else "")
+    elif held:
+        slices = f"slices {held.start}-{held.stop - 1}" if len(held) > 1 else f"slice {held.start}"
+        items.append(f"head {slices} of {len(head)}")
+    alone = not units if first else units == head
+    return " + ".join(items) + (" only" if alone else "")
 
 
 def _pieces_name(units: range) -> str:
@@ -259,38 +291,72 @@ def _pieces_name(units: range) -> str:
     return f"layer {units.start // PIECES} ({names})"
 
 
+def unit_groups(config: GPTConfig, *, cut_blocks: bool, cut_head: bool) -> list[range]:
+    """The units in the groups a split keeps together: a block's pieces unless
+    `cut_blocks`, the head's slices unless `cut_head`."""
+    blocks = [
+        range(u, u + 1) if cut_blocks else range(u, u + PIECES)
+        for u in range(0, config.n_layer * PIECES, 1 if cut_blocks else PIECES)
+    ]
+    head = head_units(config)
+    return blocks + ([range(u, u + 1) for u in head] if cut_head else [head])
+
+
 def balanced_split(
     costs: list[ItemCost],
     ranks: Sequence[Sequence[int]],
+    config: GPTConfig,
     *,
     cut_blocks: bool = True,
+    cut_head: bool = True,
     memory_budget: float | None = None,
 ) -> StageSplit:
-    """Contiguous split of [embeddings, block pieces..., head] over the stages of `ranks`
-    with the slowest stage (under ZB-V's mirrored placement, the slowest rank's two
-    stages) as fast as it can be, and then the fastest as slow as it can be (the least
-    idle time at that throughput); no stage's memory (under ZB-V: no rank pair's) above
-    `memory_budget`. Every stage
-    holds at least one item, so the first may hold the embeddings alone and the last the
-    head alone: a head + loss that costs as much as two blocks is a stage's worth of work
-    on its own.
+    """Contiguous split of [embeddings, units...] over the stages of `ranks` with the
+    slowest stage (under ZB-V's mirrored placement, the slowest rank's two stages) as fast
+    as it can be, and then the fastest as slow as it can be (the least idle time at that
+    throughput); no stage's memory (under ZB-V: no rank pair's) above `memory_budget`.
+    The first stage may hold the embeddings alone; every other stage holds a unit at least,
+    so the last may hold the head alone: a head + loss that costs as much as two blocks
+    is a stage's worth of work on its own.
 
-    A stage boundary may fall inside a block (at its pieces) where that gains over whole
-    blocks (`_better`), unless `cut_blocks` is off (tensor parallel shards whole
-    blocks). Under ZB-V the pair programme grows as
-    items^4, so beyond MAX_PAIR_ITEMS items it cuts at whole blocks only."""
-    pieces = range(1, len(costs) - 1, PIECES)
-    blocks = [costs[0], *(_merged(costs[i : i + PIECES]) for i in pieces), costs[-1]]
-    if not cut_blocks or (mirrored(ranks) and len(costs) > MAX_PAIR_ITEMS):
-        whole_ranges = _balanced_ranges(blocks, ranks, memory_budget)
-        return stage_costs(costs, [block_units(r) for r in whole_ranges], ranks)
-    cut = stage_costs(costs, _balanced_ranges(costs, ranks, memory_budget), ranks)
-    try:
-        whole_ranges = _balanced_ranges(blocks, ranks, memory_budget)
-    except ValueError:  # no whole-block split keeps the memory bound or fills the stages
-        return cut
-    whole = stage_costs(costs, [block_units(r) for r in whole_ranges], ranks)
-    return cut if _better(cut, whole) else whole
+    A stage boundary may fall inside a block (`cut_blocks`; tensor parallel shards whole
+    blocks) or inside the head (`cut_head`) where that gains over whole blocks and a
+    whole head (`_better`). Under ZB-V the pair programme grows as items^4, so beyond
+    MAX_PAIR_ITEMS items it keeps blocks and the head whole."""
+    whole_groups = unit_groups(config, cut_blocks=False, cut_head=False)
+    groups = unit_groups(config, cut_blocks=cut_blocks, cut_head=cut_head)
+    whole = _split_groups(costs, ranks, whole_groups, memory_budget)
+    if groups == whole_groups or (mirrored(ranks) and len(costs) > MAX_PAIR_ITEMS):
+        if whole is None:
+            raise ValueError(_unfillable(len(whole_groups), ranks, memory_budget))
+        return whole
+    cut = _split_groups(costs, ranks, groups, memory_budget)
+    if cut is None:
+        raise ValueError(_unfillable(len(groups), ranks, memory_budget))
+    return cut if whole is None or _better(cut, whole) else whole
+
+
+def _split_groups(
+    costs: list[ItemCost],
+    ranks: Sequence[Sequence[int]],
+    groups: list[range],
+    memory_budget: float | None,
+) -> StageSplit | None:
+    """The best split that keeps each group of units on one stage (None: none fits)."""
+    items = [costs[0], *(_merged([costs[1 + u] for u in g]) for g in groups)]
+    ranges = _balanced_ranges(items, ranks, memory_budget)
+    if ranges is None:
+        return None
+    units = [
+        range(groups[r.start].start, groups[r.stop - 1].stop) if r else range(0, 0) for r in ranges
+    ]
+    return stage_costs(costs, units, ranks)
+
+
+def _unfillable(groups: int, ranks: Sequence[Sequence[int]], budget: float | None) -> str:
+    num_stages = sum(len(stages) for stages in ranks)
+    within = "" if budget is None else f" within {budget / 2**30:.1f} GiB each"
+    return f"1 + {groups} items cannot fill {num_stages} stages{within}"
 
 
 def _better(cut: StageSplit, whole: StageSplit) -> bool:
@@ -316,9 +382,10 @@ def _merged(costs: Sequence[ItemCost]) -> ItemCost:
 
 def _balanced_ranges(
     costs: list[ItemCost], ranks: Sequence[Sequence[int]], memory_budget: float | None
-) -> list[range]:
-    """The split of [first, middle items..., last] as each stage's range of middle items:
-    the least slowest time (stage, or ZB-V rank pair), then the most fastest time."""
+) -> list[range] | None:
+    """The split of [embeddings, items...] as each stage's range of items (after the
+    embeddings): the least slowest time (stage, or ZB-V rank pair), then the most fastest
+    time; None when no split fills the stages within the memory bound."""
     num_stages = sum(len(stages) for stages in ranks)
     times = [c.time_s for c in costs]
     limits = (
@@ -327,11 +394,10 @@ def _balanced_ranges(
     split = splits.min_max_pairs_split if mirrored(ranks) else splits.min_max_split
     slowest, _ = split(times, num_stages, limits=limits)
     if slowest == float("inf"):
-        within = "" if memory_budget is None else f" within {memory_budget / 2**30:.1f} GiB each"
-        raise ValueError(f"{len(costs)} items cannot fill {num_stages} stages{within}")
+        return None
     _, cuts = split([-t for t in times], num_stages, limits=[*limits, (times, slowest)])
-    # A cut before item i (middle item i - 1) starts the next stage at middle item i - 1.
-    bounds = [0, *(cut - 1 for cut in cuts), len(costs) - 2]
+    # A cut before item i (i >= 1) starts the next stage at item i - 1 after the embeddings.
+    bounds = [0, *(cut - 1 for cut in cuts), len(costs) - 1]
     return [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 

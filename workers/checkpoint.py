@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from gangway.models import CheckpointPolicy, wire_default
 from workers import faults
+from workers.checkpoint_compat import read_whole_head
 from workers.checkpoint_layout import (
     PARTIAL,
     checkpoint_path,
@@ -109,8 +110,10 @@ class Checkpointer:
         held = [name for name in counters if f"trainer.{name}" in saved]
         state = _merged(models, optims, 0, dict.fromkeys(held, 0))
         state["extra"] = {k: v for k, v in self.extra.items() if f"extra.{k}" in saved}
+        hand_out_head = read_whole_head(state, saved)  # written by an older release
         with _single_process_is_intended():  # DCP fills the tensors of every dict in place
             state_dict_loader.load(state, checkpoint_id=str(done[-1]), no_dist=_single_process())
+        hand_out_head()
         for part, optimizer, model_sd, optim_sd in zip(
             self.parts, self.optimizers, models, optims, strict=True
         ):

@@ -10,9 +10,20 @@
   MLP out: `PIECES`), so costly ends (a big vocabulary head) can be balanced at a finer
   grain than a whole block. Between MLP in and MLP out the boundary carries the residual
   stream and the MLP's hidden activation packed into one tensor (width 5 x n_embd).
+- The head is `HEAD_PIECES` row slices of the vocabulary (`head.0` ... `head.3`), so it
+  too can be spread over stages where it costs more than a stage's share (gpt-mini's head
+  costs 1.7 blocks). A stage holding some of the slices adds their logits to a running
+  log-sum-exp (the running max, the sum of exponentials, the target's logit: 3 values
+  per token packed after the normed hidden state); the stage holding the last slice
+  returns each token's loss. The target ids then travel with the activations from the
+  first stage (`carries_targets`), since a middle stage needs them to pick out the
+  target's logit. One process, or a stage holding the whole head, computes the logits in
+  one matrix product as before.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +50,13 @@ class CausalSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
         return out
+
+
+# The head's vocabulary slices: a pipeline stage may hold some of them (`head_rows`).
+HEAD_PIECES = 4
+# What a stage inside the head sends on besides the normed hidden state: the running max
+# of the logits, the sum of their exponentials below it, the target's logit.
+HEAD_STATS = 3
 
 
 # A block's pieces, in order: a pipeline stage may begin or end between any two.
@@ -127,24 +145,79 @@ class GPT(nn.Module):
         self.ln_f: nn.LayerNorm | None = nn.LayerNorm(config.n_embd)
         # Not tied to tok_emb (GPT-2 ties them): the first and last pipeline stages hold
         # one each, and the model is the same at every pipeline degree.
-        self.head: nn.Linear | None = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.rows = head_rows(config)
+        self.head = nn.ModuleDict(
+            {str(c): nn.Linear(config.n_embd, len(r), bias=False) for c, r in enumerate(self.rows)}
+        )
+        self.carries_targets = False  # a pipeline stage whose head is split (`keep_only`)
         self.apply(_init_weights)
 
-    def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, tokens_or_hidden: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits, or a stage's hidden state; with `targets` (a stage of a split head):
+        (hidden state, targets) for the next stage, or the last stage's per-token loss."""
         x = tokens_or_hidden
         if self.tok_emb is not None and self.pos_emb is not None:
             positions = torch.arange(x.shape[1], device=x.device)
             x = self.tok_emb(x) + self.pos_emb(positions)
         for block in self.blocks.values():
             x = block(x)
-        if self.ln_f is not None and self.head is not None:
-            x = self.head(self.ln_f(x))
-        return x
+        if not self.head:
+            return x if targets is None else (x, targets.clone())
+        if targets is None:
+            assert len(self.head) == len(self.rows), "a split head needs the targets"
+            return self._logits(x)
+        x = self._head_pieces(x, targets)
+        # The clone: the pipeline detaches its outputs in place, and a microbatch's targets
+        # on the first stage are a view of the batch's.
+        return x if str(len(self.rows) - 1) in self.head else (x, targets.clone())
 
-    def keep_only(self, units: range, *, first: bool, last: bool) -> None:
-        """Make this model one pipeline stage: keep the block pieces in `units` (piece p
-        of block b is unit b * PIECES + p) and drop the rest, the embeddings unless
-        `first`, the final norm and head unless `last`."""
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.ln_f is not None
+        weights = [cast(nn.Linear, piece).weight for piece in self.head.values()]
+        return F.linear(self.ln_f(x), torch.cat(weights) if len(weights) > 1 else weights[0])
+
+    def _head_pieces(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The held vocabulary slices' part of the loss: logits added to the running
+        log-sum-exp. The max is a constant to the gradient (any shift gives the same
+        log-sum-exp), so it is detached. Target ids of other slices, or the garbage the
+        pipeline's shape inference sends, select nothing."""
+        if self.ln_f is not None:  # the first slice
+            h = self.ln_f(x)
+            stats = torch.zeros(*h.shape[:-1], HEAD_STATS, device=h.device)
+            stats[..., 0] = -torch.inf
+        else:
+            h, stats = torch.split(x, [x.shape[-1] - HEAD_STATS, HEAD_STATS], dim=-1)
+        top, total, target_logit = (stats[..., i : i + 1].float() for i in range(HEAD_STATS))
+        for name, piece in self.head.items():
+            rows = self.rows[int(name)]
+            logits = piece(h).float()
+            new_top = torch.maximum(top, logits.amax(-1, keepdim=True)).detach()
+            total = total * torch.exp(top - new_top)
+            total = total + torch.exp(logits - new_top).sum(-1, keepdim=True)
+            top = new_top
+            local = (targets - rows.start).unsqueeze(-1)
+            inside = (local >= 0) & (local < len(rows))
+            picked = logits.gather(-1, local.clamp(0, len(rows) - 1))
+            target_logit = target_logit + torch.where(inside, picked, 0.0)
+        if str(len(self.rows) - 1) in self.head:  # the last slice: each token's loss
+            return (top + torch.log(total) - target_logit).squeeze(-1)
+        return torch.cat([h.float(), top, total, target_logit], dim=-1)
+
+    def keep_only(self, units: range, *, first: bool, carries_targets: bool = False) -> None:
+        """Make this model one pipeline stage: keep the pieces in `units` and drop the
+        rest, the embeddings unless `first`. Piece p of block b is unit b * PIECES + p;
+        after the blocks come the head's slices (`head_units`), the first with the final
+        norm. `carries_targets`: the head is split over stages, so the target ids travel
+        with the activations (every stage takes and passes them on)."""
+        self.carries_targets = carries_targets
+        head = head_units(self.config)
+        for c in list(self.head):
+            if head.start + int(c) not in units:
+                del self.head[c]
+        if head.start not in units:
+            self.ln_f = None
         for name in list(self.blocks):
             start = int(name) * PIECES
             pieces = range(max(units.start - start, 0), min(units.stop - start, PIECES))
@@ -156,18 +229,45 @@ class GPT(nn.Module):
                 block.cut(pieces)
         if not first:
             self.tok_emb = self.pos_emb = None
-        if not last:
-            self.ln_f = self.head = None
 
 
-def block_units(layers: range) -> range:
-    """The units (block pieces) of whole blocks `layers`."""
-    return range(layers.start * PIECES, layers.stop * PIECES)
+def head_rows(config: GPTConfig) -> list[range]:
+    return vocabulary_slices(config.vocab_size)
+
+
+def vocabulary_slices(vocab_size: int) -> list[range]:
+    """The vocabulary rows of each head slice: as equal as `torch.chunk` makes them."""
+    pieces = min(HEAD_PIECES, vocab_size)
+    size = -(-vocab_size // pieces)
+    return [range(c * size, min((c + 1) * size, vocab_size)) for c in range(pieces)]
+
+
+def head_units(config: GPTConfig) -> range:
+    """The units of the head's slices, after every block's pieces."""
+    start = config.n_layer * PIECES
+    return range(start, start + len(head_rows(config)))
+
+
+def total_units(config: GPTConfig) -> int:
+    return head_units(config).stop
+
+
+def block_units(config: GPTConfig, layers: range, *, last: bool) -> range:
+    """The units of whole blocks `layers`, and of the whole head for the `last` stage."""
+    return range(layers.start * PIECES, total_units(config) if last else layers.stop * PIECES)
+
+
+def splits_head(config: GPTConfig, units: list[range]) -> bool:
+    """Whether a stage other than the last holds a head slice (the targets must travel)."""
+    return len(units) > 1 and units[-1].start > head_units(config).start
 
 
 def boundary_width(config: GPTConfig, unit: int) -> int:
     """Width of the hidden state a stage starting at `unit` takes in: the residual
-    stream, with the MLP's hidden activation packed after it before an MLP out."""
+    stream, with the MLP's hidden activation packed after it before an MLP out, and the
+    running log-sum-exp after the normed hidden state inside the head."""
+    if unit > head_units(config).start:
+        return config.n_embd + HEAD_STATS
     return config.n_embd * (5 if unit % PIECES == MLP_OUT else 1)
 
 
@@ -186,5 +286,9 @@ def parameter_count(config: GPTConfig) -> int:
     return 2 * v * e + config.seq_len * e + config.n_layer * block + 2 * e
 
 
-def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+def next_token_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy of the next token. `output`: logits (batch, seq, vocab), or the
+    per-token losses (batch, seq) the last stage of a split head computes."""
+    if output.dim() == targets.dim():
+        return output.float().mean()
+    return F.cross_entropy(output.flatten(0, 1).float(), targets.flatten())

@@ -40,7 +40,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from workers.gpt import GPT, Block
+from workers.gpt import GPT, Block, splits_head
 from workers.model_configs import GPTConfig
 from workers.plan import ParallelPlan
 
@@ -54,6 +54,9 @@ class ModelParts:
     stage_ids: list[int]
     schedule: PipelineScheduleSingle | PipelineScheduleMulti | None = None
     ddp: DistributedDataParallel | None = None  # wraps parts[0] for pure data parallel
+    # The head is split over stages: the first stage takes (tokens, targets) and every
+    # stage passes the targets on (`GPT.keep_only`).
+    carries_targets: bool = False
 
     @property
     def first(self) -> bool:
@@ -80,18 +83,20 @@ def build_parts(
     stage_units: Sequence[range] = (),
     ddp_hook: tuple[Any, Callable[..., Any]] | None = None,
 ) -> ModelParts:
-    """`stage_units`: each pipeline stage's block pieces (pp > 1, `GPT.keep_only`).
+    """`stage_units`: each pipeline stage's units, block pieces and head slices (pp > 1,
+    `GPT.keep_only`).
     `ddp_hook`: DDP's comm hook (state, hook) when the caller chooses it; else the plan's
     compression hook."""
     pp_rank = mesh.get_local_rank("pp")
     stage_ids = plan.stage_ids(pp_rank)
     parts = []
+    carries_targets = plan.pp > 1 and splits_head(config, list(stage_units))
     for stage in stage_ids:
         torch.manual_seed(seed)  # the same full model on every rank and in a single process
         model = GPT(config).to(device)
         if plan.pp > 1:
-            last = stage == plan.num_stages - 1
-            model.keep_only(stage_units[stage], first=stage == 0, last=last)
+            units = stage_units[stage]
+            model.keep_only(units, first=stage == 0, carries_targets=carries_targets)
         parts.append(model)
     for model in parts:
         if plan.tp > 1:
@@ -100,7 +105,7 @@ def build_parts(
             apply_activation_checkpointing(model)
         if plan.fsdp:
             apply_fsdp(model, mesh["dp"], plan)
-    result = ModelParts(parts, stage_ids)
+    result = ModelParts(parts, stage_ids, carries_targets=carries_targets)
     # async: no DDP, the ranks exchange with a parameter server (workers.async_ps)
     if (
         plan.dp > 1

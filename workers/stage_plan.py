@@ -11,6 +11,7 @@ import torch
 from workers import balance
 from workers.checkpoint import is_rank0
 from workers.gpt import block_units
+from workers.model_configs import GPTConfig
 from workers.plan import ParallelPlan
 
 if TYPE_CHECKING:
@@ -20,11 +21,13 @@ if TYPE_CHECKING:
 def stage_units(
     plan: ParallelPlan, spec: TrainSpec, device: torch.device, reporter: Reporter
 ) -> list[range]:
-    """Each pipeline stage's block pieces: an equal count of whole blocks, or split by
-    measured cost (said in the job's log and its events); under tensor parallel whole
-    blocks only, as its sharding plan is per block."""
+    """Each pipeline stage's units (block pieces, head slices): an equal count of whole
+    blocks and the head on the last stage, or split by measured cost (said in the job's
+    log and its events). Under tensor parallel whole blocks and the whole head, as its
+    sharding plan is per block; under FSDP in bf16 the head whole, as FSDP casts a
+    stage's inputs to bf16 and the running log-sum-exp between head slices needs fp32."""
     ranks = plan.ranks_stages()
-    equal = [block_units(r) for r in balance.equal_layers(spec.config.n_layer, ranks)]
+    equal = equal_units(spec.config, ranks)
     if not plan.balance_stages:
         return equal
     micro = spec.batch_size // plan.microbatches
@@ -35,17 +38,26 @@ def stage_units(
     costs = balance.averaged(measured)
     budget = _memory_budget(plan, device)
     note = ""
+    cut_head = plan.tp == 1 and not (plan.fsdp and plan.precision == "bf16")
+    cuts = {"cut_blocks": plan.tp == 1, "cut_head": cut_head}
     try:
-        chosen = balance.balanced_split(costs, ranks, cut_blocks=plan.tp == 1, memory_budget=budget)
+        chosen = balance.balanced_split(costs, ranks, spec.config, memory_budget=budget, **cuts)
     except ValueError:  # the estimate is rough (no activations inside a stage): go by time
-        chosen = balance.balanced_split(costs, ranks, cut_blocks=plan.tp == 1)
+        chosen = balance.balanced_split(costs, ranks, spec.config, **cuts)
         note = f" (no split keeps the memory estimate under {budget or 0:.3g} B: by time only)"
     if is_rank0():
         before = balance.stage_costs(costs, equal, ranks)
-        line = split_line(chosen, before) + note
+        line = split_line(spec.config, chosen, before) + note
         print(line, flush=True)
         reporter.event(line)
     return chosen.units
+
+
+def equal_units(config: GPTConfig, ranks: list[list[int]]) -> list[range]:
+    """An equal count of whole blocks per stage (`balance.equal_layers`), the head last."""
+    layers = balance.equal_layers(config.n_layer, ranks)
+    last = len(layers) - 1
+    return [block_units(config, r, last=s == last) for s, r in enumerate(layers)]
 
 
 def _memory_budget(plan: ParallelPlan, device: torch.device) -> float | None:
@@ -57,11 +69,10 @@ def _memory_budget(plan: ParallelPlan, device: torch.device) -> float | None:
     return 0.9 * torch.cuda.get_device_properties(device).total_memory / share
 
 
-def split_line(chosen: balance.StageSplit, equal: balance.StageSplit) -> str:
+def split_line(config: GPTConfig, chosen: balance.StageSplit, equal: balance.StageSplit) -> str:
     """The job's log keeps how the stages were split and why."""
-    last = len(chosen.units) - 1
     stages = "; ".join(
-        f"{s}: {balance.stage_items(r, first=s == 0, last=s == last)}, {t * 1000:.1f} ms, "
+        f"{s}: {balance.stage_items(config, r, first=s == 0)}, {t * 1000:.1f} ms, "
         f"{m / 2**20:.0f} MiB"
         for s, (r, t, m) in enumerate(
             zip(chosen.units, chosen.time_s, chosen.memory_bytes, strict=True)

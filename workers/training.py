@@ -330,7 +330,9 @@ class _Loop:
             schedule = self.parts.schedule
             if schedule is not None:
                 losses: list[torch.Tensor] = []
-                args = (inputs,) if self.parts.first else ()
+                args: tuple[torch.Tensor, ...] = ()
+                if self.parts.first:  # a split head's middle stages need the targets too
+                    args = (inputs, targets) if self.parts.carries_targets else (inputs,)
                 target = targets if self.parts.last(self.plan) else None
                 schedule.step(*args, target=target, losses=losses if target is not None else None)
                 if not losses:

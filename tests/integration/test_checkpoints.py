@@ -6,7 +6,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -19,6 +19,8 @@ from scheduler.store import JobRepository, NewJob, make_engine, upgrade_to_head
 from workers import checkpoint as checkpoint_module
 from workers.checkpoint import Checkpointer
 from workers.checkpoint_layout import checkpoint_path, completed, listing, partial_path
+from workers.gpt import GPT
+from workers.model_configs import MODEL_CONFIGS
 
 
 def checkpointer(directory: Path) -> Checkpointer:
@@ -143,3 +145,45 @@ def test_listing_while_rank_0_prunes_never_fails(
     finally:
         stop.set()
         pruner.join()
+
+
+class _WholeHeadGPT(nn.Module):
+    """The model as releases before the head's vocabulary slices saved it: the same
+    parameters, the head one `head.weight`."""
+
+    def __init__(self, sliced: GPT) -> None:
+        super().__init__()
+        for name, child in sliced.named_children():
+            if name != "head":
+                self.add_module(name, child)
+        rows = [cast(nn.Linear, piece).weight for piece in sliced.head.values()]
+        self.head = nn.Linear(sliced.config.n_embd, sliced.config.vocab_size, bias=False)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.cat(rows))
+
+
+def test_a_checkpoint_with_the_whole_head_resumes_into_its_slices(tmp_path: Path) -> None:
+    """A job checkpointed by an older release (head.weight whole) resumes: each head
+    slice gets its rows of the weight and of AdamW's moments, and the step."""
+    config = MODEL_CONFIGS["gpt-tiny"]
+    torch.manual_seed(0)
+    old = _WholeHeadGPT(GPT(config))
+    old_optimizer = torch.optim.AdamW(old.parameters(), lr=1e-2)
+    for param in old.parameters():
+        param.grad = torch.randn_like(param)
+    old_optimizer.step()
+    Checkpointer(tmp_path, [old], [old_optimizer]).save(3)
+
+    torch.manual_seed(1)  # different weights, to be overwritten
+    new = GPT(config)
+    optimizer = torch.optim.AdamW(new.parameters(), lr=1e-2)
+    for param in new.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step()  # the optimizer's state exists, as in a running job
+    assert Checkpointer(tmp_path, [new], [optimizer]).load_latest() == 3
+    slices = [cast(nn.Linear, piece).weight for piece in new.head.values()]
+    assert torch.equal(torch.cat(slices), old.head.weight)
+    moments = torch.cat([optimizer.state[w]["exp_avg"] for w in slices])
+    assert torch.equal(moments, old_optimizer.state[old.head.weight]["exp_avg"])
+    assert all(float(optimizer.state[w]["step"]) == 1 for w in slices)
+    assert torch.equal(new.ln_f.weight, old.ln_f.weight)  # type: ignore[union-attr]

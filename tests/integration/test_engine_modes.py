@@ -95,15 +95,17 @@ def test_slower_rank_gets_a_smaller_share_and_the_loss_is_unchanged(tmp_path: Pa
 
 
 def test_balanced_pipeline_stages_keep_the_single_process_loss(tmp_path: Path) -> None:
-    """Stages cut inside blocks (forced item times) under 1F1B, then ZB-V with FSDP over
-    dp = 2 (two stages per rank in a V, balanced by rank), stopped and resumed from its
-    checkpoint under 1F1B's different split at dp = 1: every run follows one process.
-    Both splits send the packed boundary (residual + MLP activation) between stages."""
+    """Stages cut inside blocks and inside the head (forced item times) under 1F1B, then
+    ZB-V with FSDP over dp = 2 (two stages per rank in a V, balanced by rank), stopped and
+    resumed from its checkpoint under 1F1B's different split at dp = 1: every run follows
+    one process. The splits send the packed boundaries: residual + MLP activation inside
+    a block, normed hidden state + running log-sum-exp inside the head (with the target
+    ids travelling from the first stage)."""
     spec = TrainSpec(steps=4, batch_size=8)
     single = run_engine(ParallelPlan(), spec, tmp_path / "one")["losses"]
-    # gpt-tiny: embeddings, 4 blocks x (attention, MLP in, MLP out), head. Even at 7 + 7:
-    # stage 0 = embeddings + layer 0 + layer 1's attention and MLP in.
-    times = [2.0, *[1.0] * 12, 0.0]
+    # gpt-tiny: embeddings, 4 blocks x (attention, MLP in, MLP out), the head's 4 slices.
+    # Even at 7 + 7: stage 0 = embeddings + layer 0 + layer 1's attention and MLP in.
+    times = [2.0, *[1.0] * 12, *[0.0] * 4]
     plan = ParallelPlan(pp=2, microbatches=2, balance_stages=True)
     balanced = run_engine(plan, spec, tmp_path / "pp2", item_times=times)
     assert balanced["losses"] == pytest.approx(single, abs=TOLERANCE)
@@ -115,8 +117,8 @@ def test_balanced_pipeline_stages_keep_the_single_process_loss(tmp_path: Path) -
     zbv = ParallelPlan(
         dp=2, pp=2, fsdp=True, microbatches=2, pipeline_schedule="zbv", balance_stages=True
     )
-    # The only best pair of outer cuts (ranks 23 + 23): stage 3 = layer 3 (MLP out) + head.
-    v_times = [1.0, 5, 3, 2, 3, 2, 3, 3, 5, 3, 3, 4, 1, 8]
+    # Ranks 27 + 28: stage 2 ends with the head's first slice, stage 3 holds the others.
+    v_times = [3.0, 2, 3, 3, 2, 2, 3, 1, 1, 3, 1, 3, 2, 12, 1, 11, 2]
     checkpoints = tmp_path / "checkpoints"
     first = run_engine(
         zbv,
@@ -127,10 +129,14 @@ def test_balanced_pipeline_stages_keep_the_single_process_loss(tmp_path: Path) -
         item_times=v_times,
     )
     assert first["step"] == 2
-    assert "3: layer 3 (MLP out) + head" in first["events"][0]
+    assert "2: layer 1 (MLP out) + layers 2-3 + head slice 0 of 4" in first["events"][0]
+    assert "3: head slices 1-3 of 4" in first["events"][0]
+    # 1F1B with the head split the other way: stage 0 = everything up to its first slice.
+    head_times = [0.0, *[0.1] * 12, *[1.0] * 4]
     second = run_engine(
-        plan, spec, tmp_path / "resumed", checkpoint_dir=checkpoints, item_times=times
+        plan, spec, tmp_path / "resumed", checkpoint_dir=checkpoints, item_times=head_times
     )
+    assert "0: embeddings + layers 0-3 + head slice 0 of 4" in second["events"][0]
     assert second["resumed_from"] == 2
     assert first["losses"] + second["losses"] == pytest.approx(single, abs=TOLERANCE)
 

@@ -19,7 +19,18 @@ from workers.balance import (
     stage_costs,
     stage_items,
 )
-from workers.gpt import block_units
+from workers.gpt import splits_head
+from workers.model_configs import GPTConfig
+from workers.stage_plan import equal_units
+
+
+def config(n_layer: int, head_slices: int = 4) -> GPTConfig:
+    """A model shape for the split's arithmetic: `n_layer` blocks, the head in
+    `head_slices` vocabulary slices (one per vocabulary entry below 4)."""
+    return GPTConfig(vocab_size=head_slices, seq_len=8, n_layer=n_layer, n_head=1, n_embd=8)
+
+
+MINI = config(6)  # gpt-mini's 6 blocks and a head in 4 slices
 
 
 def costs(times: list[float], memory: list[int] | None = None) -> list[ItemCost]:
@@ -28,9 +39,10 @@ def costs(times: list[float], memory: list[int] | None = None) -> list[ItemCost]
 
 
 def gpt_items(embeddings: float, blocks: list[float], head: float) -> list[ItemCost]:
-    """[embeddings, each block's attention, MLP in, MLP out, head]: a block 40/30/30."""
+    """[embeddings, each block's attention, MLP in, MLP out, the head's 4 slices]: a block
+    40/30/30, the head in equal slices."""
     pieces = [b * share for b in blocks for share in (0.4, 0.3, 0.3)]
-    return costs([embeddings, *pieces, head])
+    return costs([embeddings, *pieces, *[head / 4] * 4])
 
 
 def one_each(stages: int) -> list[list[int]]:
@@ -62,11 +74,23 @@ def best_by_brute_force(times: list[float], ranks: list[list[int]]) -> tuple[flo
     return slowest, fastest
 
 
-def assert_best_or_whole_blocks(split: StageSplit, slowest: float, fastest: float) -> None:
-    """The best split (brute force's slowest, then fastest), or whole blocks where the
-    best gains no more than CUT_GAIN over them."""
+def tiles(split: StageSplit, shape: GPTConfig) -> bool:
+    """Every unit on exactly one stage, in order."""
+    return [u for r in split.units for u in r] == list(range(3 * shape.n_layer + shape.vocab_size))
+
+
+def whole(split: StageSplit, shape: GPTConfig) -> bool:
+    """No stage boundary inside a block or inside the head."""
+    return all(r.stop % 3 == 0 and r.stop <= 3 * shape.n_layer for r in split.units[:-1])
+
+
+def assert_best_or_whole(
+    split: StageSplit, shape: GPTConfig, slowest: float, fastest: float
+) -> None:
+    """The best split (brute force's slowest, then fastest), or whole blocks and a whole
+    head where the best gains no more than CUT_GAIN over them."""
     got_slowest, got_fastest = max(split.rank_time_s), min(split.rank_time_s)
-    if all(r.start % 3 == 0 and r.stop % 3 == 0 for r in split.units):
+    if whole(split, shape):
         assert slowest >= got_slowest * (1 - CUT_GAIN) - 1e-9
         assert fastest <= got_fastest * (1 + CUT_GAIN) + 1e-9
     else:
@@ -76,65 +100,84 @@ def assert_best_or_whole_blocks(split: StageSplit, slowest: float, fastest: floa
 
 def test_a_heavy_head_gets_fewer_blocks_than_an_equal_split() -> None:
     items = gpt_items(0.1, [1] * 6, 1.7)
-    equal = stage_costs(items, [block_units(r) for r in equal_layers(6, one_each(2))], one_each(2))
-    split = balanced_split(items, one_each(2))
-    assert [(r.start, r.stop) for r in split.units] == [(0, 11), (11, 18)]  # cut in layer 3
+    equal = stage_costs(items, equal_units(MINI, one_each(2)), one_each(2))
+    split = balanced_split(items, one_each(2), MINI)
+    assert [(r.start, r.stop) for r in split.units] == [(0, 11), (11, 22)]  # cut in layer 3
     assert split.time_ratio < 1.06 and equal.time_ratio > 1.5
 
 
 def test_a_head_as_costly_as_two_blocks_takes_part_of_the_last_block() -> None:
     items = gpt_items(0.1, [1] * 6, 1.7)  # gpt-mini's shape at pp = 4
-    whole = balanced_split(items, one_each(4), cut_blocks=False)  # tensor parallel
-    assert [(r.start, r.stop) for r in whole.units] == [(0, 6), (6, 12), (12, 18), (18, 18)]
+    whole = balanced_split(items, one_each(4), MINI, cut_blocks=False, cut_head=False)  # TP
+    assert [(r.start, r.stop) for r in whole.units] == [(0, 6), (6, 12), (12, 18), (18, 22)]
     assert whole.time_s == pytest.approx([2.1, 2, 2, 1.7])  # 1.24: no whole-block split is better
-    split = balanced_split(items, one_each(4))
-    assert split.units[-1] == range(17, 18)  # layer 5's MLP out joins the head
+    split = balanced_split(items, one_each(4), MINI)
+    assert split.units[-1] == range(17, 22)  # layer 5's MLP out joins the head
     assert max(split.time_s) == pytest.approx(2.0)
     assert split.time_ratio < 1.12
-    assert whole.time_ratio > 1.2
-    assert stage_items(split.units[-1], first=False, last=True) == "layer 5 (MLP out) + head"
+    assert stage_items(MINI, split.units[-1], first=False) == "layer 5 (MLP out) + head"
 
 
-def test_a_stage_names_its_whole_layers_and_its_pieces() -> None:
-    assert stage_items(range(0, 5), first=True, last=False) == (
+def test_a_head_costlier_than_a_stage_is_split_over_the_last_stages() -> None:
+    items = gpt_items(0.1, [1] * 6, 1.7)  # gpt-mini's shape at pp = 6: 1.3 a stage
+    head_whole = balanced_split(items, one_each(6), MINI, cut_head=False)
+    assert head_whole.units[-1] == range(18, 22) and head_whole.time_ratio == pytest.approx(1.7)
+    split = balanced_split(items, one_each(6), MINI)
+    assert splits_head(MINI, split.units) and tiles(split, MINI)
+    assert max(split.time_s) == pytest.approx(1.425) and split.time_ratio < 1.3
+    assert [stage_items(MINI, r, first=False) for r in split.units[-2:]] == [
+        "layer 5 + head slice 0 of 4",
+        "head slices 1-3 of 4",
+    ]
+
+
+def test_a_stage_names_its_whole_layers_its_pieces_and_its_head_slices() -> None:
+    assert stage_items(MINI, range(0, 5), first=True) == (
         "embeddings + layer 0 + layer 1 (attention, MLP in)"
     )
-    assert stage_items(range(5, 12), first=False, last=False) == ("layer 1 (MLP out) + layers 2-3")
-    assert stage_items(range(18, 18), first=False, last=True) == "head only"
-    assert stage_items(range(4, 5), first=False, last=False) == "layer 1 (MLP in)"
+    assert stage_items(MINI, range(5, 12), first=False) == "layer 1 (MLP out) + layers 2-3"
+    assert stage_items(MINI, range(18, 22), first=False) == "head only"
+    assert stage_items(MINI, range(17, 22), first=False) == "layer 5 (MLP out) + head"
+    assert stage_items(MINI, range(0, 0), first=True) == "embeddings only"
+    assert stage_items(MINI, range(4, 5), first=False) == "layer 1 (MLP in)"
+    assert stage_items(MINI, range(15, 19), first=False) == "layer 5 + head slice 0 of 4"
+    assert stage_items(MINI, range(19, 22), first=False) == "head slices 1-3 of 4"
 
 
 def test_memory_is_a_bound_the_split_keeps() -> None:
     # Equal times; layer 1's MLP out is heavy in memory: the even split puts 12 on stage 1.
+    shape = config(2, head_slices=1)
     items = costs([0, 1, 1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1, 10, 0])
-    even = balanced_split(items, one_each(2))
+    even = balanced_split(items, one_each(2), shape)
     assert (even.time_s, even.memory_bytes) == ([3, 3], [3, 12])
-    bounded = balanced_split(items, one_each(2), memory_budget=11)
+    bounded = balanced_split(items, one_each(2), shape, memory_budget=11)
     assert (bounded.time_s, bounded.memory_bytes) == ([4, 2], [4, 11])  # time pays for it
     with pytest.raises(ValueError, match="within"):
-        balanced_split(items, one_each(2), memory_budget=9)
+        balanced_split(items, one_each(2), shape, memory_budget=9)
 
 
-@given(st.integers(1, 4), st.data())
-def test_the_split_is_the_fastest_then_the_most_even(n_layer: int, data: st.DataObject) -> None:
+@given(st.integers(1, 4), st.integers(1, 4), st.data())
+def test_the_split_is_the_fastest_then_the_most_even(
+    n_layer: int, head_slices: int, data: st.DataObject
+) -> None:
     """Against brute force: every contiguous split of the items into one stage per rank."""
-    times = data.draw(
-        st.lists(st.floats(0.01, 10), min_size=2 + 3 * n_layer, max_size=2 + 3 * n_layer)
-    )
+    shape = config(n_layer, head_slices)
+    size = 1 + 3 * n_layer + head_slices
+    times = data.draw(st.lists(st.floats(0.01, 10), min_size=size, max_size=size))
     stages = data.draw(st.integers(1, min(5, len(times))))
-    split = balanced_split(costs(times), one_each(stages))
-    assert [u for r in split.units for u in r] == list(range(3 * n_layer))
-    assert_best_or_whole_blocks(split, *best_by_brute_force(times, one_each(stages)))
+    split = balanced_split(costs(times), one_each(stages), shape)
+    assert tiles(split, shape)
+    assert_best_or_whole(split, shape, *best_by_brute_force(times, one_each(stages)))
 
 
 def test_zbv_pairs_the_head_with_the_embeddings_on_one_rank() -> None:
     items = gpt_items(0.1, [1] * 6, 1.7)  # gpt-mini's shape at pp = 2 under ZB-V
-    split = balanced_split(items, v_shape(4))
+    split = balanced_split(items, v_shape(4), MINI)
     assert split.ranks == [[0, 3], [1, 2]]
     assert max(split.rank_time_s) <= 3.9 + 0.15  # the total 7.8 over two ranks
     assert split.time_ratio < 1.06
-    whole = balanced_split(items, v_shape(4), cut_blocks=False)
-    assert all(r.start % 3 == 0 and r.stop % 3 == 0 for r in whole.units)
+    kept = balanced_split(items, v_shape(4), MINI, cut_blocks=False, cut_head=False)
+    assert whole(kept, MINI) and tiles(kept, MINI)
 
 
 def test_an_equal_split_fills_every_stage_it_can_and_under_a_v_spares_rank_0() -> None:
@@ -154,19 +197,21 @@ def test_an_equal_split_fills_every_stage_it_can_and_under_a_v_spares_rank_0() -
 
 def test_more_stages_than_items_is_refused() -> None:
     with pytest.raises(ValueError):
-        balanced_split(costs([0.1, 0.4, 0.3, 0.3, 1.7]), v_shape(8))  # 5 items, 8 stages
+        balanced_split(costs([0.1, 0.4, 0.3, 0.3, 1.7]), v_shape(8), config(1, 1))  # 5 items
 
 
-@given(st.integers(1, 2), st.data())
-def test_the_v_split_is_the_fastest_then_the_most_even(n_layer: int, data: st.DataObject) -> None:
+@given(st.integers(1, 2), st.integers(1, 4), st.data())
+def test_the_v_split_is_the_fastest_then_the_most_even(
+    n_layer: int, head_slices: int, data: st.DataObject
+) -> None:
     """Against brute force: every way to cut the items into 2 x pairs stages."""
-    times = data.draw(
-        st.lists(st.floats(0.01, 10), min_size=2 + 3 * n_layer, max_size=2 + 3 * n_layer)
-    )
-    stages = 2 * data.draw(st.integers(1, len(times) // 2))
-    split = balanced_split(costs(times), v_shape(stages))
-    assert [u for r in split.units for u in r] == list(range(3 * n_layer))
-    assert_best_or_whole_blocks(split, *best_by_brute_force(times, v_shape(stages)))
+    shape = config(n_layer, head_slices)
+    size = 1 + 3 * n_layer + head_slices
+    times = data.draw(st.lists(st.floats(0.01, 10), min_size=size, max_size=size))
+    stages = 2 * data.draw(st.integers(1, min(len(times) // 2, 4)))
+    split = balanced_split(costs(times), v_shape(stages), shape)
+    assert tiles(split, shape)
+    assert_best_or_whole(split, shape, *best_by_brute_force(times, v_shape(stages)))
 
 
 @given(st.lists(st.floats(0.1, 100), min_size=1, max_size=8), st.integers(8, 512))

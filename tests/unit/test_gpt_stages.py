@@ -1,4 +1,5 @@
-"""Pipeline stages cut inside blocks: the stages, run one after the other, are the model."""
+"""Pipeline stages cut inside blocks and inside the head: the stages, run one after the
+other, are the model (its loss and its gradients)."""
 
 from __future__ import annotations
 
@@ -8,38 +9,61 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.gpt import GPT, PIECES, boundary_width
+from workers.gpt import GPT, boundary_width, next_token_loss, splits_head, total_units
 from workers.model_configs import MODEL_CONFIGS
 
 CONFIG = MODEL_CONFIGS["gpt-tiny"]
-UNITS = CONFIG.n_layer * PIECES
+UNITS = total_units(CONFIG)  # 4 blocks x 3 pieces, then the head's 4 slices
 
 
 def stages_of(cuts: list[int]) -> list[GPT]:
     bounds = [0, *sorted(cuts), UNITS]
+    units = [range(a, b) for a, b in itertools.pairwise(bounds)]
+    carries = splits_head(CONFIG, units)
     stages = []
-    for s, (a, b) in enumerate(itertools.pairwise(bounds)):
+    for s, held in enumerate(units):
         torch.manual_seed(0)
         model = GPT(CONFIG)
-        model.keep_only(range(a, b), first=s == 0, last=s == len(bounds) - 2)
+        model.keep_only(held, first=s == 0, carries_targets=carries)
         stages.append(model)
     return stages
 
 
-@settings(max_examples=15, deadline=None)
-@given(st.lists(st.integers(0, UNITS), max_size=3))
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(0, UNITS - 1), max_size=3, unique=True))
 def test_stages_cut_anywhere_compute_the_full_model_and_share_no_parameter(
     cuts: list[int],
 ) -> None:
     torch.manual_seed(0)
     full = GPT(CONFIG)
     tokens = torch.randint(CONFIG.vocab_size, (2, CONFIG.seq_len))
+    targets = torch.randint(CONFIG.vocab_size, (2, CONFIG.seq_len))
+    expected = next_token_loss(full(tokens), targets)
+    expected.backward()  # type: ignore[no-untyped-call]
     stages = stages_of(cuts)
-    x = tokens
+    x, carried = tokens, targets
     for stage, start in zip(stages, [0, *sorted(cuts)], strict=True):
         if stage is not stages[0]:
             assert x.shape[-1] == boundary_width(CONFIG, start)  # what the stage is sent
-        x = stage(x)
-    torch.testing.assert_close(x, full(tokens), rtol=0, atol=1e-5)
-    names = [n for stage in stages for n, _ in stage.named_parameters()]
-    assert sorted(names) == sorted(n for n, _ in full.named_parameters())  # each once
+        out = stage(x, carried) if stage.carries_targets else stage(x)
+        x, carried = out if isinstance(out, tuple) else (out, carried)
+    loss = next_token_loss(x, targets)
+    loss.backward()  # type: ignore[no-untyped-call]
+    torch.testing.assert_close(loss, expected, rtol=0, atol=1e-5)
+    grads = {n: p.grad for stage in stages for n, p in stage.named_parameters()}
+    assert sorted(grads) == sorted(n for n, _ in full.named_parameters())  # each once
+    for name, param in full.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, rtol=0, atol=1e-6)
+
+
+def test_the_full_head_is_the_concatenated_slices() -> None:
+    """One matrix product over the slices' rows in order: the logits of an unsplit head."""
+    torch.manual_seed(0)
+    model = GPT(CONFIG)
+    hidden = torch.randn(2, CONFIG.seq_len, CONFIG.n_embd)
+    assert model.ln_f is not None
+    normed = model.ln_f(hidden)
+    by_slice = torch.cat([piece(normed) for piece in model.head.values()], dim=-1)
+    model.blocks.clear()
+    model.tok_emb = model.pos_emb = None
+    torch.testing.assert_close(model(hidden), by_slice)

@@ -67,7 +67,7 @@ def stage_times(
             torch.manual_seed(0)
             model = GPT(config)
             first, last = stage == 0, stage == len(units) - 1
-            model.keep_only(pieces, first=first, carries_targets=carries)
+            model.keep_only(pieces, first=first)
             hidden = balance.unit_input(config, batch, pieces.start, torch.device("cpu"))
             stages.append((model, tokens if first else hidden, first, last, carries))
     runs: list[list[float]] = [[] for _ in stages]

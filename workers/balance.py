@@ -188,7 +188,7 @@ class _HeadSlice:
 
 def _head_slice(ends: GPT, unit: int, tokens: torch.Tensor) -> _HeadSlice:
     model = copy.deepcopy(ends)
-    model.keep_only(range(unit, unit + 1), first=False, carries_targets=True)
+    model.keep_only(range(unit, unit + 1), first=False)
     return _HeadSlice(model, tokens)
 
 

@@ -16,7 +16,7 @@
   log-sum-exp (the running max, the sum of exponentials, the target's logit: 3 values
   per token packed after the normed hidden state); the stage holding the last slice
   returns each token's loss. The target ids then travel with the activations from the
-  first stage (`carries_targets`), since a middle stage needs them to pick out the
+  first stage (`splits_head`), since a middle stage needs them to pick out the
   target's logit. One process, or a stage holding the whole head, computes the logits in
   one matrix product as before.
 """
@@ -149,7 +149,6 @@ class GPT(nn.Module):
         self.head = nn.ModuleDict(
             {str(c): nn.Linear(config.n_embd, len(r), bias=False) for c, r in enumerate(self.rows)}
         )
-        self.carries_targets = False  # a pipeline stage whose head is split (`keep_only`)
         self.apply(_init_weights)
 
     def forward(
@@ -168,7 +167,7 @@ class GPT(nn.Module):
         if targets is None:
             assert len(self.head) == len(self.rows), "a split head needs the targets"
             return self._logits(x)
-        x = self._head_pieces(x, targets)
+        x = self._head_slices(x, targets)
         # The clone: the pipeline detaches its outputs in place, and a microbatch's targets
         # on the first stage are a view of the batch's.
         return x if str(len(self.rows) - 1) in self.head else (x, targets.clone())
@@ -178,7 +177,7 @@ class GPT(nn.Module):
         weights = [cast(nn.Linear, piece).weight for piece in self.head.values()]
         return F.linear(self.ln_f(x), torch.cat(weights) if len(weights) > 1 else weights[0])
 
-    def _head_pieces(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _head_slices(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The held vocabulary slices' part of the loss: logits added to the running
         log-sum-exp. The max is a constant to the gradient (any shift gives the same
         log-sum-exp), so it is detached. Target ids of other slices, or the garbage the
@@ -205,13 +204,12 @@ class GPT(nn.Module):
             return (top + torch.log(total) - target_logit).squeeze(-1)
         return torch.cat([h.float(), top, total, target_logit], dim=-1)
 
-    def keep_only(self, units: range, *, first: bool, carries_targets: bool = False) -> None:
+    def keep_only(self, units: range, *, first: bool) -> None:
         """Make this model one pipeline stage: keep the pieces in `units` and drop the
         rest, the embeddings unless `first`. Piece p of block b is unit b * PIECES + p;
         after the blocks come the head's slices (`head_units`), the first with the final
-        norm. `carries_targets`: the head is split over stages, so the target ids travel
-        with the activations (every stage takes and passes them on)."""
-        self.carries_targets = carries_targets
+        norm. Where the head is split over stages (`splits_head`), every stage is called
+        with the target ids too and passes them on."""
         head = head_units(self.config)
         for c in list(self.head):
             if head.start + int(c) not in units:

@@ -96,7 +96,7 @@ def build_parts(
         model = GPT(config).to(device)
         if plan.pp > 1:
             units = stage_units[stage]
-            model.keep_only(units, first=stage == 0, carries_targets=carries_targets)
+            model.keep_only(units, first=stage == 0)
         parts.append(model)
     for model in parts:
         if plan.tp > 1:

@@ -19,12 +19,11 @@ UNITS = total_units(CONFIG)  # 4 blocks x 3 pieces, then the head's 4 slices
 def stages_of(cuts: list[int]) -> list[GPT]:
     bounds = [0, *sorted(cuts), UNITS]
     units = [range(a, b) for a, b in itertools.pairwise(bounds)]
-    carries = splits_head(CONFIG, units)
     stages = []
     for s, held in enumerate(units):
         torch.manual_seed(0)
         model = GPT(CONFIG)
-        model.keep_only(held, first=s == 0, carries_targets=carries)
+        model.keep_only(held, first=s == 0)
         stages.append(model)
     return stages
 
@@ -41,11 +40,13 @@ def test_stages_cut_anywhere_compute_the_full_model_and_share_no_parameter(
     expected = next_token_loss(full(tokens), targets)
     expected.backward()  # type: ignore[no-untyped-call]
     stages = stages_of(cuts)
+    bounds = [0, *sorted(cuts), UNITS]
+    split_head = splits_head(CONFIG, [range(a, b) for a, b in itertools.pairwise(bounds)])
     x, carried = tokens, targets
     for stage, start in zip(stages, [0, *sorted(cuts)], strict=True):
         if stage is not stages[0]:
             assert x.shape[-1] == boundary_width(CONFIG, start)  # what the stage is sent
-        out = stage(x, carried) if stage.carries_targets else stage(x)
+        out = stage(x, carried) if split_head else stage(x)
         x, carried = out if isinstance(out, tuple) else (out, carried)
     loss = next_token_loss(x, targets)
     loss.backward()  # type: ignore[no-untyped-call]

@@ -1,14 +1,16 @@
 """Load balancing: pipeline stages by measured cost, and batch shares by rank speed.
 
-    .venv/bin/python bench/engine_balance.py stages --model gpt-mini --pp 2 4
+    .venv/bin/python bench/engine_balance.py stages --model gpt-mini --pp 2 4 6 8
     .venv/bin/python bench/engine_balance.py stages --model gpt-mini --pp 2 4 --schedule zbv
     .venv/bin/python bench/engine_balance.py batch --model gpt-tiny --steps 30 --batch 200
     .venv/bin/python bench/engine_balance.py pipeline --model gpt-mini --pp 2
 
 `stages`: each item's forward + backward is measured (`workers.balance.measure_costs`:
-embeddings, each block's three pieces, head); then every stage of the equal split, of
-the balanced split at whole blocks (as under tensor parallel) and of the balanced split
-that may cut blocks is built as the pipeline builds it (`GPT.keep_only`) and timed on
+embeddings, each block's three pieces, the head's four vocabulary slices); then every
+stage of the equal split, of the balanced split at whole blocks and a whole head (as
+under tensor parallel), of the one that may cut blocks but keeps the head whole (as
+under FSDP in bf16) and of the one that may cut both is built as the pipeline builds it
+(`GPT.keep_only`; a split head's stages take the target ids too) and timed on
 its own, forward + backward on one microbatch, median of `--repeats`, in CPU time (one
 thread; the machine's other load does not count), the runs going round every stage of
 every split in turn. Prints slowest/fastest pipeline rank time for each split, timed and

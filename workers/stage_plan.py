@@ -38,7 +38,7 @@ def stage_units(
     costs = balance.averaged(measured)
     budget = _memory_budget(plan, device)
     note = ""
-    cut_head = plan.tp == 1 and not (plan.fsdp and plan.precision == "bf16")
+    cut_head = plan.tp == 1 and (plan.precision == "fp32" or not plan.fsdp)
     cuts = {"cut_blocks": plan.tp == 1, "cut_head": cut_head}
     try:
         chosen = balance.balanced_split(costs, ranks, spec.config, memory_budget=budget, **cuts)

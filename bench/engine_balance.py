@@ -5,13 +5,13 @@
     .venv/bin/python bench/engine_balance.py batch --model gpt-tiny --steps 30 --batch 200
     .venv/bin/python bench/engine_balance.py pipeline --model gpt-mini --pp 2
 
-`stages`: each item's forward + backward is measured (`workers.balance.measure_costs`:
+`stages`: each item's forward + backward is measured (`workers.item_costs.measure_costs`:
 embeddings, each block's three pieces, the head's four vocabulary slices); then every
 stage of the equal split, of the balanced split at whole blocks and a whole head (as
 under tensor parallel), of the one that may cut blocks but keeps the head whole (as
 under FSDP in bf16) and of the one that may cut both is built as the pipeline builds it
 (`GPT.keep_only`; a split head's stages take the target ids too) and timed on
-its own, forward + backward on one microbatch, median of `--repeats`, in CPU time (one
+its own, forward + backward on one microbatch, the fastest of `--repeats`, in CPU time (one
 thread; the machine's other load does not count), the runs going round every stage of
 every split in turn. Prints slowest/fastest pipeline rank time for each split, timed and
 as the item costs predict it: a rank's time is its stage's, or under `--schedule zbv`
@@ -45,7 +45,7 @@ import torch
 
 from bench.engine_modes import run
 from gangway.models import PipelineSchedule
-from workers import balance
+from workers import balance, item_costs
 from workers.gpt import GPT, next_token_loss, splits_head
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.plan import ParallelPlan
@@ -70,7 +70,7 @@ def stage_times(
             model = GPT(config)
             first, last = stage == 0, stage == len(units) - 1
             model.keep_only(pieces, first=first)
-            hidden = balance.unit_input(config, batch, pieces.start, torch.device("cpu"))
+            hidden = item_costs.unit_input(config, batch, pieces.start, torch.device("cpu"))
             stages.append((model, tokens if first else hidden, first, last, carries))
     runs: list[list[float]] = [[] for _ in stages]
     for _ in range(repeats):
@@ -82,14 +82,14 @@ def stage_times(
             loss = next_token_loss(out, tokens) if last else out.square().mean()
             loss.backward()  # type: ignore[no-untyped-call]
             runs[k].append(time.process_time() - began)
-    medians = iter([statistics.median(r) for r in runs])
-    return [[next(medians) for _ in units] for units in splits]
+    fastest = iter([min(r) for r in runs])
+    return [[next(fastest) for _ in units] for units in splits]
 
 
 def bench_stages(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     config = MODEL_CONFIGS[args.model]
-    costs = balance.measure_costs(
+    costs = item_costs.measure_costs(
         config, batch=args.batch, in_flight=1, device=torch.device("cpu"), repeats=args.repeats
     )
     print("item costs (ms): " + ", ".join(f"{c.time_s * 1000:.1f}" for c in costs), flush=True)

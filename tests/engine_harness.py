@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.e2e.service import free_port
-from workers import balance
+from workers import item_costs
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.plan import ParallelPlan
 from workers.training import TrainSpec, train
@@ -78,8 +78,8 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
     for name, config in job["models"].items():
         MODEL_CONFIGS[name] = GPTConfig(**config)
     if job["item_times"] is not None:
-        forced = [balance.ItemCost(t, 1) for t in job["item_times"]]
-        balance.measure_costs = lambda *args, **kwargs: forced  # type: ignore[assignment]
+        forced = [item_costs.ItemCost(t, 1) for t in job["item_times"]]
+        item_costs.measure_costs = lambda *args, **kwargs: forced  # type: ignore[assignment]
     url = f"tcp://127.0.0.1:{job['port']}"
     dist.init_process_group("gloo", init_method=url, rank=rank, world_size=job["world"])
     try:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workers import balance
+from workers import balance, item_costs
 from workers.checkpoint import is_rank0
 from workers.gpt import block_units
 from workers.model_configs import GPTConfig
@@ -32,10 +32,10 @@ def stage_units(
         return equal
     micro = spec.batch_size // plan.microbatches
     shards = plan.dp if plan.fsdp else 1
-    measured = balance.measure_costs(
+    measured = item_costs.measure_costs(
         spec.config, batch=micro, in_flight=plan.microbatches, device=device, param_shards=shards
     )
-    costs = balance.averaged(measured)
+    costs = item_costs.averaged(measured)
     budget = _memory_budget(plan, device)
     note = ""
     cut_head = plan.tp == 1 and (plan.precision == "fp32" or not plan.fsdp)

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from workers.balance import (
     CUT_GAIN,
-    ItemCost,
     StageSplit,
     balanced_split,
     batch_shares,
@@ -20,6 +19,7 @@ from workers.balance import (
     stage_items,
 )
 from workers.gpt import splits_head
+from workers.item_costs import ItemCost
 from workers.model_configs import GPTConfig
 from workers.stage_plan import equal_units
 

@@ -36,7 +36,8 @@ from workers.gpt import PIECE_NAMES, PIECES, head_units
 from workers.item_costs import ItemCost
 from workers.model_configs import GPTConfig
 
-# What a split that cuts blocks must gain over whole blocks (slowest or fastest rank).
+# What a finer split (blocks cut, then the head) must gain over a coarser one (slowest or
+# fastest rank).
 CUT_GAIN = 0.01
 # Items up to which ZB-V's pair programme (O(items^4)) also tries block pieces: 14 layers
 # and a head in 4 slices.
@@ -45,7 +46,8 @@ MAX_PAIR_ITEMS = 1 + 14 * PIECES + 4
 
 @dataclass(frozen=True)
 class StageSplit:
-    """Block pieces of each stage, each stage's predicted time and memory, and the stages
+    """Units (block pieces, head slices) of each stage, each stage's predicted time and
+    memory, and the stages
     each pipeline rank runs (one, or two under interleaved 1F1B and ZB-V)."""
 
     units: list[range]
@@ -162,20 +164,24 @@ def balanced_split(
     is a stage's worth of work on its own.
 
     A stage boundary may fall inside a block (`cut_blocks`; tensor parallel shards whole
-    blocks) or inside the head (`cut_head`) where that gains over whole blocks and a
-    whole head (`_better`). Under ZB-V the pair programme grows as items^4, so beyond
-    MAX_PAIR_ITEMS items it keeps blocks and the head whole."""
-    whole_groups = unit_groups(config, cut_blocks=False, cut_head=False)
-    groups = unit_groups(config, cut_blocks=cut_blocks, cut_head=cut_head)
-    whole = _split_groups(costs, ranks, whole_groups, memory_budget)
-    if groups == whole_groups or (mirrored(ranks) and len(costs) > MAX_PAIR_ITEMS):
-        if whole is None:
-            raise ValueError(_unfillable(len(whole_groups), ranks, memory_budget))
-        return whole
-    cut = _split_groups(costs, ranks, groups, memory_budget)
-    if cut is None:
-        raise ValueError(_unfillable(len(groups), ranks, memory_budget))
-    return cut if whole is None or _better(cut, whole) else whole
+    blocks), then also inside the head (`cut_head`), each only where that gains over the
+    coarser split chosen so far (`_better`): cutting the head costs the most (the target
+    ids travel, the logits are no longer one product). Under ZB-V the pair programme
+    grows as items^4, so beyond MAX_PAIR_ITEMS items it keeps blocks and the head whole."""
+    coarse_to_fine = [unit_groups(config, cut_blocks=False, cut_head=False)]
+    if not (mirrored(ranks) and len(costs) > MAX_PAIR_ITEMS):
+        if cut_blocks:
+            coarse_to_fine.append(unit_groups(config, cut_blocks=True, cut_head=False))
+        if cut_head:
+            coarse_to_fine.append(unit_groups(config, cut_blocks=cut_blocks, cut_head=True))
+    chosen: StageSplit | None = None
+    for groups in coarse_to_fine:
+        split = _split_groups(costs, ranks, groups, memory_budget)
+        if split is not None and (chosen is None or _better(split, chosen)):
+            chosen = split
+    if chosen is None:
+        raise ValueError(_unfillable(len(coarse_to_fine[-1]), ranks, memory_budget))
+    return chosen
 
 
 def _split_groups(
@@ -201,17 +207,18 @@ def _unfillable(groups: int, ranks: Sequence[Sequence[int]], budget: float | Non
     return f"1 + {groups} items cannot fill {num_stages} stages{within}"
 
 
-def _better(cut: StageSplit, whole: StageSplit) -> bool:
-    """Whether cutting blocks gains more than CUT_GAIN on what the programme balanced
-    (a rank's pair under ZB-V, else each stage): a smaller gain is within the timings'
-    noise, and a cut adds stage boundaries (a ZB-V split of gpt-mini at pp = 4 cut layer
-    0 into three one-piece stages for the same predicted times)."""
-    loads, whole_loads = _balanced_loads(cut), _balanced_loads(whole)
-    slowest, whole_slowest = max(loads), max(whole_loads)
-    if slowest < whole_slowest * (1 - CUT_GAIN):
+def _better(finer: StageSplit, coarser: StageSplit) -> bool:
+    """Whether a finer cut (inside blocks, inside the head) gains more than CUT_GAIN over
+    a coarser one on what the programme balanced (a rank's pair under ZB-V, else each
+    stage): a smaller gain is within the timings' noise, and a cut adds stage boundaries
+    (a ZB-V split of gpt-mini at pp = 4 cut layer 0 into three one-piece stages for the
+    same predicted times)."""
+    loads, coarser_loads = _balanced_loads(finer), _balanced_loads(coarser)
+    slowest, coarser_slowest = max(loads), max(coarser_loads)
+    if slowest < coarser_slowest * (1 - CUT_GAIN):
         return True
-    no_slower = slowest <= whole_slowest * (1 + 1e-9)
-    return no_slower and min(loads) > min(whole_loads) * (1 + CUT_GAIN)
+    no_slower = slowest <= coarser_slowest * (1 + 1e-9)
+    return no_slower and min(loads) > min(coarser_loads) * (1 + CUT_GAIN)
 
 
 def _balanced_loads(split: StageSplit) -> list[float]:

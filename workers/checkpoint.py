@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from gangway.models import CheckpointPolicy, wire_default
 from workers import faults
-from workers.checkpoint_compat import read_whole_head
+from workers.checkpoint_compat import read_older_layouts
 from workers.checkpoint_layout import (
     PARTIAL,
     checkpoint_path,
@@ -109,8 +109,8 @@ class Checkpointer:
         saved = FileSystemReader(done[-1]).read_metadata().state_dict_metadata
         held = [name for name in counters if f"trainer.{name}" in saved]
         state = _merged(models, optims, 0, dict.fromkeys(held, 0))
-        state["extra"] = {k: v for k, v in self.extra.items() if f"extra.{k}" in saved}
-        hand_out_head = read_whole_head(state, saved)  # written by an older release
+        state["extra"] = dict(self.extra)  # what the checkpoint lacks keeps its value
+        hand_out_head = read_older_layouts(state, saved)
         with _single_process_is_intended():  # DCP fills the tensors of every dict in place
             state_dict_loader.load(state, checkpoint_id=str(done[-1]), no_dist=_single_process())
         hand_out_head()

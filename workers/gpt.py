@@ -5,7 +5,8 @@
 - Blocks live in a `ModuleDict` keyed by layer index: a pipeline stage keeps only its
   layers and its parameters keep the names they have in the full model, so a checkpoint
   written at one pipeline degree loads at another.
-- A stage without the embeddings takes hidden states in; one without the head returns them.
+- A stage without the embeddings takes hidden states in; one without the head returns them
+  (with the target ids beside them where the head is split, below).
 - A stage may also start or end inside a block, at one of its pieces (attention, MLP in,
   MLP out: `PIECES`), so costly ends (a big vocabulary head) can be balanced at a finer
   grain than a whole block. Between MLP in and MLP out the boundary carries the residual
@@ -23,7 +24,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -173,9 +174,11 @@ class GPT(nn.Module):
         return x if str(len(self.rows) - 1) in self.head else (x, targets.clone())
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The slices' logits side by side: the same products as one head's (a product
+        over the concatenated weights would keep a copy of them for backward)."""
         assert self.ln_f is not None
-        weights = [cast(nn.Linear, piece).weight for piece in self.head.values()]
-        return F.linear(self.ln_f(x), torch.cat(weights) if len(weights) > 1 else weights[0])
+        h = self.ln_f(x)
+        return torch.cat([piece(h) for piece in self.head.values()], dim=-1)
 
     def _head_slices(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The held vocabulary slices' part of the loss: logits added to the running
@@ -234,10 +237,11 @@ def head_rows(config: GPTConfig) -> list[range]:
 
 
 def vocabulary_slices(vocab_size: int) -> list[range]:
-    """The vocabulary rows of each head slice: as equal as `torch.chunk` makes them."""
+    """The vocabulary rows of each head slice: HEAD_PIECES slices (fewer for a smaller
+    vocabulary), their sizes at most one apart, none empty."""
     pieces = min(HEAD_PIECES, vocab_size)
-    size = -(-vocab_size // pieces)
-    return [range(c * size, min((c + 1) * size, vocab_size)) for c in range(pieces)]
+    bounds = [c * vocab_size // pieces for c in range(pieces + 1)]
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def head_units(config: GPTConfig) -> range:

@@ -128,7 +128,8 @@ def train(
     optimizers = [build_optimizer(part, spec, fused=fused) for part in parts.parts]
     schedulers = [lr_schedule(opt, spec) for opt in optimizers]
     params = list(parameters_of(parts.parts))
-    rule = build_rule(plan, dp_group, meter, params)
+    names = [name for part in parts.parts for name, _ in part.named_parameters()]
+    rule = build_rule(plan, dp_group, meter, params, names)
     checkpointer = Checkpointer(
         checkpoint_dir, parts.parts, optimizers, spec.keep_last, extra=rule.outer_state()
     )

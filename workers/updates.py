@@ -170,11 +170,13 @@ class DiLoCo(UpdateRule):
         meter: CommMeter,
         params: Sequence[nn.Parameter],
         *,
+        names: Sequence[str],
         period: int,
         lr: float,
         momentum: float,
     ) -> None:
         super().__init__(group, meter)
+        self.names = list(names)  # the parameters' names, which key the saved momentum
         self.period = period
         self.anchor = [nn.Parameter(p.detach().clone()) for p in params]
         self.outer = torch.optim.SGD(self.anchor, lr=lr, momentum=momentum, nesterov=True)
@@ -195,10 +197,12 @@ class DiLoCo(UpdateRule):
                 param.copy_(anchor)
 
     def outer_state(self) -> dict[str, torch.Tensor]:
-        """The anchor equals the parameters after `consolidate`; the momentum does not."""
+        """The anchor equals the parameters after `consolidate`; the momentum does not.
+        Keyed by parameter name (releases before 2026-12-02 keyed it by position:
+        `workers.checkpoint_compat` reads those)."""
         state = self.outer.state
         buffers = [state[anchor]["momentum_buffer"] for anchor in self.anchor]
-        return {f"outer_momentum.{i}": buffer for i, buffer in enumerate(buffers)}
+        return {f"outer_momentum.{n}": b for n, b in zip(self.names, buffers, strict=True)}
 
     def reset_anchor(self, params: Sequence[nn.Parameter]) -> None:
         """After a checkpoint load: the loaded parameters are the synchronised ones."""
@@ -268,8 +272,9 @@ def build_rule(
     group: dist.ProcessGroup | None,
     meter: CommMeter,
     params: Sequence[nn.Parameter],
+    names: Sequence[str],
 ) -> UpdateRule:
-    """The rule for `plan.update_mode`."""
+    """The rule for `plan.update_mode`; `names`: the parameters' names."""
     if plan.dp == 1 or plan.update_mode in ("sync", "async"):  # async: workers.async_ps
         return UpdateRule(group, meter)
     if plan.update_mode == "local-sgd":
@@ -279,6 +284,7 @@ def build_rule(
             group,
             meter,
             params,
+            names=names,
             period=plan.sync_period,
             lr=plan.outer_lr,
             momentum=plan.outer_momentum,

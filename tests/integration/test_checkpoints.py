@@ -163,8 +163,10 @@ class _WholeHeadGPT(nn.Module):
 
 
 def test_a_checkpoint_with_the_whole_head_resumes_into_its_slices(tmp_path: Path) -> None:
-    """A job checkpointed by an older release (head.weight whole) resumes: each head
-    slice gets its rows of the weight and of AdamW's moments, and the step."""
+    """A job checkpointed by an older release (head.weight whole, DiLoCo's momentum keyed
+    by parameter position) resumes: each head slice gets its rows of the weight, of
+    AdamW's moments and of the outer momentum, and the step; other parameters' outer
+    momentum comes back under their names."""
     config = MODEL_CONFIGS["gpt-tiny"]
     torch.manual_seed(0)
     old = _WholeHeadGPT(GPT(config))
@@ -172,7 +174,10 @@ def test_a_checkpoint_with_the_whole_head_resumes_into_its_slices(tmp_path: Path
     for param in old.parameters():
         param.grad = torch.randn_like(param)
     old_optimizer.step()
-    Checkpointer(tmp_path, [old], [old_optimizer]).save(3)
+    old_momentum = {
+        f"outer_momentum.{i}": torch.randn_like(p) for i, p in enumerate(old.parameters())
+    }
+    Checkpointer(tmp_path, [old], [old_optimizer], extra=old_momentum).save(3)
 
     torch.manual_seed(1)  # different weights, to be overwritten
     new = GPT(config)
@@ -180,10 +185,18 @@ def test_a_checkpoint_with_the_whole_head_resumes_into_its_slices(tmp_path: Path
     for param in new.parameters():
         param.grad = torch.zeros_like(param)
     optimizer.step()  # the optimizer's state exists, as in a running job
-    assert Checkpointer(tmp_path, [new], [optimizer]).load_latest() == 3
+    momentum = {f"outer_momentum.{n}": torch.zeros_like(p) for n, p in new.named_parameters()}
+    assert Checkpointer(tmp_path, [new], [optimizer], extra=momentum).load_latest() == 3
     slices = [cast(nn.Linear, piece).weight for piece in new.head.values()]
     assert torch.equal(torch.cat(slices), old.head.weight)
     moments = torch.cat([optimizer.state[w]["exp_avg"] for w in slices])
     assert torch.equal(moments, old_optimizer.state[old.head.weight]["exp_avg"])
     assert all(float(optimizer.state[w]["step"]) == 1 for w in slices)
     assert torch.equal(new.ln_f.weight, old.ln_f.weight)  # type: ignore[union-attr]
+    head_momentum = [momentum[f"outer_momentum.head.{c}.weight"] for c in range(len(slices))]
+    last = len(old_momentum) - 1  # the head was the last parameter
+    assert torch.equal(torch.cat(head_momentum), old_momentum[f"outer_momentum.{last}"])
+    assert torch.equal(momentum["outer_momentum.tok_emb.weight"], old_momentum["outer_momentum.0"])
+    assert torch.equal(
+        momentum["outer_momentum.ln_f.bias"], old_momentum[f"outer_momentum.{last - 1}"]
+    )

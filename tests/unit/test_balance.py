@@ -84,18 +84,14 @@ def whole(split: StageSplit, shape: GPTConfig) -> bool:
     return all(r.stop % 3 == 0 and r.stop <= 3 * shape.n_layer for r in split.units[:-1])
 
 
-def assert_best_or_whole(
-    split: StageSplit, shape: GPTConfig, slowest: float, fastest: float
-) -> None:
-    """The best split (brute force's slowest, then fastest), or whole blocks and a whole
-    head where the best gains no more than CUT_GAIN over them."""
+def assert_best_or_within_the_gain(split: StageSplit, slowest: float, fastest: float) -> None:
+    """The best split (brute force's slowest, then fastest), or a coarser one (whole
+    blocks, a whole head) where the best gains no more than CUT_GAIN over it."""
     got_slowest, got_fastest = max(split.rank_time_s), min(split.rank_time_s)
-    if whole(split, shape):
-        assert slowest >= got_slowest * (1 - CUT_GAIN) - 1e-9
-        assert fastest <= got_fastest * (1 + CUT_GAIN) + 1e-9
-    else:
-        assert got_slowest == pytest.approx(slowest)
-        assert got_fastest == pytest.approx(fastest)
+    if got_slowest == pytest.approx(slowest) and got_fastest == pytest.approx(fastest):
+        return
+    assert slowest >= got_slowest * (1 - CUT_GAIN) - 1e-9
+    assert fastest <= got_fastest * (1 + CUT_GAIN) + 1e-9
 
 
 def test_a_heavy_head_gets_fewer_blocks_than_an_equal_split() -> None:
@@ -129,6 +125,20 @@ def test_a_head_costlier_than_a_stage_is_split_over_the_last_stages() -> None:
         "layer 5 + head slice 0 of 4",
         "head slices 1-3 of 4",
     ]
+
+
+def test_the_head_is_cut_only_for_a_gain_over_cut_blocks() -> None:
+    """Cutting blocks gains over whole ones here; cutting the head too would take the
+    slowest stage from 17.5 to 17.4, under CUT_GAIN: the head stays whole."""
+    shape = config(2)
+    items = costs([0.9, 8.3, 2.7, 1.3, 2.7, 7.3, 6.6, 3.5, 2.8, 6.1, 5.1])
+    fully_cut_slowest = 17.4  # stages 0-3 | 4-6 | 7-9 (head slices 1-3) by brute force
+    assert best_by_brute_force([c.time_s for c in items], one_each(3))[0] == pytest.approx(
+        fully_cut_slowest
+    )
+    split = balanced_split(items, one_each(3), shape)
+    assert split.units == [range(0, 4), range(4, 6), range(6, 10)]  # layer 1 cut, head whole
+    assert not splits_head(shape, split.units)
 
 
 def test_a_stage_names_its_whole_layers_its_pieces_and_its_head_slices() -> None:
@@ -167,7 +177,7 @@ def test_the_split_is_the_fastest_then_the_most_even(
     stages = data.draw(st.integers(1, min(5, len(times))))
     split = balanced_split(costs(times), one_each(stages), shape)
     assert tiles(split, shape)
-    assert_best_or_whole(split, shape, *best_by_brute_force(times, one_each(stages)))
+    assert_best_or_within_the_gain(split, *best_by_brute_force(times, one_each(stages)))
 
 
 def test_zbv_pairs_the_head_with_the_embeddings_on_one_rank() -> None:
@@ -211,7 +221,7 @@ def test_the_v_split_is_the_fastest_then_the_most_even(
     stages = 2 * data.draw(st.integers(1, min(len(times) // 2, 4)))
     split = balanced_split(costs(times), v_shape(stages), shape)
     assert tiles(split, shape)
-    assert_best_or_whole(split, shape, *best_by_brute_force(times, v_shape(stages)))
+    assert_best_or_within_the_gain(split, *best_by_brute_force(times, v_shape(stages)))
 
 
 @given(st.lists(st.floats(0.1, 100), min_size=1, max_size=8), st.integers(8, 512))

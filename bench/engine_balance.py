@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/engine_balance.py stages --model gpt-mini --pp 2 4 6 8
     .venv/bin/python bench/engine_balance.py stages --model gpt-mini --pp 2 4 --schedule zbv
+    .venv/bin/python bench/engine_balance.py stages --model gpt-small --pp 4 8 --batch 1 \
+        --repeats 1 --predict-only
     .venv/bin/python bench/engine_balance.py batch --model gpt-tiny --steps 30 --batch 200
     .venv/bin/python bench/engine_balance.py pipeline --model gpt-mini --pp 2
 
@@ -15,7 +17,8 @@ its own, forward + backward on one microbatch, the fastest of `--repeats`, in CP
 thread; the machine's other load does not count), the runs going round every stage of
 every split in turn. Prints slowest/fastest pipeline rank time for each split, timed and
 as the item costs predict it: a rank's time is its stage's, or under `--schedule zbv`
-the sum of its two (stages r and 2 pp - 1 - r).
+the sum of its two (stages r and 2 pp - 1 - r). `--predict-only` skips building and
+timing the stages (a model too big to time every split of on a CPU).
 
 `batch`: 2 gloo ranks, rank 1's compute made `--slow` x slower; equal shares against
 `balance_batch` on the same samples, and the same gang with no straggler, alternated
@@ -103,20 +106,26 @@ def bench_stages(args: argparse.Namespace) -> None:
             "whole_head": balance.balanced_split(costs, ranks, config, cut_head=False).units,
             "balanced": balance.balanced_split(costs, ranks, config).units,
         }
-        timed = stage_times(config, list(splits.values()), args.batch, args.repeats)
         row: dict[str, Any] = {"model": args.model, "schedule": args.schedule, "pp": pp}
-        for (name, units), times in zip(splits.items(), timed, strict=True):
-            per_rank = [sum(times[s] for s in stages) for stages in ranks]
+        for name, units in splits.items():
+            predicted = balance.stage_costs(costs, units, ranks)
             row[name] = {
                 "stages": [
                     balance.stage_items(config, r, first=s == 0) for s, r in enumerate(units)
                 ],
-                "stage_ms": [round(t * 1000, 1) for t in times],
-                "rank_stages": ranks,
-                "rank_ms": [round(t * 1000, 1) for t in per_rank],
-                "predicted": round(balance.stage_costs(costs, units, ranks).time_ratio, 3),
-                "slowest_over_fastest": round(max(per_rank) / min(per_rank), 3),
+                "predicted": round(predicted.time_ratio, 3),
+                "predicted_slowest_ms": round(max(predicted.rank_time_s) * 1000, 1),
             }
+        if not args.predict_only:
+            timed = stage_times(config, list(splits.values()), args.batch, args.repeats)
+            for name, times in zip(splits, timed, strict=True):
+                per_rank = [sum(times[s] for s in stages) for stages in ranks]
+                row[name] |= {
+                    "stage_ms": [round(t * 1000, 1) for t in times],
+                    "rank_stages": ranks,
+                    "rank_ms": [round(t * 1000, 1) for t in per_rank],
+                    "slowest_over_fastest": round(max(per_rank) / min(per_rank), 3),
+                }
         print(json.dumps(row), flush=True)
 
 
@@ -197,6 +206,9 @@ def main() -> None:
         help="interleaved-1f1b, zbv: two stages per rank; a rank's time is their sum",
     )
     stages.add_argument("--repeats", type=int, default=5)
+    stages.add_argument(
+        "--predict-only", action="store_true", help="print the splits' predicted ratios only"
+    )
     batch = sub.add_parser("batch")
     batch.add_argument("--model", default="gpt-tiny")
     batch.add_argument("--steps", type=int, default=40)

@@ -94,6 +94,21 @@ def assert_best_or_within_the_gain(split: StageSplit, slowest: float, fastest: f
     assert fastest <= got_fastest * (1 + CUT_GAIN) + 1e-9
 
 
+def drawn_items(
+    data: st.DataObject, n_layer: int, head_slices: int
+) -> tuple[GPTConfig, list[float]]:
+    """A model shape and random times for its [embeddings, units...]."""
+    size = 1 + 3 * n_layer + head_slices
+    times = data.draw(st.lists(st.floats(0.01, 10), min_size=size, max_size=size))
+    return config(n_layer, head_slices), times
+
+
+def assert_the_best_split(shape: GPTConfig, times: list[float], ranks: list[list[int]]) -> None:
+    split = balanced_split(costs(times), ranks, shape)
+    assert tiles(split, shape)
+    assert_best_or_within_the_gain(split, *best_by_brute_force(times, ranks))
+
+
 def test_a_heavy_head_gets_fewer_blocks_than_an_equal_split() -> None:
     items = gpt_items(0.1, [1] * 6, 1.7)
     equal = stage_costs(items, equal_units(MINI, one_each(2)), one_each(2))
@@ -171,13 +186,8 @@ def test_the_split_is_the_fastest_then_the_most_even(
     n_layer: int, head_slices: int, data: st.DataObject
 ) -> None:
     """Against brute force: every contiguous split of the items into one stage per rank."""
-    shape = config(n_layer, head_slices)
-    size = 1 + 3 * n_layer + head_slices
-    times = data.draw(st.lists(st.floats(0.01, 10), min_size=size, max_size=size))
-    stages = data.draw(st.integers(1, min(5, len(times))))
-    split = balanced_split(costs(times), one_each(stages), shape)
-    assert tiles(split, shape)
-    assert_best_or_within_the_gain(split, *best_by_brute_force(times, one_each(stages)))
+    shape, times = drawn_items(data, n_layer, head_slices)
+    assert_the_best_split(shape, times, one_each(data.draw(st.integers(1, min(5, len(times))))))
 
 
 def test_zbv_pairs_the_head_with_the_embeddings_on_one_rank() -> None:
@@ -215,13 +225,9 @@ def test_the_v_split_is_the_fastest_then_the_most_even(
     n_layer: int, head_slices: int, data: st.DataObject
 ) -> None:
     """Against brute force: every way to cut the items into 2 x pairs stages."""
-    shape = config(n_layer, head_slices)
-    size = 1 + 3 * n_layer + head_slices
-    times = data.draw(st.lists(st.floats(0.01, 10), min_size=size, max_size=size))
-    stages = 2 * data.draw(st.integers(1, min(len(times) // 2, 4)))
-    split = balanced_split(costs(times), v_shape(stages), shape)
-    assert tiles(split, shape)
-    assert_best_or_within_the_gain(split, *best_by_brute_force(times, v_shape(stages)))
+    shape, times = drawn_items(data, n_layer, head_slices)
+    pairs = data.draw(st.integers(1, min(len(times) // 2, 4)))
+    assert_the_best_split(shape, times, v_shape(2 * pairs))
 
 
 @given(st.lists(st.floats(0.1, 100), min_size=1, max_size=8), st.integers(8, 512))

@@ -38,6 +38,7 @@ from scheduler.predict.steptime import (
     calibrate,
     job_time_s,
 )
+from scheduler.runtime.prediction_writes import ending, moved
 from scheduler.runtime.trainer_shapes import TrainerJob, common_node_type, node_type, trainer_job
 from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import JobRecord, JobRepository
@@ -170,8 +171,8 @@ class Predictions:
             if last is not None and last[0] is current and last[1] == start:
                 continue  # what the last pass compared (a waiting job's kept prediction)
             self._recorded[job_id] = (current, start)
-            p = _ending(current, start)
-            if _moved(self._written.get(job_id), p):
+            p = ending(current, start)
+            if moved(self._written.get(job_id), p):
                 changed.append((job_id, p))
                 self._written[job_id] = p
         if changed:
@@ -277,30 +278,3 @@ def _measured_step_s(job: JobRecord) -> float | None:
     if job.step <= 0 or job.progress_at is None or job.started_at is None:
         return None
     return max(0.0, (job.progress_at - job.started_at).total_seconds()) / job.step
-
-
-def _ending(p: JobPrediction, start: datetime | None) -> JobPrediction:
-    """A waiting job ends its predicted run time after its estimated start."""
-    if p.estimated_end_at is None and start is not None and p.runtime_s is not None:
-        return replace(p, estimated_end_at=start + timedelta(seconds=p.runtime_s))
-    return p
-
-
-def _moved(old: JobPrediction | None, new: JobPrediction) -> bool:
-    """Worth a write: a new source, or a total or end that moved by more than 2% (30 s
-    at least). Measured step times wobble every poll; rewriting each would be noise."""
-    if old is None or old.source != new.source:
-        return True
-    slack = max(30.0, 0.02 * (new.runtime_s or 0.0))
-    old_end, new_end = _seconds(old.estimated_end_at), _seconds(new.estimated_end_at)
-    return _apart(old.runtime_s, new.runtime_s, slack) or _apart(old_end, new_end, slack)
-
-
-def _seconds(at: datetime | None) -> float | None:
-    return at.timestamp() if at is not None else None
-
-
-def _apart(a: float | None, b: float | None, slack: float) -> bool:
-    if a is None or b is None:
-        return (a is None) != (b is None)
-    return abs(a - b) > slack

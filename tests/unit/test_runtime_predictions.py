@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from scheduler.model import Node
-from scheduler.runtime.predictions import _moved
+from scheduler.runtime.prediction_writes import moved
 from scheduler.runtime.trainer_shapes import common_node_type, node_type, trainer_job
 from scheduler.store.predictions import JobPrediction
 from scheduler.store.specs import spec_from_json
@@ -60,10 +60,10 @@ def prediction(
 
 def test_a_prediction_is_rewritten_only_when_it_moved() -> None:
     old = prediction(3600.0, 3600.0)
-    assert not _moved(old, prediction(3610.0, 3650.0))  # within 2% of an hour
-    assert _moved(old, prediction(3800.0, 3600.0))
-    assert _moved(old, prediction(3600.0, 3800.0))
-    assert _moved(old, prediction(3600.0, 3600.0, source="steps"))
-    assert _moved(old, prediction(None, None, source="history"))
-    assert _moved(None, old)
-    assert not _moved(prediction(10.0, 10.0), prediction(20.0, 35.0))  # 30 s at least
+    assert not moved(old, prediction(3610.0, 3650.0))  # within 2% of an hour
+    assert moved(old, prediction(3800.0, 3600.0))
+    assert moved(old, prediction(3600.0, 3800.0))
+    assert moved(old, prediction(3600.0, 3600.0, source="steps"))
+    assert moved(old, prediction(None, None, source="history"))
+    assert moved(None, old)
+    assert not moved(prediction(10.0, 10.0), prediction(20.0, 35.0))  # 30 s at least

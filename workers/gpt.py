@@ -171,7 +171,11 @@ class GPT(nn.Module):
         x = self._head_slices(x, targets)
         # The clone: the pipeline detaches its outputs in place, and a microbatch's targets
         # on the first stage are a view of the batch's.
-        return x if str(len(self.rows) - 1) in self.head else (x, targets.clone())
+        return x if self._holds_last_slice else (x, targets.clone())
+
+    @property
+    def _holds_last_slice(self) -> bool:
+        return str(len(self.rows) - 1) in self.head
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """The slices' logits side by side: the same products as one head's (a product
@@ -203,7 +207,7 @@ class GPT(nn.Module):
             inside = (local >= 0) & (local < len(rows))
             picked = logits.gather(-1, local.clamp(0, len(rows) - 1))
             target_logit = target_logit + torch.where(inside, picked, 0.0)
-        if str(len(self.rows) - 1) in self.head:  # the last slice: each token's loss
+        if self._holds_last_slice:  # each token's loss
             return (top + torch.log(total) - target_logit).squeeze(-1)
         return torch.cat([h.float(), top, total, target_logit], dim=-1)
 

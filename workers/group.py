@@ -201,13 +201,17 @@ class WorkerGroup:
                     f"Ray could not reserve the placement within {self._placement_timeout_s:.0f} s"
                 )
             return
-        self._actors = [self._create_actor(rank) for rank in range(self.spec.world_size)]
+        builtin = self.spec.entrypoint["kind"] == "builtin"
+        self._actors = [
+            self._create_actor(rank, preload_trainer=builtin)
+            for rank in range(self.spec.world_size)
+        ]
         scripted = self.spec.entrypoint["kind"] in ("script", "command")
         store_for = self.spec.world_size if scripted else None  # torchrun's agent store
         self._address_ref = self._actors[0].rendezvous_address.remote(store_for)
         self._phase = GroupPhase.RENDEZVOUS
 
-    def _create_actor(self, rank: int) -> Any:
+    def _create_actor(self, rank: int, *, preload_trainer: bool) -> Any:
         remote_cls = ray.remote(RankActor)
         runtime_env = dict(self.spec.runtime_env or {})
         if injected := faults.passthrough():  # a test's faults reach the ranks too
@@ -223,7 +227,7 @@ class WorkerGroup:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self._pg, placement_group_bundle_index=rank
             ),
-        ).remote()
+        ).remote(preload_trainer=preload_trainer)
 
     def _poll_rendezvous(self) -> None:
         """Rank 0's address first, then `start` on every rank; both without blocking."""

@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import workers.faults  # noqa: F401  (reads a test's injected faults before `start` scrubs them)
 from gangway.models import CheckpointPolicy, wire_default
 from workers.context import Progress, RankContext, RankInfo
 from workers.environment import scrub_process
@@ -30,13 +31,17 @@ IDLE, RUNNING, SUCCEEDED, FAILED = "idle", "running", "succeeded", "failed"
 
 
 class RankActor:
-    def __init__(self) -> None:
-        # Import the heavy parts now, while the gang is still assembling: the first DDP(...)
-        # imports torch._dynamo lazily (~4 s), which would otherwise stall step 1.
-        import torch._dynamo
-        import torch.distributed  # noqa: F401
+    def __init__(self, *, preload_trainer: bool) -> None:
+        # A rank of the built-in trainer (`preload_trainer`) imports its heavy parts now,
+        # while the gang is still assembling: the first DDP(...) imports torch._dynamo
+        # lazily (~4 s), which would otherwise stall step 1. Other ranks import what their
+        # code uses when it uses it (a script or command trains in a child process): here
+        # the imports would cost every rank ~5 s of CPU before its gang could start.
+        if preload_trainer:
+            import torch._dynamo
+            import torch.distributed  # noqa: F401
 
-        import workers.training  # noqa: F401  (FSDP, TP, pipelining, DCP: ~1 s more)
+            import workers.training  # noqa: F401  (FSDP, TP, pipelining, DCP: ~1 s more)
 
         self._logs = LineBuffer()
         sys.stdout = Tap(sys.stdout, self._logs, "stdout")

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import ray
 
-from gangway import Builtin, Client, Function, JobState, Parallelism
+from gangway import Builtin, Client, Command, Function, JobState, Parallelism, Resources
 from scheduler.runtime.cluster import NODE_NAME_LABEL
 from tests.e2e.service import ADMIN_KEY, Service, wait_for
 
@@ -245,22 +245,26 @@ def test_a_preempted_builtin_job_checkpoints_and_resumes_where_it_stopped(
 ) -> None:
     """The victim gets the stop notice, finishes its step, checkpoints it and exits; the
     high-priority job runs; the victim is admitted again and continues from the step it
-    saved: no step is lost, none is repeated."""
+    saved: no step is lost, none is repeated. Two GPUs a rank fill the cluster with four
+    ranks, and the high job is a command (its ranks do not import the trainer)."""
     service = Service(data_dir=tmp_path, ray_address=ray_cluster.address)
     service.env.update(GANGWAY_MIN_RUNTIME_S="0", GANGWAY_CHECKPOINT_GRACE_S="60")
     try:
         client = service.start()
+        two = Resources(gpus_per_rank=2)
         low = client.submit(
             name="low",
-            parallelism=Parallelism(dp=8),
-            entrypoint=Builtin(steps=400, batch_size=1),
+            parallelism=Parallelism(dp=4),
+            resources=two,
+            entrypoint=Builtin(steps=200, batch_size=1),
         )
         wait_for(client, low.id, "stepping")
         high = client.submit(
             name="high",
             priority=10,
-            parallelism=Parallelism(dp=4),
-            entrypoint=Builtin(steps=5),
+            parallelism=Parallelism(dp=2),
+            resources=two,
+            entrypoint=Command(argv=["sleep", "1"]),
         )
         client.wait(high.id, timeout_s=120, poll_s=0.3)
         steps_seen = []
@@ -270,7 +274,7 @@ def test_a_preempted_builtin_job_checkpoints_and_resumes_where_it_stopped(
                 steps_seen.append(job.progress.step)
             time.sleep(0.2)
         assert job.attempt == 2
-        assert job.progress.step == 400
+        assert job.progress.step == 200
         low_states = states(client, low.id)
         assert low_states[:6] == [
             "PENDING",
@@ -287,9 +291,9 @@ def test_a_preempted_builtin_job_checkpoints_and_resumes_where_it_stopped(
         assert f"resumes from its checkpoint at step {stopped_at} (0 steps lost)" in (
             requeued.reason
         )
-        assert 0 < stopped_at < 400
+        assert 0 < stopped_at < 200
         saved = sorted(p.name for p in (tmp_path / "checkpoints" / f"job-{low.id}").iterdir())
-        assert saved == [f"step-{stopped_at:08d}", "step-00000400"]  # the stop, the end
+        assert saved == [f"step-{stopped_at:08d}", "step-00000200"]  # the stop, the end
         assert steps_seen and min(steps_seen) > stopped_at  # attempt 2 went on from there
     finally:
         service.stop()
@@ -298,9 +302,9 @@ def test_a_preempted_builtin_job_checkpoints_and_resumes_where_it_stopped(
 def test_losing_a_node_restarts_the_job_from_its_checkpoint_on_the_rest(
     tmp_path: Path, ray_cluster: Any
 ) -> None:
-    """An elastic job spans three nodes (dp=12); one node dies mid-training. The gang
-    fails fast (its actors die), the job restarts within max_restarts on the two nodes
-    left (dp=8) and resumes from its last checkpoint, resharded to the new degree."""
+    """An elastic job spans three nodes (dp=6, two GPUs a rank); one node dies mid-training.
+    The gang fails fast (its actors die), the job restarts within max_restarts on the two
+    nodes left (dp=4) and resumes from its last checkpoint, resharded to the new degree."""
     extra = ray_cluster.add_node(num_gpus=4, num_cpus=8, labels={NODE_NAME_LABEL: "local-3"})
     ray_cluster.wait_for_nodes()
     service = Service(data_dir=tmp_path, ray_address=ray_cluster.address)
@@ -308,7 +312,8 @@ def test_losing_a_node_restarts_the_job_from_its_checkpoint_on_the_rest(
         client = service.start()
         job = client.submit(
             name="elastic",
-            parallelism=Parallelism(dp={"min": 4, "max": 12}),
+            parallelism=Parallelism(dp={"min": 2, "max": 6}),
+            resources=Resources(gpus_per_rank=2),
             entrypoint=Builtin(steps=120, batch_size=1),
             checkpoint={"interval_steps": 10},
             max_restarts=2,
@@ -317,7 +322,7 @@ def test_losing_a_node_restarts_the_job_from_its_checkpoint_on_the_rest(
         while (running := client.get(job.id)).progress.step < 25:
             assert time.monotonic() < deadline, running.status_reason
             time.sleep(0.3)
-        assert running.placement is not None and len(running.placement) == 12
+        assert running.placement is not None and len(running.placement) == 6
         ray_cluster.remove_node(extra, allow_graceful=False)
         lost_at = time.time()
         done = client.wait(job.id, timeout_s=300, poll_s=0.5)
@@ -330,7 +335,7 @@ def test_losing_a_node_restarts_the_job_from_its_checkpoint_on_the_rest(
         print(f"node lost -> RESTARTING in {detected_s:.1f} s")
         assert detected_s < 60
         assert done.attempt == 2 and done.progress.step == 120
-        assert done.placement is not None and len(done.placement) == 8
+        assert done.placement is not None and len(done.placement) == 4
         assert {p.node_name for p in done.placement} == {"local-1", "local-2"}
         logs = [x.line for x in client.logs(job.id, tail=1000) if x.attempt == done.attempt]
         first = next(line for line in logs if line.startswith("step "))
@@ -343,66 +348,86 @@ def test_losing_a_node_restarts_the_job_from_its_checkpoint_on_the_rest(
 def test_an_elastic_job_grows_and_shrinks_through_checkpoints(
     tmp_path: Path, ray_cluster: Any
 ) -> None:
-    """An elastic job (dp 2..8) starts at dp=4 beside a blocker; the blocker goes, so it
-    grows to dp=8; a high-priority job arrives, so it shrinks to dp=4 instead of anyone
-    being preempted; the high job ends, so it grows again. Every resize saves on the
-    notice and the next attempt goes on from that step: no step lost. (SQLite only: the
-    store's part is covered on both databases by tests/integration/test_loop.py.)"""
+    """An elastic job (dp 1..4, two GPUs a rank) starts at dp=2 beside a blocker; the
+    blocker goes, so it grows to dp=4; a high-priority job arrives, so it shrinks to dp=2
+    instead of anyone being preempted; the high job ends, so it may grow again. Every
+    resize saves on the notice and the next attempt goes on from that step: no step lost.
+    Two GPUs a rank fill the 8 GPUs with half the ranks, and the blocker and the high job
+    are commands, whose ranks start without importing the trainer: each rank start costs
+    seconds of CPU here. (SQLite only: the store's part is covered on both databases by
+    tests/integration/test_loop.py.)"""
     service = Service(data_dir=tmp_path, ray_address=ray_cluster.address)
-    # A grow must pay for its stop and restart (issue 17); with no warm-up cost and a 20 s
-    # grace, 600 short steps leave enough to win back.
-    service.env.update(GANGWAY_CHECKPOINT_GRACE_S="20", GANGWAY_RESTART_COST_S="0")
+    # A grow must pay for its stop and restart (issue 17): with no warm-up cost and a 10 s
+    # grace, a grow pays while more than 20 s of steps are left at dp=2.
+    service.env.update(GANGWAY_CHECKPOINT_GRACE_S="10", GANGWAY_RESTART_COST_S="0")
     try:
         _grow_shrink_grow(service)
     finally:
         service.stop()
 
 
+STEPS = 800
+
+
 def _grow_shrink_grow(service: Service) -> None:
     client = service.start()
+    two = Resources(gpus_per_rank=2)
     blocker = client.submit(
-        name="blocker", parallelism=Parallelism(dp=4), entrypoint=Builtin(steps=100_000)
+        name="blocker",
+        parallelism=Parallelism(dp=2),
+        resources=two,
+        entrypoint=Command(argv=["sleep", "600"]),
     )
-    wait_for(client, blocker.id, "stepping")
+    wait_for(client, blocker.id, "RUNNING")
     elastic = client.submit(
         name="elastic",
-        parallelism=Parallelism(dp={"min": 2, "max": 8}),
-        entrypoint=Builtin(steps=600, batch_size=1),
+        parallelism=Parallelism(dp={"min": 1, "max": 4}),
+        resources=two,
+        entrypoint=Builtin(steps=STEPS, batch_size=1),
     )
-    assert len(wait_for(client, elastic.id, "stepping").placement or ()) == 4
+    assert len(wait_for(client, elastic.id, "stepping").placement or ()) == 2
     client.cancel(blocker.id)
     wait_for_attempt(client, elastic.id, 2)
     high = client.submit(
-        name="high", priority=10, parallelism=Parallelism(dp=4), entrypoint=Builtin(steps=5)
+        name="high",
+        priority=10,
+        parallelism=Parallelism(dp=2),
+        resources=two,
+        entrypoint=Command(argv=["sleep", "15"]),  # long enough for dp=2 to train a while
     )
     assert client.wait(high.id, timeout_s=120, poll_s=0.3).state is JobState.SUCCEEDED
-    done = client.wait(elastic.id, timeout_s=300, poll_s=0.5)
+    done = client.wait(elastic.id, timeout_s=240, poll_s=0.5)
     events = client.events(elastic.id)
     for event in events:
         print(f"{event.at:%H:%M:%S} {event.from_state} -> {event.to_state}: {event.reason}")
     resizes = [e.reason for e in events if e.to_state is JobState.RESIZING]
-    assert "grown from dp=4 to dp=8" in resizes[0]
-    assert f"shrunk from dp=8 to dp=4 to make room for job {high.id}" in resizes[1]
+    assert "grown from dp=2 to dp=4" in resizes[0]
+    assert f"shrunk from dp=4 to dp=2 to make room for job {high.id}" in resizes[1]
     # Growing back after the high job pays only while enough steps are left to win back
     # the restart (scheduler.core: a grow must pay for itself); on a fast machine the last
-    # steps are too few, so the job may finish at dp=4.
+    # steps are too few, so the job may finish at dp=2.
     assert len(resizes) in (2, 3)
     grown_back = len(resizes) == 3
     if grown_back:
-        assert "grown from dp=4 to dp=8" in resizes[2]
+        assert "grown from dp=2 to dp=4" in resizes[2]
     assert "PREEMPTING" not in states(client, elastic.id) + states(client, high.id)
     relaunches = [e.reason for e in events if e.from_state is JobState.RESIZING]
     assert all(" s after the notice)" in r for r in relaunches), relaunches
     assert len(relaunches) == len(resizes), relaunches
     assert all("(0 steps lost)" in r for r in relaunches), relaunches
-    assert done.state is JobState.SUCCEEDED and done.progress.step == 600
+    assert done.state is JobState.SUCCEEDED and done.progress.step == STEPS
     assert done.attempt == 1 + len(resizes)
-    assert len(done.placement or ()) == (8 if grown_back else 4)
+    assert len(done.placement or ()) == (4 if grown_back else 2)
     logs = client.logs(elastic.id, tail=2000)
-    for relaunch, attempt in zip(relaunches, range(2, 2 + len(relaunches)), strict=True):
-        stopped_at = int(relaunch.split("stopped at step ")[1].split()[0].rstrip(";"))
-        first = next(x.line for x in logs if x.attempt == attempt and x.line.startswith("step "))
-        assert first.startswith(f"step {stopped_at + 1}/600"), (relaunch, first)
+    stops = [int(r.split("stopped at step ")[1].split()[0].rstrip(";")) for r in relaunches]
+    for attempt, resumed_at in enumerate(stops, start=2):
+        steps = [x.line for x in logs if x.attempt == attempt and x.line.startswith("step ")]
+        # An attempt goes on from the step the one before saved; one grown again before
+        # its first step (the job it shrank for gone while it started) stops there too.
+        if steps:
+            assert steps[0].startswith(f"step {resumed_at + 1}/{STEPS}"), (attempt, steps[0])
+        else:
+            assert stops[attempt - 1] == resumed_at, (attempt, stops)
 
 
 def wait_for_attempt(client: Client, job_id: int, attempt: int, timeout_s: float = 120) -> None:

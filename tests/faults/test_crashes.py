@@ -86,12 +86,16 @@ def test_kill9_while_preempting(service: Service, tmp_path: Path) -> None:
 @pytest.mark.faults_slow
 def test_kill9_while_resizing(service: Service, tmp_path: Path) -> None:
     """An elastic job grows onto GPUs a finished job freed; the service is killed right
-    after the resize notice. The restart reaps the old gang by name and relaunches."""
+    after the resize notice. The restart reaps the old gang by name and relaunches. Two
+    GPUs per rank: the whole cluster in four actors."""
     service.env["GANGWAY_FAULTS"] = "scheduler.resizing:kill@1"
     client = service.start()
-    blocker = submit_counter(client, name="blocker", dp=4, steps=10)
+    two = Resources(gpus_per_rank=2)
+    blocker = submit_counter(client, name="blocker", dp=2, steps=10, resources=two)
     wait_state(client, blocker.id, "stepping")
-    elastic = submit_counter(client, name="elastic", dp=ElasticDP(min=2, max=8), steps=80)
+    elastic = submit_counter(
+        client, name="elastic", dp=ElasticDP(min=1, max=4), steps=80, resources=two
+    )
     killed_by_fault(service, timeout_s=180)
     restart_and_finish(service, tmp_path, [blocker.id, elastic.id])
 

@@ -91,7 +91,8 @@ def test_kill9_while_resizing(service: Service, tmp_path: Path) -> None:
     service.env["GANGWAY_FAULTS"] = "scheduler.resizing:kill@1"
     client = service.start()
     two = Resources(gpus_per_rank=2)
-    blocker = submit_counter(client, name="blocker", dp=2, steps=10, resources=two)
+    # 40 steps of 0.1 s: it must still be running when the test sees it step.
+    blocker = submit_counter(client, name="blocker", dp=2, steps=40, resources=two)
     wait_state(client, blocker.id, "stepping")
     elastic = submit_counter(
         client, name="elastic", dp=ElasticDP(min=1, max=4), steps=80, resources=two

@@ -4,11 +4,12 @@
     .venv/bin/python bench/engine_balance.py stages --model gpt-mini --pp 2 4 --schedule zbv
     .venv/bin/python bench/engine_balance.py stages --model gpt-small --pp 4 8 --batch 1 \
         --repeats 1 --predict-only
+    .venv/bin/python bench/engine_balance.py mlp --model gpt-mini
     .venv/bin/python bench/engine_balance.py batch --model gpt-tiny --steps 30 --batch 200
     .venv/bin/python bench/engine_balance.py pipeline --model gpt-mini --pp 2
 
 `stages`: each item's forward + backward is measured (`workers.item_costs.measure_costs`:
-embeddings, each block's three pieces, the head's four vocabulary slices); then every
+embeddings, each block's five pieces, the head's four vocabulary slices); then every
 stage of the equal split, of the balanced split at whole blocks and a whole head (as
 under tensor parallel), of the one that may cut blocks but keeps the head whole (as
 under FSDP in bf16) and of the one that may cut both is built as the pipeline builds it
@@ -19,6 +20,9 @@ every split in turn. Prints slowest/fastest pipeline rank time for each split, t
 as the item costs predict it: a rank's time is its stage's, or under `--schedule zbv`
 the sum of its two (stages r and 2 pp - 1 - r). `--predict-only` skips building and
 timing the stages (a model too big to time every split of on a CPU).
+
+`mlp`: what the MLP's four slices of its hidden width (there so a stage may end inside
+an MLP) cost a whole model against one fc and one proj: slices/whole, forward + backward.
 
 `batch`: 2 gloo ranks, rank 1's compute made `--slow` x slower; equal shares against
 `balance_batch` on the same samples, and the same gang with no straggler, alternated
@@ -35,12 +39,13 @@ measured cost; prints the median step time (a check that a schedule costs nothin
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
 
@@ -48,8 +53,9 @@ import torch
 
 from bench.engine_modes import run
 from gangway.models import PipelineSchedule
+from tests.older_models import WholeMLP
 from workers import balance, item_costs
-from workers.gpt import GPT, next_token_loss, splits_head
+from workers.gpt import GPT, Block, next_token_loss, splits_head
 from workers.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.plan import ParallelPlan
 from workers.rank_speed import REBALANCE_EVERY
@@ -127,6 +133,40 @@ def bench_stages(args: argparse.Namespace) -> None:
                     "slowest_over_fastest": round(max(per_rank) / min(per_rank), 3),
                 }
         print(json.dumps(row), flush=True)
+
+
+def bench_mlp(args: argparse.Namespace) -> None:
+    """What the MLP's slices (there for the stage split) cost a whole model: forward +
+    backward of the model with its MLPs in slices and of the same weights as one fc and
+    one proj (`tests.older_models.WholeMLP`), alternated, the fastest of `--repeats`
+    each, in CPU time on one thread."""
+    torch.set_num_threads(1)
+    config = MODEL_CONFIGS[args.model]
+    torch.manual_seed(0)
+    sliced = GPT(config)
+    whole = copy.deepcopy(sliced)
+    for block in whole.blocks.values():
+        block.mlp = WholeMLP(cast(Block, block).mlp)
+    tokens = torch.randint(config.vocab_size, (args.batch, config.seq_len))
+    runs: dict[str, list[float]] = {"sliced": [], "whole": []}
+    for _ in range(args.repeats):
+        for name, model in (("sliced", sliced), ("whole", whole)):
+            began = time.process_time()
+            next_token_loss(model(tokens), tokens).backward()  # type: ignore[no-untyped-call]
+            runs[name].append(time.process_time() - began)
+    sliced_s, whole_s = min(runs["sliced"]), min(runs["whole"])
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "batch": args.batch,
+                "sliced_ms": round(sliced_s * 1000, 1),
+                "whole_ms": round(whole_s * 1000, 1),
+                "sliced_over_whole": round(sliced_s / whole_s, 3),
+            }
+        ),
+        flush=True,
+    )
 
 
 def bench_batch(args: argparse.Namespace) -> None:
@@ -209,6 +249,10 @@ def main() -> None:
     stages.add_argument(
         "--predict-only", action="store_true", help="print the splits' predicted ratios only"
     )
+    mlp = sub.add_parser("mlp")
+    mlp.add_argument("--model", default="gpt-mini")
+    mlp.add_argument("--batch", type=int, default=2)
+    mlp.add_argument("--repeats", type=int, default=20)
     batch = sub.add_parser("batch")
     batch.add_argument("--model", default="gpt-tiny")
     batch.add_argument("--steps", type=int, default=40)
@@ -223,7 +267,9 @@ def main() -> None:
     pipeline.add_argument("--microbatches", type=int, default=4)
     pipeline.add_argument("--schedules", nargs="+", default=["1f1b", "zbv", "1f1b", "zbv"])
     args = parser.parse_args()
-    {"stages": bench_stages, "batch": bench_batch, "pipeline": bench_pipeline}[args.what](args)
+    commands = {"stages": bench_stages, "mlp": bench_mlp, "batch": bench_batch}
+    commands["pipeline"] = bench_pipeline
+    commands[args.what](args)
 
 
 if __name__ == "__main__":

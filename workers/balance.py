@@ -1,7 +1,7 @@
 """Load balancing: pipeline stages by measured layer cost, data shares by rank speed.
 
-Stages. The pipeline's items are [embeddings, units...]: each block in three pieces
-(attention, MLP in, MLP out: `workers.gpt.PIECES`), then the head in vocabulary slices
+Stages. The pipeline's items are [embeddings, units...]: each block in pieces (attention,
+then the MLP's hidden width in slices: `workers.gpt.PIECES`), then the head in vocabulary slices
 (`workers.gpt.HEAD_PIECES`, the last with the loss), so a stage boundary may fall inside
 a block or inside the head where whole items are too coarse (gpt-mini's head costs 1.7
 blocks: at pp = 4 no whole-block split comes within 15%; from pp = 6 the head alone is
@@ -32,16 +32,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from workers import splits
-from workers.gpt import PIECE_NAMES, PIECES, head_units
+from workers.gpt import MLP_FIRST, MLP_SLICES, PIECES, head_units
 from workers.item_costs import ItemCost
 from workers.model_configs import GPTConfig
 
 # What a finer split (blocks cut, then the head) must gain over a coarser one (slowest or
 # fastest rank).
 CUT_GAIN = 0.01
-# Items up to which ZB-V's pair programme (O(items^4)) also tries block pieces: 14 layers
+# Items up to which ZB-V's pair programme (O(items^4)) also tries block pieces: 9 layers
 # and a head in 4 slices.
-MAX_PAIR_ITEMS = 1 + 14 * PIECES + 4
+MAX_PAIR_ITEMS = 1 + 9 * PIECES + 4
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def stage_costs(
 
 def stage_items(config: GPTConfig, units: range, *, first: bool) -> str:
     """What a stage holds, for logs: "embeddings + layers 0-1 + layer 2 (attention)",
-    "layer 2 (MLP in, MLP out) + layers 3-4 + head slice 0 of 4", "head only"."""
+    "layer 2 (MLP slices 1-3 of 4) + layers 3-4 + head slice 0 of 4", "head only"."""
     head = head_units(config)
     items = ["embeddings"] if first else []
     blocks = range(min(units.start, head.start), min(units.stop, head.start))
@@ -131,8 +131,17 @@ def stage_items(config: GPTConfig, units: range, *, first: bool) -> str:
 
 
 def _pieces_name(units: range) -> str:
-    names = ", ".join(PIECE_NAMES[u % PIECES] for u in units)
-    return f"layer {units.start // PIECES} ({names})"
+    """A cut block's pieces: "layer 1 (attention, MLP slices 0-1 of 4)"."""
+    pieces = range(units.start % PIECES, units.start % PIECES + len(units))
+    names = ["attention"] if pieces.start < MLP_FIRST else []
+    first, last = max(pieces.start, MLP_FIRST) - MLP_FIRST, pieces.stop - 1 - MLP_FIRST
+    if (first, last) == (0, MLP_SLICES - 1):
+        names.append("MLP")
+    elif last > first:
+        names.append(f"MLP slices {first}-{last} of {MLP_SLICES}")
+    elif last == first:
+        names.append(f"MLP slice {first} of {MLP_SLICES}")
+    return f"layer {units.start // PIECES} ({', '.join(names)})"
 
 
 def unit_groups(config: GPTConfig, *, cut_blocks: bool, cut_head: bool) -> list[range]:

@@ -7,10 +7,14 @@
   written at one pipeline degree loads at another.
 - A stage without the embeddings takes hidden states in; one without the head returns them
   (with the target ids beside them where the head is split, below).
-- A stage may also start or end inside a block, at one of its pieces (attention, MLP in,
-  MLP out: `PIECES`), so costly ends (a big vocabulary head) can be balanced at a finer
-  grain than a whole block. Between MLP in and MLP out the boundary carries the residual
-  stream and the MLP's hidden activation packed into one tensor (width 5 x n_embd).
+- A stage may also start or end inside a block, at one of its pieces (attention, then the
+  MLP's `MLP_SLICES` slices of its hidden width: `PIECES`), so costly ends (a big
+  vocabulary head) can be balanced at a finer grain than a whole block. MLP slice c is
+  `mlp.fc.c` (n_embd -> its columns of the hidden width) then `mlp.proj.c` (those columns
+  -> n_embd); the MLP's output is the sum of its slices' (the same product as one fc and
+  one proj, split along the hidden width), `mlp.proj.0` carrying the bias. A boundary
+  inside the MLP carries the residual stream with the earlier slices' outputs added and
+  the normed input the later slices take, packed into one tensor (width 2 x n_embd).
 - The head is `HEAD_PIECES` row slices of the vocabulary (`head.0` ... `head.3`), so it
   too can be spread over stages where it costs more than a stage's share (gpt-mini's head
   costs 1.7 blocks). A stage holding some of the slices adds their logits to a running
@@ -24,7 +28,9 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 
 import torch
 import torch.nn.functional as F
@@ -60,29 +66,39 @@ HEAD_PIECES = 4
 HEAD_STATS = 3
 
 
-# A block's pieces, in order: a pipeline stage may begin or end between any two.
-ATTENTION, MLP_IN, MLP_OUT = range(3)
-PIECES = 3
-PIECE_NAMES = ("attention", "MLP in", "MLP out")
+# A block's pieces, in order: a pipeline stage may begin or end between any two. The MLP's
+# hidden width is in MLP_SLICES slices, one piece each: its two Linears are 2/3 of a
+# block's time, and in quarters a stage's end can fall within ~1/8 of a block of where
+# the balance wants it (in halves, at pp = 4 on gpt-mini, not within 15%).
+MLP_SLICES = 4
+ATTENTION, MLP_FIRST = 0, 1
+PIECES = 1 + MLP_SLICES
 
 
 class MLP(nn.Module):
+    """fc, GELU, proj, in slices of the hidden width (`hidden_slices`). Under tensor
+    parallel each slice is column- then row-wise and their partial sums are added before
+    the one all-reduce (`workers.parallelize`)."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.fc: nn.Linear | None = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.proj: nn.Linear | None = nn.Linear(4 * config.n_embd, config.n_embd)
+        widths = [len(r) for r in hidden_slices(config)]
+        e = config.n_embd
+        self.fc = nn.ModuleDict({str(c): nn.Linear(e, w) for c, w in enumerate(widths)})
+        self.proj = nn.ModuleDict(
+            {str(c): nn.Linear(w, e, bias=c == 0) for c, w in enumerate(widths)}
+        )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.hidden(x))
-
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        assert self.fc is not None
-        return F.gelu(self.fc(x))
-
-    def out(self, hidden: torch.Tensor) -> torch.Tensor:
-        assert self.proj is not None
-        out: torch.Tensor = self.proj(hidden)
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """The held slices' part of the MLP's output for the normed input `h`."""
+        parts = [self.proj[c](F.gelu(fc(h))) for c, fc in self.fc.items()]
+        out: torch.Tensor = functools.reduce(operator.add, parts)
         return out
+
+    def keep(self, slices: range) -> None:
+        for c in list(self.fc):
+            if int(c) not in slices:
+                del self.fc[c], self.proj[c]
 
 
 class Block(nn.Module):
@@ -98,14 +114,13 @@ class Block(nn.Module):
 
     def cut(self, pieces: range) -> None:
         """Keep only `pieces` (contiguous) of this block; the others' parameters go, so a
-        parameter lives on exactly one stage."""
+        parameter lives on exactly one stage (the MLP's norm with its first slice)."""
         self.pieces = pieces
         if ATTENTION not in pieces:
             self.ln1 = self.attn = None
-        if MLP_IN not in pieces:
-            self.ln2 = self.mlp.fc = None
-        if MLP_OUT not in pieces:
-            self.mlp.proj = None
+        if MLP_FIRST not in pieces:
+            self.ln2 = None
+        self.mlp.keep(range(max(pieces.start - MLP_FIRST, 0), max(pieces.stop - MLP_FIRST, 0)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute and torch.is_grad_enabled():
@@ -122,18 +137,19 @@ class Block(nn.Module):
         return out
 
     def _forward_pieces(self, x: torch.Tensor) -> torch.Tensor:
-        """A cut block: the residual stream `x` and, between MLP in and MLP out, the MLP's
-        hidden activation packed after it."""
-        if self.pieces.start == MLP_OUT:
-            x, hidden = torch.split(x, [self.n_embd, x.shape[-1] - self.n_embd], dim=-1)
+        """A cut block. Inside the MLP, the residual stream `x` (the earlier slices'
+        outputs added) travels with the normed input `h` packed after it."""
+        if self.pieces.start > MLP_FIRST:
+            x, h = torch.split(x, self.n_embd, dim=-1)
         if self.ln1 is not None and self.attn is not None:
             x = x + self.attn(self.ln1(x))
-        if self.ln2 is not None and self.mlp.fc is not None:
-            hidden = self.mlp.hidden(self.ln2(x))
-        if self.mlp.proj is None:
-            return torch.cat([x, hidden], dim=-1) if MLP_IN in self.pieces else x
-        out: torch.Tensor = x + self.mlp.out(hidden)
-        return out
+        if self.ln2 is not None:
+            h = self.ln2(x)
+        if self.mlp.fc:
+            x = x + self.mlp(h)
+        if MLP_FIRST < self.pieces.stop < PIECES:
+            return torch.cat([x, h], dim=-1)
+        return x
 
 
 class GPT(nn.Module):
@@ -241,10 +257,24 @@ def head_rows(config: GPTConfig) -> list[range]:
 
 
 def vocabulary_slices(vocab_size: int) -> list[range]:
-    """The vocabulary rows of each head slice: HEAD_PIECES slices (fewer for a smaller
-    vocabulary), their sizes at most one apart, none empty."""
-    pieces = min(HEAD_PIECES, vocab_size)
-    bounds = [c * vocab_size // pieces for c in range(pieces + 1)]
+    """The vocabulary rows of each head slice."""
+    return even_slices(vocab_size, HEAD_PIECES)
+
+
+def hidden_slices(config: GPTConfig) -> list[range]:
+    """The MLP hidden width's columns of each MLP slice."""
+    return mlp_slices(4 * config.n_embd)
+
+
+def mlp_slices(width: int) -> list[range]:
+    return even_slices(width, MLP_SLICES)
+
+
+def even_slices(size: int, pieces: int) -> list[range]:
+    """`pieces` contiguous slices of range(size) (fewer if size is smaller), their sizes
+    at most one apart, none empty."""
+    pieces = min(pieces, size)
+    bounds = [c * size // pieces for c in range(pieces + 1)]
     return [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 
@@ -270,11 +300,11 @@ def splits_head(config: GPTConfig, units: list[range]) -> bool:
 
 def boundary_width(config: GPTConfig, unit: int) -> int:
     """Width of the hidden state a stage starting at `unit` takes in: the residual
-    stream, with the MLP's hidden activation packed after it before an MLP out, and the
-    running log-sum-exp after the normed hidden state inside the head."""
+    stream, with the MLP's normed input packed after it inside the MLP, and the running
+    log-sum-exp after the normed hidden state inside the head."""
     if unit > head_units(config).start:
         return config.n_embd + HEAD_STATS
-    return config.n_embd * (5 if unit % PIECES == MLP_OUT else 1)
+    return config.n_embd * (2 if unit % PIECES > MLP_FIRST else 1)
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -6,7 +6,7 @@ on this machine one stage's runs spread 146-235 ms of CPU time at load 0.5, whil
 fastest of 20 agreed within 1.5% between two copies of it, their medians 4% apart; wall
 time on a GPU, the process's CPU time on a CPU, where other processes share the cores);
 its memory is its parameters with their gradients and AdamW moments (4 copies) plus its
-output activation per microbatch in flight (5x wider after MLP in). Every rank measures
+output activation per microbatch in flight (2x wider inside the MLP). Every rank measures
 and the costs are averaged over the world (one all-reduce), so every rank computes the
 same split.
 """
@@ -45,13 +45,13 @@ def measure_costs(
     param_shards: int = 1,
 ) -> list[ItemCost]:
     """Forward + backward time and memory of [embeddings, block pieces..., head slices...]
-    (each block's pieces in order: attention, MLP in, MLP out; `workers.gpt.PIECES`; the
+    (each block's pieces in order: attention, the MLP's slices; `workers.gpt.PIECES`; the
     head's first slice with the final norm, its last with the loss).
 
     The blocks are alike, so one block's pieces are timed and stand for every block: the
     fastest of repeats x n_layer runs each (at most repeats x 6) is kept, and the runs go
     round the items in turn, so a change in the machine's load falls on all of them
-    alike (timing each of gpt-mini's 18 pieces on its own gave the same piece 22-41 ms
+    alike (timing each of gpt-mini's 18 pieces (then 3 a block) alone gave one 22-41 ms
     on a shared CPU)."""
     torch.manual_seed(0)
     ends = GPT(config)

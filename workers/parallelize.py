@@ -29,10 +29,11 @@ from torch.distributed.pipelining.schedules import (
     ScheduleInterleaved1F1B,
     ScheduleZBVZeroBubble,
 )
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -123,22 +124,26 @@ def build_parts(
 
 
 def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
-    """Megatron-style: q, k, v and fc column-wise (each rank computes n_head / tp heads
-    and a slice of the MLP), proj row-wise (one all-reduce per attention and per MLP).
-    Embeddings, the final norm and the head stay replicated.
+    """Megatron-style: q, k, v and each MLP slice's fc column-wise (each rank computes
+    n_head / tp heads and 1/tp of every slice's hidden columns), proj row-wise. The MLP's
+    slices leave their row-wise products as partial sums, added together before the MLP
+    returns, so it still costs one all-reduce (as the attention does). Embeddings, the
+    final norm and the head stay replicated.
 
     Sequence parallel: between the row-wise and the next column-wise layer (the residual
     stream and the two LayerNorms) each rank keeps 1/tp of the sequence, so the
     all-reduce becomes a reduce-scatter + all-gather and those activations take 1/tp of
     the memory. A stage's blocks take and give the full sequence, so embeddings, the head
     and pipeline boundaries do not change."""
+    summed = Replicate() if not sequence_parallel else Shard(1)
     plan: dict[str, Any] = {
         "attn.wq": ColwiseParallel(),
         "attn.wk": ColwiseParallel(),
         "attn.wv": ColwiseParallel(),
         "attn.proj": RowwiseParallel(),
-        "mlp.fc": ColwiseParallel(),
-        "mlp.proj": RowwiseParallel(),
+        "mlp.fc.*": ColwiseParallel(),
+        "mlp.proj.*": RowwiseParallel(output_layouts=Partial(), use_local_output=False),
+        "mlp": PrepareModuleOutput(output_layouts=(Partial(),), desired_output_layouts=(summed,)),
     }
     if sequence_parallel:
         to_full = PrepareModuleInput(
@@ -149,8 +154,13 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, *, sequence_parallel:
             "attn": to_full,
             "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
             "ln2": SequenceParallel(),
-            "mlp": to_full,
-            "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+            "mlp": PrepareModuleInputOutput(
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_input=True,
+                output_layouts=(Partial(),),
+                desired_output_layouts=(summed,),
+            ),
         }
     blocks = list(model.blocks.values())
     for block in blocks:

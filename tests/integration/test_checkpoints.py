@@ -16,10 +16,11 @@ from torch import nn
 from api.app import create_app
 from gangway.models import Builtin, JobSubmit
 from scheduler.store import JobRepository, NewJob, make_engine, upgrade_to_head
+from tests.older_models import OlderGPT, WholeMLP, linears
 from workers import checkpoint as checkpoint_module
 from workers.checkpoint import Checkpointer
 from workers.checkpoint_layout import checkpoint_path, completed, listing, partial_path
-from workers.gpt import GPT
+from workers.gpt import GPT, Block
 from workers.model_configs import MODEL_CONFIGS
 
 
@@ -147,35 +148,30 @@ def test_listing_while_rank_0_prunes_never_fails(
         pruner.join()
 
 
-class _WholeHeadGPT(nn.Module):
-    """The model as releases before the head's vocabulary slices saved it: the same
-    parameters, the head one `head.weight`."""
-
-    def __init__(self, sliced: GPT) -> None:
-        super().__init__()
-        for name, child in sliced.named_children():
-            if name != "head":
-                self.add_module(name, child)
-        rows = [cast(nn.Linear, piece).weight for piece in sliced.head.values()]
-        self.head = nn.Linear(sliced.config.n_embd, sliced.config.vocab_size, bias=False)
-        with torch.no_grad():
-            self.head.weight.copy_(torch.cat(rows))
-
-
-def test_a_checkpoint_with_the_whole_head_resumes_into_its_slices(tmp_path: Path) -> None:
-    """A job checkpointed by an older release (head.weight whole, DiLoCo's momentum keyed
-    by parameter position) resumes: each head slice gets its rows of the weight, of
-    AdamW's moments and of the outer momentum, and the step; other parameters' outer
-    momentum comes back under their names."""
+@pytest.mark.parametrize("momentum_keys", ["position", "name"])
+def test_a_checkpoint_with_whole_parameters_resumes_into_their_slices(
+    tmp_path: Path, momentum_keys: str
+) -> None:
+    """A job checkpointed by an older release (head.weight and each MLP whole, DiLoCo's
+    momentum keyed by parameter position or, later, by name) resumes: each head slice
+    gets its rows of the weight, of AdamW's moments and of the outer momentum, each MLP
+    slice its rows of fc and its columns of proj (proj's bias on slice 0), and the step;
+    other parameters' outer momentum comes back under their names."""
     config = MODEL_CONFIGS["gpt-tiny"]
     torch.manual_seed(0)
-    old = _WholeHeadGPT(GPT(config))
+    old = OlderGPT(GPT(config))
     old_optimizer = torch.optim.AdamW(old.parameters(), lr=1e-2)
     for param in old.parameters():
         param.grad = torch.randn_like(param)
     old_optimizer.step()
+    old_keys = (
+        [str(i) for i, _ in enumerate(old.parameters())]
+        if momentum_keys == "position"
+        else [n for n, _ in old.named_parameters()]
+    )
     old_momentum = {
-        f"outer_momentum.{i}": torch.randn_like(p) for i, p in enumerate(old.parameters())
+        f"outer_momentum.{k}": torch.randn_like(p)
+        for k, p in zip(old_keys, old.parameters(), strict=True)
     }
     Checkpointer(tmp_path, [old], [old_optimizer], extra=old_momentum).save(3)
 
@@ -187,16 +183,27 @@ def test_a_checkpoint_with_the_whole_head_resumes_into_its_slices(tmp_path: Path
     optimizer.step()  # the optimizer's state exists, as in a running job
     momentum = {f"outer_momentum.{n}": torch.zeros_like(p) for n, p in new.named_parameters()}
     assert Checkpointer(tmp_path, [new], [optimizer], extra=momentum).load_latest() == 3
-    slices = [cast(nn.Linear, piece).weight for piece in new.head.values()]
+
+    def old_momentum_of(name: str) -> torch.Tensor:
+        names = [n for n, _ in old.named_parameters()]
+        return old_momentum[f"outer_momentum.{old_keys[names.index(name)]}"]
+
+    slices = [piece.weight for piece in linears(new.head)]
     assert torch.equal(torch.cat(slices), old.head.weight)
     moments = torch.cat([optimizer.state[w]["exp_avg"] for w in slices])
     assert torch.equal(moments, old_optimizer.state[old.head.weight]["exp_avg"])
     assert all(float(optimizer.state[w]["step"]) == 1 for w in slices)
     assert torch.equal(new.ln_f.weight, old.ln_f.weight)  # type: ignore[union-attr]
     head_momentum = [momentum[f"outer_momentum.head.{c}.weight"] for c in range(len(slices))]
-    last = len(old_momentum) - 1  # the head was the last parameter
-    assert torch.equal(torch.cat(head_momentum), old_momentum[f"outer_momentum.{last}"])
-    assert torch.equal(momentum["outer_momentum.tok_emb.weight"], old_momentum["outer_momentum.0"])
-    assert torch.equal(
-        momentum["outer_momentum.ln_f.bias"], old_momentum[f"outer_momentum.{last - 1}"]
-    )
+    assert torch.equal(torch.cat(head_momentum), old_momentum_of("head.weight"))
+    mlp, old_mlp = cast(Block, new.blocks["1"]).mlp, cast(WholeMLP, old.blocks["1"].mlp)
+    fc, proj = linears(mlp.fc), linears(mlp.proj)
+    assert torch.equal(torch.cat([p.bias for p in fc]), old_mlp.fc.bias)
+    assert torch.equal(torch.cat([p.weight for p in proj], dim=1), old_mlp.proj.weight)
+    assert torch.equal(proj[0].bias, old_mlp.proj.bias)
+    proj_moments = torch.cat([optimizer.state[p.weight]["exp_avg_sq"] for p in proj], dim=1)
+    assert torch.equal(proj_moments, old_optimizer.state[old_mlp.proj.weight]["exp_avg_sq"])
+    fc_momentum = [momentum[f"outer_momentum.blocks.1.mlp.fc.{c}.weight"] for c in range(4)]
+    assert torch.equal(torch.cat(fc_momentum), old_momentum_of("blocks.1.mlp.fc.weight"))
+    for name in ("tok_emb.weight", "ln_f.bias", "blocks.1.ln2.weight"):
+        assert torch.equal(momentum[f"outer_momentum.{name}"], old_momentum_of(name))

@@ -98,27 +98,29 @@ def test_balanced_pipeline_stages_keep_the_single_process_loss(tmp_path: Path) -
     """Stages cut inside blocks and inside the head (forced item times) under 1F1B, then
     ZB-V with FSDP over dp = 2 (two stages per rank in a V, balanced by rank), stopped and
     resumed from its checkpoint under 1F1B's different split at dp = 1: every run follows
-    one process. The splits send the packed boundaries: residual + MLP activation inside
-    a block, normed hidden state + running log-sum-exp inside the head (with the target
+    one process. The splits send the packed boundaries: residual + the MLP's normed input
+    inside a block, normed hidden state + running log-sum-exp inside the head (with the target
     ids travelling from the first stage)."""
     spec = TrainSpec(steps=4, batch_size=8)
     single = run_engine(ParallelPlan(), spec, tmp_path / "one")["losses"]
-    # gpt-tiny: embeddings, 4 blocks x (attention, MLP in, MLP out), the head's 4 slices.
-    # Even at 7 + 7: stage 0 = embeddings + layer 0 + layer 1's attention and MLP in.
-    times = [2.0, *[1.0] * 12, *[0.0] * 4]
+    # gpt-tiny: embeddings, 4 blocks x (attention, 4 MLP slices), the head's 4 slices.
+    # Even at 11 + 11: stage 0 = embeddings + layer 0 + layer 1's attention, MLP slices 0-2.
+    times = [2.0, *[1.0] * 20, *[0.0] * 4]
     plan = ParallelPlan(pp=2, microbatches=2, balance_stages=True)
     balanced = run_engine(plan, spec, tmp_path / "pp2", item_times=times)
     assert balanced["losses"] == pytest.approx(single, abs=TOLERANCE)
     [split] = balanced["events"]  # the split goes to the job's events
     assert split.startswith(
         "pipeline stages by measured cost: 0: embeddings + layer 0 + layer 1 (attention, MLP "
-        "in), 7000.0 ms, 0 MiB; 1: layer 1 (MLP out) + layers 2-3 + head, 7000.0 ms"
+        "slices 0-2 of 4), 11000.0 ms, 0 MiB; 1: layer 1 (MLP slice 3 of 4) + layers 2-3 + "
+        "head, 11000.0 ms"
     )
     zbv = ParallelPlan(
         dp=2, pp=2, fsdp=True, microbatches=2, pipeline_schedule="zbv", balance_stages=True
     )
-    # Ranks 27 + 28: stage 2 ends with the head's first slice, stage 3 holds the others.
-    v_times = [3.0, 2, 3, 3, 2, 2, 3, 1, 1, 3, 1, 3, 2, 12, 1, 11, 2]
+    # Ranks 27.5 + 27.5: every boundary packed (two inside layer 3's MLP, one in the head).
+    v_times = [3.0, 2, 1.5, 1.5, 1.5, 1.5, 2, 1, 1, 1.5, 1.5, 1, 0.5, 0.5, 1.5, 1.5]
+    v_times += [1, 1.5, 1.5, 1, 1, 12, 1, 11, 2]
     checkpoints = tmp_path / "checkpoints"
     first = run_engine(
         zbv,
@@ -129,10 +131,13 @@ def test_balanced_pipeline_stages_keep_the_single_process_loss(tmp_path: Path) -
         item_times=v_times,
     )
     assert first["step"] == 2
-    assert "2: layer 1 (MLP out) + layers 2-3 + head slice 0 of 4" in first["events"][0]
-    assert "3: head slices 1-3 of 4" in first["events"][0]
+    events = first["events"][0]
+    assert "0: embeddings + layers 0-2 + layer 3 (attention, MLP slice 0 of 4)" in events
+    assert "1: layer 3 (MLP slice 1 of 4)" in events
+    assert "2: layer 3 (MLP slices 2-3 of 4) + head slices 0-2 of 4" in events
+    assert "3: head slice 3 of 4" in events
     # 1F1B with the head split the other way: stage 0 = everything up to its first slice.
-    head_times = [0.0, *[0.1] * 12, *[1.0] * 4]
+    head_times = [0.0, *[0.1] * 20, *[1.0] * 4]
     second = run_engine(
         plan, spec, tmp_path / "resumed", checkpoint_dir=checkpoints, item_times=head_times
     )

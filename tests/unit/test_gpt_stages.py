@@ -4,16 +4,26 @@ other, are the model (its loss and its gradients)."""
 from __future__ import annotations
 
 import itertools
+from typing import cast
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.gpt import GPT, boundary_width, next_token_loss, splits_head, total_units
+from tests.older_models import WholeMLP, linears
+from workers.gpt import (
+    GPT,
+    MLP_SLICES,
+    Block,
+    boundary_width,
+    next_token_loss,
+    splits_head,
+    total_units,
+)
 from workers.model_configs import MODEL_CONFIGS
 
 CONFIG = MODEL_CONFIGS["gpt-tiny"]
-UNITS = total_units(CONFIG)  # 4 blocks x 3 pieces, then the head's 4 slices
+UNITS = total_units(CONFIG)  # 4 blocks x 5 pieces, then the head's 4 slices
 
 
 def stages_of(cuts: list[int]) -> list[GPT]:
@@ -68,3 +78,14 @@ def test_the_full_head_is_the_concatenated_slices() -> None:
     model.blocks.clear()
     model.tok_emb = model.pos_emb = None
     torch.testing.assert_close(model(hidden), by_slice)
+
+
+def test_the_mlp_is_one_fc_and_one_proj_in_slices_of_its_hidden_width() -> None:
+    """The slices' weights side by side (fc's rows, proj's columns) are the unsliced MLP:
+    the same output, so a checkpoint of one loads into the other."""
+    torch.manual_seed(0)
+    mlp = cast(Block, GPT(CONFIG).blocks["0"]).mlp
+    assert len(mlp.fc) == MLP_SLICES
+    assert all(piece.bias is None for piece in linears(mlp.proj)[1:])  # proj.0 has it
+    h = torch.randn(2, CONFIG.seq_len, CONFIG.n_embd)
+    torch.testing.assert_close(mlp(h), WholeMLP(mlp)(h))

@@ -68,8 +68,8 @@ HEAD_STATS = 3
 
 # A block's pieces, in order: a pipeline stage may begin or end between any two. The MLP's
 # hidden width is in MLP_SLICES slices, one piece each: its two Linears are 2/3 of a
-# block's time, and in quarters a stage's end can fall within ~1/8 of a block of where
-# the balance wants it (in halves, at pp = 4 on gpt-mini, not within 15%).
+# block's time, so in quarters a stage's end moves in steps of ~1/7 of a block (halves
+# would be no finer than the MLP in | MLP out cut they replace).
 MLP_SLICES = 4
 ATTENTION, MLP_FIRST = 0, 1
 PIECES = 1 + MLP_SLICES
@@ -96,6 +96,7 @@ class MLP(nn.Module):
         return out
 
     def keep(self, slices: range) -> None:
+        """Drop the slices a pipeline stage does not hold."""
         for c in list(self.fc):
             if int(c) not in slices:
                 del self.fc[c], self.proj[c]

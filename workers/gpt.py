@@ -1,7 +1,7 @@
 """A small GPT-style decoder (nanoGPT shape), written so the engine can split it.
 
-- q, k, v and both MLP layers are separate `nn.Linear`s, so tensor parallel can shard them
-  column-wise (q/k/v, fc) and row-wise (proj) with torch's stock plans.
+- q, k, v and the MLP's layers are separate `nn.Linear`s, so tensor parallel can shard them
+  column-wise (q/k/v, fc) and row-wise (proj) with torch's plans (`workers.parallelize`).
 - Blocks live in a `ModuleDict` keyed by layer index: a pipeline stage keeps only its
   layers and its parameters keep the names they have in the full model, so a checkpoint
   written at one pipeline degree loads at another.

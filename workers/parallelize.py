@@ -127,7 +127,7 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, *, sequence_parallel:
     """Megatron-style: q, k, v and each MLP slice's fc column-wise (each rank computes
     n_head / tp heads and 1/tp of every slice's hidden columns), proj row-wise. The MLP's
     slices leave their row-wise products as partial sums, added together before the MLP
-    returns, so it still costs one all-reduce (as the attention does). Embeddings, the
+    returns, so it still costs one all-reduce each way (as the attention does). Embeddings, the
     final norm and the head stay replicated.
 
     Sequence parallel: between the row-wise and the next column-wise layer (the residual
@@ -143,7 +143,14 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, *, sequence_parallel:
         "attn.proj": RowwiseParallel(),
         "mlp.fc.*": ColwiseParallel(),
         "mlp.proj.*": RowwiseParallel(output_layouts=Partial(), use_local_output=False),
-        "mlp": PrepareModuleOutput(output_layouts=(Partial(),), desired_output_layouts=(summed,)),
+        # The MLP's input as one DTensor: its slices' input gradients add up as partial
+        # sums too, so backward also costs one collective, not one per slice.
+        "mlp": PrepareModuleInputOutput(
+            input_layouts=(Replicate(),),
+            desired_input_layouts=(Replicate(),),
+            output_layouts=(Partial(),),
+            desired_output_layouts=(summed,),
+        ),
     }
     if sequence_parallel:
         to_full = PrepareModuleInput(
@@ -157,7 +164,6 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, *, sequence_parallel:
             "mlp": PrepareModuleInputOutput(
                 input_layouts=(Shard(1),),
                 desired_input_layouts=(Replicate(),),
-                use_local_input=True,
                 output_layouts=(Partial(),),
                 desired_output_layouts=(summed,),
             ),

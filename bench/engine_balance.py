@@ -267,8 +267,12 @@ def main() -> None:
     pipeline.add_argument("--microbatches", type=int, default=4)
     pipeline.add_argument("--schedules", nargs="+", default=["1f1b", "zbv", "1f1b", "zbv"])
     args = parser.parse_args()
-    commands = {"stages": bench_stages, "mlp": bench_mlp, "batch": bench_batch}
-    commands["pipeline"] = bench_pipeline
+    commands = {
+        "stages": bench_stages,
+        "mlp": bench_mlp,
+        "batch": bench_batch,
+        "pipeline": bench_pipeline,
+    }
     commands[args.what](args)
 
 

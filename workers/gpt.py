@@ -76,13 +76,13 @@ PIECES = 1 + MLP_SLICES
 
 
 class MLP(nn.Module):
-    """fc, GELU, proj, in slices of the hidden width (`hidden_slices`). Under tensor
+    """fc, GELU, proj, in slices of the hidden width (`mlp_slices`). Under tensor
     parallel each slice is column- then row-wise and their partial sums are added before
     the one all-reduce (`workers.parallelize`)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        widths = [len(r) for r in hidden_slices(config)]
+        widths = [len(r) for r in mlp_slices(4 * config.n_embd)]
         e = config.n_embd
         self.fc = nn.ModuleDict({str(c): nn.Linear(e, w) for c, w in enumerate(widths)})
         self.proj = nn.ModuleDict(
@@ -262,12 +262,8 @@ def vocabulary_slices(vocab_size: int) -> list[range]:
     return even_slices(vocab_size, HEAD_PIECES)
 
 
-def hidden_slices(config: GPTConfig) -> list[range]:
-    """The MLP hidden width's columns of each MLP slice."""
-    return mlp_slices(4 * config.n_embd)
-
-
 def mlp_slices(width: int) -> list[range]:
+    """The columns of the MLP's hidden width (4 x n_embd) each MLP slice holds."""
     return even_slices(width, MLP_SLICES)
 
 

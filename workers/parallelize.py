@@ -135,7 +135,9 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, *, sequence_parallel:
     all-reduce becomes a reduce-scatter + all-gather and those activations take 1/tp of
     the memory. A stage's blocks take and give the full sequence, so embeddings, the head
     and pipeline boundaries do not change."""
-    summed = Replicate() if not sequence_parallel else Shard(1)
+    # Outside the blocks' layers the activations are whole, or under sequence parallel
+    # sharded by sequence.
+    between = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, Any] = {
         "attn.wq": ColwiseParallel(),
         "attn.wk": ColwiseParallel(),
@@ -146,10 +148,10 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, *, sequence_parallel:
         # The MLP's input as one DTensor: its slices' input gradients add up as partial
         # sums too, so backward also costs one collective, not one per slice.
         "mlp": PrepareModuleInputOutput(
-            input_layouts=(Replicate(),),
+            input_layouts=(between,),
             desired_input_layouts=(Replicate(),),
             output_layouts=(Partial(),),
-            desired_output_layouts=(summed,),
+            desired_output_layouts=(between,),
         ),
     }
     if sequence_parallel:
@@ -161,12 +163,6 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, *, sequence_parallel:
             "attn": to_full,
             "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
             "ln2": SequenceParallel(),
-            "mlp": PrepareModuleInputOutput(
-                input_layouts=(Shard(1),),
-                desired_input_layouts=(Replicate(),),
-                output_layouts=(Partial(),),
-                desired_output_layouts=(summed,),
-            ),
         }
     blocks = list(model.blocks.values())
     for block in blocks:

@@ -36,7 +36,7 @@ from scheduler.predict.runtime import accuracy
 from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
 from scheduler.store.predictions import AccuracyPair, JobPrediction
-from workers.checkpoint_layout import ListingCache, job_directory
+from workers.engine.checkpoint_layout import ListingCache, job_directory
 
 # The status page polls a job's checkpoints: listed again only when they change.
 _CHECKPOINTS = ListingCache()

@@ -12,9 +12,9 @@ from scheduler.core import never_fits_reason
 from scheduler.model import JobSpec, Node
 from scheduler.predict.steptime import StepPlan
 from scheduler.runtime.launch import rank_entrypoint
-from workers.entrypoints import EntrypointError, check_function_target
-from workers.model_configs import MODEL_CONFIGS
-from workers.plan import PlanError, plan_from_entrypoint, validate_plan
+from workers.engine.model_configs import MODEL_CONFIGS
+from workers.engine.plan import PlanError, plan_from_entrypoint, validate_plan
+from workers.program.entrypoints import EntrypointError, check_function_target
 
 
 def validate_submission(submit: JobSubmit, spec: JobSpec, nodes: Sequence[Node]) -> None:

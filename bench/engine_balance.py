@@ -8,7 +8,7 @@
     .venv/bin/python bench/engine_balance.py batch --model gpt-tiny --steps 30 --batch 200
     .venv/bin/python bench/engine_balance.py pipeline --model gpt-mini --pp 2
 
-`stages`: each item's forward + backward is measured (`workers.item_costs.measure_costs`:
+`stages`: each item's forward + backward is measured (`workers.engine.item_costs.measure_costs`:
 embeddings, each block's five pieces, the head's four vocabulary slices); then every
 stage of the equal split, of the balanced split at whole blocks and a whole head (as
 under tensor parallel), of the one that may cut blocks but keeps the head whole (as
@@ -54,13 +54,13 @@ import torch
 from bench.engine_modes import run
 from gangway.models import PipelineSchedule
 from tests.older_models import WholeMLP
-from workers import balance, item_costs
-from workers.gpt import GPT, Block, next_token_loss, splits_head
-from workers.model_configs import MODEL_CONFIGS, GPTConfig
-from workers.plan import ParallelPlan
-from workers.rank_speed import REBALANCE_EVERY
-from workers.stage_plan import equal_units
-from workers.training import TrainSpec
+from workers.engine import balance, item_costs
+from workers.engine.gpt import GPT, Block, next_token_loss, splits_head
+from workers.engine.model_configs import MODEL_CONFIGS, GPTConfig
+from workers.engine.plan import ParallelPlan
+from workers.engine.rank_speed import REBALANCE_EVERY
+from workers.engine.stage_plan import equal_units
+from workers.engine.training import TrainSpec
 
 
 def stage_times(

@@ -11,7 +11,7 @@ against sync DDP:
 An async step is one rank's batch, so async runs dp x `--steps` steps (the same samples);
 its tokens/s counts every rank's applied updates.
 
-Each mode is one run of `workers.training.train` on 2 processes from the same seed and
+Each mode is one run of `workers.engine.training.train` on 2 processes from the same seed and
 the same samples; the loss compared is the mean of the last `--tail` steps' global loss
 (one step's loss on 2 x batch samples is noisy). Prints one JSON line per mode, then a
 table against sync.
@@ -36,8 +36,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from workers.plan import ParallelPlan
-from workers.training import TrainSpec, train
+from workers.engine.plan import ParallelPlan
+from workers.engine.training import TrainSpec, train
 
 
 class Recorder:

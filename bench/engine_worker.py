@@ -4,7 +4,7 @@
 
 `--mode plain` is a hand-written DDP loop in the shape of PyTorch's DDP tutorial (model,
 DDP, AdamW, forward, backward, step) on the same model and the same samples; `--mode
-engine` is Gangway's `workers.training.train` with a plan (dp from the world size, `--fsdp`
+engine` is Gangway's `workers.engine.training.train` with a plan (dp from the world size, `--fsdp`
 for FSDP2). Rank 0 prints one JSON line: median tokens/s after warm-up, and the engine's
 per-rank state size and peak memory (RSS on CPU, the allocator's peak on a GPU).
 
@@ -32,11 +32,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bench.engine_modes import Recorder
-from workers.data import SyntheticTokens, rank_slice
-from workers.gpt import GPT, next_token_loss
-from workers.model_configs import MODEL_CONFIGS
-from workers.plan import ParallelPlan
-from workers.training import TrainSpec, train
+from workers.engine.data import SyntheticTokens, rank_slice
+from workers.engine.gpt import GPT, next_token_loss
+from workers.engine.model_configs import MODEL_CONFIGS
+from workers.engine.plan import ParallelPlan
+from workers.engine.training import TrainSpec, train
 
 
 def plain_ddp(model_name: str, steps: int, batch_size: int) -> list[float]:

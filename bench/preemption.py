@@ -23,9 +23,9 @@ from typing import Any
 import ray
 
 from scheduler.runtime.cluster import RayClusterSource
+from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
-from workers.group import GroupSpec, WorkerGroup
-from workers.group_status import GroupPhase, GroupStatus
 
 
 def _spec(job_id: int, model: str, node_id: str, checkpoints: Path) -> GroupSpec:

@@ -16,7 +16,7 @@ import time
 
 import ray
 
-from workers.rank import RankActor
+from workers.supervisor.actor import RankActor
 
 
 def start_gang(ranks: int, *, preload_trainer: bool) -> float:

@@ -4,7 +4,7 @@
 
 Starts one local Ray (2 nodes x 4 logical GPUs, as `gangway serve` embeds). Ray Train:
 `TorchTrainer` with 2 workers (1 logical GPU each, gloo) whose loop is Gangway's own
-engine (`workers.training.train`, gpt-tiny, dp=2); timed from `fit()` to the first step.
+engine (`workers.engine.training.train`, gpt-tiny, dp=2); timed from `fit()` to the first step.
 Gangway: `gangway serve` joined to the same Ray, a builtin dp=2 job of the same model and
 steps; timed from the client's submit to the first step the API shows (polled every
 50 ms). Runs alternate; prints each and the median ratio.
@@ -48,8 +48,8 @@ class _FirstStep:
 def _train_loop(config: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    from workers.plan import ParallelPlan
-    from workers.training import TrainSpec, train
+    from workers.engine.plan import ParallelPlan
+    from workers.engine.training import TrainSpec, train
 
     reporter = _FirstStep(config["marker"]) if dist.get_rank() == 0 else _FirstStep("/dev/null")
     train(reporter, ParallelPlan(dp=2), TrainSpec(steps=config["steps"]))

@@ -36,10 +36,10 @@ from gangway.models import JobSubmit
 from scheduler.core import schedule
 from scheduler.model import JobState, Node
 from scheduler.runtime import loop as loop_module
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.store import JobRecord, JobRepository, NewJob, make_engine, upgrade_to_head
-from workers.group_status import GroupPhase, GroupStatus
 
 STEP_S = 0.2
 

@@ -31,9 +31,9 @@ from scheduler.predict.steptime import (
     mdape,
 )
 from tests.engine_harness import run_engine
-from workers.model_configs import GPTConfig
-from workers.plan import ParallelPlan
-from workers.training import TrainSpec
+from workers.engine.model_configs import GPTConfig
+from workers.engine.plan import ParallelPlan
+from workers.engine.training import TrainSpec
 
 MODELS = {
     "bench-l4-e256": GPTConfig(vocab_size=8192, seq_len=128, n_layer=4, n_head=4, n_embd=256),

@@ -69,10 +69,10 @@ def serve(database_url: str, port: int) -> None:
     from api.app import create_app
     from api.auth import AuthConfig
     from scheduler.model import JobState, Node
+    from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
     from scheduler.runtime.lease import LeaderLease
     from scheduler.runtime.loop import SchedulerLoop
     from scheduler.store import JobRepository, make_engine
-    from workers.group_status import GroupPhase, GroupStatus
 
     repo = JobRepository(make_engine(database_url))
     holder = repo.in_states([JobState.RUNNING])[0].id

@@ -12,10 +12,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.e2e.service import free_port
-from workers import item_costs
-from workers.model_configs import MODEL_CONFIGS, GPTConfig
-from workers.plan import ParallelPlan
-from workers.training import TrainSpec, train
+from workers.engine import item_costs
+from workers.engine.model_configs import MODEL_CONFIGS, GPTConfig
+from workers.engine.plan import ParallelPlan
+from workers.engine.training import TrainSpec, train
 
 
 class _StopAt:

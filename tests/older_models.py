@@ -1,5 +1,6 @@
 """The model as releases before its head's and its MLPs' slices saved it: checkpoints
-they wrote (`workers.checkpoint_compat`), and what the slices cost (`bench/engine_balance.py`)."""
+they wrote (`workers.engine.checkpoint_compat`), and what the slices cost
+(`bench/engine_balance.py`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.gpt import GPT, MLP, Block
+from workers.engine.gpt import GPT, MLP, Block
 
 
 def linears(pieces: nn.ModuleDict) -> list[nn.Linear]:

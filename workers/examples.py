@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from workers import faults
-from workers.context import RankContext
+from workers.program.context import RankContext
 
 
 def allreduce_ranks(ctx: RankContext, steps: int = 3) -> None:

@@ -12,10 +12,10 @@ from collections.abc import Callable, Set
 from pathlib import Path
 from typing import Protocol
 
+from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup, attempts_on_ray, reap
+from scheduler.runtime.gangs.status import GroupStatus
 from scheduler.runtime.launch import rank_entrypoint, runtime_env
 from scheduler.store import JobRecord
-from workers.group import GroupSpec, WorkerGroup, attempts_on_ray, reap
-from workers.group_status import GroupStatus
 
 
 class Executor(Protocol):

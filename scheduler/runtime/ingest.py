@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from scheduler.runtime.gangs.status import GroupStatus
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRecord, JobRepository, ProgressNote, ProgressPoint
-from workers.group_status import GroupStatus
 
 
 class ProgressIngest:

@@ -17,7 +17,7 @@ from scheduler.model import (
     JobSpec,
     ScriptEntrypoint,
 )
-from workers.checkpoint_layout import job_directory
+from workers.engine.checkpoint_layout import job_directory
 
 
 def rank_entrypoint(spec: JobSpec, job_id: int, checkpoint_root: Path | None) -> dict[str, Any]:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from scheduler.model import JobState
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.views import run_info
 from scheduler.store import JobRecord
-from workers.group_status import GroupPhase, GroupStatus
 
 # Observed for progress, completion and failure: the gang is (about to be) running.
 _OBSERVED_STATES = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING})

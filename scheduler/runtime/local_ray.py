@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 
 from scheduler.runtime.cluster import NODE_NAME_LABEL
-from workers.environment import scrubbed_process
+from workers.supervisor.environment import scrubbed_process
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from scheduler.runtime import metrics
 from scheduler.runtime.applier import Applier
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.runtime.executor import Executor, GuardedExecutor
+from scheduler.runtime.gangs.status import GroupStatus
 from scheduler.runtime.ingest import ProgressIngest
 from scheduler.runtime.leadership import SWEEP_EVERY_PASSES, Leadership
 from scheduler.runtime.lease import LeaderLease
@@ -43,7 +44,6 @@ from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import Fenced, FenceSlot, JobRecord, JobRepository, ProgressNote
 from scheduler.store.base import utcnow
 from workers import faults
-from workers.group_status import GroupStatus
 
 log = logging.getLogger(__name__)
 

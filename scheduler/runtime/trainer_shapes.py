@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from gangway.models import Builtin
 from scheduler.model import BuiltinEntrypoint, JobSpec, Node
 from scheduler.predict.steptime import ModelShape, NodeType, StepPlan
-from workers.model_configs import MODEL_CONFIGS
+from workers.engine.model_configs import MODEL_CONFIGS
 
 # Memory of one device, for plans that must fit (`auto`); H100/H200-class by default.
 DEVICE_MEMORY_BYTES = 80 * 2**30

@@ -16,8 +16,8 @@ from tests.faults.harness import make_service
 @pytest.fixture
 def clean_ray(ray_cluster: Any) -> Iterator[None]:
     """No Gangway gang on Ray before or after a case: each case checks what it leaves."""
+    from scheduler.runtime.gangs.group import reap
     from tests.faults.invariants import gangway_on_ray
-    from workers.group import reap
 
     for job_id, attempt in gangway_on_ray()[0]:
         reap(job_id, attempt)

@@ -20,12 +20,12 @@ from torch import nn
 
 from api.app import create_app
 from scheduler.model import JobState, Node
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.store import JobRecord, JobRepository, NewJob
 from tests.integration.test_loop import FakeCluster, FakeExecutor, submit
-from workers.checkpoint import Checkpointer
-from workers.group_status import GroupPhase, GroupStatus
+from workers.engine.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.faults
 

@@ -12,12 +12,12 @@ import pytest
 import sqlalchemy as sa
 
 from scheduler.model import JobState
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.store import Fenced, JobRepository
 from tests.integration.test_loop import FakeCluster, FakeExecutor, submit
 from workers import faults
-from workers.group_status import GroupPhase, GroupStatus
 
 pytestmark = pytest.mark.faults
 

@@ -20,11 +20,11 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from tests.engine_harness import run_engine
-from workers.context import RankContext, RankInfo
-from workers.data import TokenFile, rank_slice
-from workers.model_configs import MODEL_CONFIGS
-from workers.plan import ParallelPlan, PlanError, validate_plan
-from workers.training import TrainSpec
+from workers.engine.data import TokenFile, rank_slice
+from workers.engine.model_configs import MODEL_CONFIGS
+from workers.engine.plan import ParallelPlan, PlanError, validate_plan
+from workers.engine.training import TrainSpec
+from workers.program.context import RankContext, RankInfo
 
 STEPS = 5
 TOLERANCE = 1e-5

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.engine_harness import run_engine
-from workers.plan import ParallelPlan
-from workers.training import TrainSpec
+from workers.engine.plan import ParallelPlan
+from workers.engine.training import TrainSpec
 
 TOLERANCE = 1e-5
 PARAM_BYTES = 236_928 * 4  # gpt-tiny's parameters, fp32

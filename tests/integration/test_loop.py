@@ -15,12 +15,12 @@ import pytest
 from scheduler.model import JobState, Node, QueueQuota
 from scheduler.runtime import metrics
 from scheduler.runtime.executor import group_spec
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.lifecycle import LifecycleConfig
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRecord, JobRepository, NewJob, QueueRepository
-from workers.group_status import GroupPhase, GroupStatus
 
 NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
 

@@ -18,11 +18,11 @@ import gangway.cli_shared
 from api.app import create_app
 from gangway import AsyncClient, Client
 from gangway.models import Builtin, Estimate, JobSubmit, Parallelism
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.predictions import REPREDICT_RUNNING_S, Predictions
 from scheduler.store import JobRecord, JobRepository, NewJob
 from tests.integration.test_loop import NODES, Clock, FakeCluster, FakeExecutor
-from workers.group_status import GroupPhase, GroupStatus
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import ray
 
-from workers.group import GroupSpec, WorkerGroup
-from workers.group_status import GroupPhase, GroupStatus
+from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 
 pytestmark = pytest.mark.ray
 

@@ -21,10 +21,10 @@ import ray
 
 from gangway.packaging import pack
 from scheduler.model import CodeSpec
+from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.launch import runtime_env
 from tests.integration.test_ray_runtime import poll_until, run_to_end, spec
-from workers.group import GroupSpec, WorkerGroup
-from workers.group_status import GroupPhase, GroupStatus
 
 pytestmark = pytest.mark.ray
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.balance import (
+from workers.engine.balance import (
     CUT_GAIN,
     StageSplit,
     balanced_split,
@@ -18,10 +18,10 @@ from workers.balance import (
     stage_costs,
     stage_items,
 )
-from workers.gpt import PIECES, splits_head
-from workers.item_costs import ItemCost
-from workers.model_configs import GPTConfig
-from workers.stage_plan import equal_units
+from workers.engine.gpt import PIECES, splits_head
+from workers.engine.item_costs import ItemCost
+from workers.engine.model_configs import GPTConfig
+from workers.engine.stage_plan import equal_units
 
 
 def config(n_layer: int, head_slices: int = 4) -> GPTConfig:

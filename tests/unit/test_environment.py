@@ -1,4 +1,4 @@
-"""The rank environment allow-list (workers/environment.py)."""
+"""The rank environment allow-list (workers/supervisor/environment.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from workers.environment import rank_environment, scrubbed, scrubbed_process
+from workers.supervisor.environment import rank_environment, scrubbed, scrubbed_process
 
 SERVICE_ENV = {
     "PATH": "/usr/bin",

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.older_models import WholeMLP, linears
-from workers.gpt import (
+from workers.engine.gpt import (
     GPT,
     MLP_SLICES,
     Block,
@@ -20,7 +20,7 @@ from workers.gpt import (
     splits_head,
     total_units,
 )
-from workers.model_configs import MODEL_CONFIGS
+from workers.engine.model_configs import MODEL_CONFIGS
 
 CONFIG = MODEL_CONFIGS["gpt-tiny"]
 UNITS = total_units(CONFIG)  # 4 blocks x 5 pieces, then the head's 4 slices

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RaySystemError
 
-import workers.group
-from workers.group import GroupSpec, WorkerGroup
-from workers.group_status import GroupPhase
+import scheduler.runtime.gangs.group
+from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup
+from scheduler.runtime.gangs.status import GroupPhase
 
 SPEC = GroupSpec(
     job_id=1,
@@ -36,7 +36,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
-    monkeypatch.setattr(workers.group, "time", clock)
+    monkeypatch.setattr(scheduler.runtime.gangs.group, "time", clock)
     return clock
 
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from scheduler.model import JobState
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.lifecycle import (
     LifecycleConfig,
     Transition,
@@ -16,7 +17,6 @@ from scheduler.runtime.lifecycle import (
 )
 from scheduler.store import JobRecord
 from scheduler.store.specs import spec_from_json
-from workers.group_status import GroupPhase, GroupStatus
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NOW = T0 + timedelta(hours=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from workers.logtap import LineBuffer, Tap
+from workers.supervisor.logtap import LineBuffer, Tap
 
 
 def test_lines_are_numbered_when_complete_and_streams_do_not_mix() -> None:

@@ -12,7 +12,7 @@ from gangway.models import Builtin, ElasticDP, JobSubmit, Parallelism
 from scheduler.model import BuiltinEntrypoint, FunctionEntrypoint, JobSpec
 from scheduler.runtime.launch import rank_entrypoint
 from scheduler.store.specs import spec_from_json
-from workers.entrypoints import EntrypointError, check_function_target
+from workers.program.entrypoints import EntrypointError, check_function_target
 
 
 def stored(submit: JobSubmit) -> JobSpec:

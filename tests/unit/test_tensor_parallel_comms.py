@@ -14,9 +14,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from workers.gpt import GPT
-from workers.model_configs import MODEL_CONFIGS
-from workers.parallelize import apply_tensor_parallel
+from workers.engine.gpt import GPT
+from workers.engine.model_configs import MODEL_CONFIGS
+from workers.engine.parallelize import apply_tensor_parallel
 
 CONFIG = MODEL_CONFIGS["gpt-tiny"]
 LAYERS = CONFIG.n_layer

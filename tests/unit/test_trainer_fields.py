@@ -13,9 +13,9 @@ import pytest
 from gangway.models import Builtin, CheckpointPolicy, JobSubmit, Parallelism
 from scheduler.runtime.launch import rank_entrypoint
 from scheduler.store.specs import spec_from_json
-from workers.plan import ParallelPlan
-from workers.trainer import KNOWN_KEYS, builtin_spec
-from workers.training import TrainSpec
+from workers.engine.plan import ParallelPlan
+from workers.engine.training import TrainSpec
+from workers.program.trainer import KNOWN_KEYS, builtin_spec
 
 RANK_FIELDS = {f.name: f for f in (*fields(TrainSpec), *fields(ParallelPlan))}
 

@@ -23,18 +23,25 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from gangway.models import Builtin, CheckpointPolicy, Optimizer, wire_default
-from workers import async_ps, async_worker, balance
-from workers.checkpoint import Checkpointer, is_rank0, stop_agreed
-from workers.data import SyntheticTokens, TokenFile, TokenStream
-from workers.device_stats import peak_flops, peak_memory_mb, rank_device, state_bytes
-from workers.gpt import next_token_loss, parameter_count
-from workers.model_configs import MODEL_CONFIGS, GPTConfig
-from workers.optim import build_optimizer, gradients_of, lr_schedule, parameters_of
-from workers.parallelize import ModelParts, build_mesh, build_parts
-from workers.plan import ParallelPlan, validate_plan
-from workers.rank_speed import BatchShares, LocalTimer
-from workers.stage_plan import stage_units
-from workers.updates import AdaptivePeriod, CommMeter, DiLoCo, UpdateRule, build_rule, ddp_hook
+from workers.engine import async_ps, async_worker, balance
+from workers.engine.checkpoint import Checkpointer, is_rank0, stop_agreed
+from workers.engine.data import SyntheticTokens, TokenFile, TokenStream
+from workers.engine.device_stats import peak_flops, peak_memory_mb, rank_device, state_bytes
+from workers.engine.gpt import next_token_loss, parameter_count
+from workers.engine.model_configs import MODEL_CONFIGS, GPTConfig
+from workers.engine.optim import build_optimizer, gradients_of, lr_schedule, parameters_of
+from workers.engine.parallelize import ModelParts, build_mesh, build_parts
+from workers.engine.plan import ParallelPlan, validate_plan
+from workers.engine.rank_speed import BatchShares, LocalTimer
+from workers.engine.stage_plan import stage_units
+from workers.engine.updates import (
+    AdaptivePeriod,
+    CommMeter,
+    DiLoCo,
+    UpdateRule,
+    build_rule,
+    ddp_hook,
+)
 
 # The checkpoint counter that holds the data position (the next sample index).
 NEXT_SAMPLE = "next_sample"
@@ -46,7 +53,7 @@ BACKWARD_PER_FORWARD = 2.0
 
 
 class Reporter(Protocol):
-    """What the loop needs of its caller: `workers.context.RankContext` is one."""
+    """What the loop needs of its caller: `workers.program.context.RankContext` is one."""
 
     def should_stop(self) -> bool: ...
 
@@ -201,7 +208,7 @@ def _train_async(
     scheduler: torch.optim.lr_scheduler.LambdaLR,
     step: int,
 ) -> TrainResult:
-    """`async` (`workers.async_ps`): the built model and optimizer are the master, rank
+    """`async` (`workers.engine.async_ps`): the built model and optimizer are the master, rank
     0's serves; every rank computes on a copy. A step is one applied update."""
     spec, model = loop.spec, loop.parts.parts[0]
     worker = async_worker.Worker(

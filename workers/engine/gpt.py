@@ -1,7 +1,7 @@
 """A small GPT-style decoder (nanoGPT shape), written so the engine can split it.
 
 - q, k, v and the MLP's layers are separate `nn.Linear`s, so tensor parallel can shard them
-  column-wise (q/k/v, fc) and row-wise (proj) with torch's plans (`workers.parallelize`).
+  column-wise (q/k/v, fc) and row-wise (proj) with torch's plans (`workers.engine.parallelize`).
 - Blocks live in a `ModuleDict` keyed by layer index: a pipeline stage keeps only its
   layers and its parameters keep the names they have in the full model, so a checkpoint
   written at one pipeline degree loads at another.
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from workers.model_configs import GPTConfig
+from workers.engine.model_configs import GPTConfig
 
 
 class CausalSelfAttention(nn.Module):
@@ -78,7 +78,7 @@ PIECES = 1 + MLP_SLICES
 class MLP(nn.Module):
     """fc, GELU, proj, in slices of the hidden width (`mlp_slices`). Under tensor
     parallel each slice is column- then row-wise and their partial sums are added before
-    the one all-reduce (`workers.parallelize`)."""
+    the one all-reduce (`workers.engine.parallelize`)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()

@@ -8,7 +8,7 @@ the master is at <= v + S (`max_staleness`), else drops it and the rank tries ag
 rank waits for another: the gang's tokens/s is the sum of the ranks' rates.
 
 This module is the server and the run; what each rank computes and the wire between them
-are `workers.async_worker`. A thread on rank 0 answers the other ranks; rank 0's own
+are `workers.engine.async_worker`. A thread on rank 0 answers the other ranks; rank 0's own
 worker calls the server directly under the same lock. The server steps the optimizer for
 every rank's update, one after another on rank 0, so that step's cost is paid dp times
 per round (the trainer gives the async master torch's fused AdamW). The run goes in
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workers.async_worker import (
+from workers.engine.async_worker import (
     DONE_STOP,
     DONE_TARGET,
     HEADER,
@@ -42,7 +42,7 @@ from workers.async_worker import (
     remote_loop,
     views,
 )
-from workers.updates import CommMeter
+from workers.engine.updates import CommMeter
 
 SWITCH_INTERVAL_S = 0.0005  # rank 0 while it serves (see run_segment)
 

@@ -91,11 +91,11 @@ class RankContext:
         return init_device_mesh(device, shape, mesh_dim_names=("pp", "dp", "tp"))
 
     def checkpointer(self, parts: Sequence[Any], optimizers: Sequence[Any]) -> Any:
-        """A `workers.checkpoint.Checkpointer` for this job's model parts and their
+        """A `workers.engine.checkpoint.Checkpointer` for this job's model parts and their
         optimizers (one each): `load_latest()` on start, `save(step)` when
         `should_stop_together()` turns True and at the end. It does nothing when the job
         has no directory."""
-        from workers.checkpoint import Checkpointer
+        from workers.engine.checkpoint import Checkpointer
 
         return Checkpointer(self.checkpoint_dir, parts, optimizers, self._keep_last)
 
@@ -109,7 +109,7 @@ class RankContext:
     def should_stop_together(self) -> bool:
         """Whether any rank was asked to stop, the same answer on every rank. A
         collective: every rank calls it at the same point of each step."""
-        from workers.checkpoint import stop_agreed
+        from workers.engine.checkpoint import stop_agreed
 
         if stop_agreed(self.should_stop()):
             self.stop_seen = True

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from workers.rank import FAILED, IDLE, SUCCEEDED
+from workers.supervisor.actor import FAILED, IDLE, SUCCEEDED
 
 
 class GroupPhase(enum.StrEnum):

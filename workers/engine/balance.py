@@ -1,11 +1,12 @@
 """Load balancing: pipeline stages by measured layer cost, data shares by rank speed.
 
 Stages. The pipeline's items are [embeddings, units...]: each block in pieces (attention,
-then the MLP's hidden width in slices: `workers.gpt.PIECES`), then the head in vocabulary slices
-(`workers.gpt.HEAD_PIECES`, the last with the loss), so a stage boundary may fall inside
-a block or inside the head where whole items are too coarse (gpt-mini's head costs 1.7
-blocks: at pp = 4 no whole-block split comes within 15%; from pp = 6 the head alone is
-more than a stage's share). What each item costs is measured in `workers.item_costs`.
+then the MLP's hidden width in slices: `workers.engine.gpt.PIECES`), then the head in
+vocabulary slices (`workers.engine.gpt.HEAD_PIECES`, the last with the loss), so a stage
+boundary may fall inside a block or inside the head where whole items are too coarse
+(gpt-mini's head costs 1.7 blocks: at pp = 4 no whole-block split comes within 15%; from pp = 6
+the head alone is more than a stage's share). What each item costs is measured in
+`workers.engine.item_costs`.
 
 The split is contiguous and gives every stage at least one item. Throughput first: the
 slowest stage as fast as it can be (it sets the pipeline's pace); then balance: among
@@ -31,10 +32,10 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workers import splits
-from workers.gpt import MLP_FIRST, MLP_SLICES, PIECES, head_units
-from workers.item_costs import ItemCost
-from workers.model_configs import GPTConfig
+from workers.engine import splits
+from workers.engine.gpt import MLP_FIRST, MLP_SLICES, PIECES, head_units
+from workers.engine.item_costs import ItemCost
+from workers.engine.model_configs import GPTConfig
 
 # What a finer split (blocks cut, then the head) must gain over a coarser one (slowest or
 # fastest rank).

@@ -8,7 +8,7 @@ position, the next sample index, there: with an elastic job the global batch cha
 dp, so the position no longer follows from the step). Nothing is random after init, so
 there is no RNG to restore.
 
-Layout and completeness: `workers.checkpoint_layout`. The newest `keep_last` are kept.
+Layout and completeness: `workers.engine.checkpoint_layout`. The newest `keep_last` are kept.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from gangway.models import CheckpointPolicy, wire_default
 from workers import faults
-from workers.checkpoint_compat import read_older_layouts
-from workers.checkpoint_layout import (
+from workers.engine.checkpoint_compat import read_older_layouts
+from workers.engine.checkpoint_layout import (
     PARTIAL,
     checkpoint_path,
     completed,
@@ -72,7 +72,7 @@ class Checkpointer:
         A complete checkpoint at `step` is kept as it is (a job stopped right after it
         resumed has nothing new to save). Otherwise every rank writes into the partial
         directory and rank 0 renames it once all have: a kill at any moment leaves either
-        no new checkpoint or a whole one (see workers.checkpoint_layout)."""
+        no new checkpoint or a whole one (see workers.engine.checkpoint_layout)."""
         if self.directory is None:
             return None
         final = checkpoint_path(self.directory, step)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from workers.training import TrainSpec
+    from workers.engine.training import TrainSpec
 
 
 def build_optimizer(

@@ -38,8 +38,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
 from torch.distributed.algorithms.model_averaging import utils as averaging
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-from workers.parallelize import plan_comm_hook
-from workers.plan import ParallelPlan
+from workers.engine.parallelize import plan_comm_hook
+from workers.engine.plan import ParallelPlan
 
 # Bytes on the wire per element, for DDP's compression hooks (PowerSGD is not counted).
 _WIRE_BYTES = {"none": 4, "fp16": 2, "bf16": 2}
@@ -199,7 +199,7 @@ class DiLoCo(UpdateRule):
     def outer_state(self) -> dict[str, torch.Tensor]:
         """The anchor equals the parameters after `consolidate`; the momentum does not.
         Keyed by parameter name (releases before 2026-12-02 keyed it by position:
-        `workers.checkpoint_compat` reads those)."""
+        `workers.engine.checkpoint_compat` reads those)."""
         state = self.outer.state
         buffers = [state[anchor]["momentum_buffer"] for anchor in self.anchor]
         return {f"outer_momentum.{n}": b for n, b in zip(self.names, buffers, strict=True)}
@@ -275,7 +275,7 @@ def build_rule(
     names: Sequence[str],
 ) -> UpdateRule:
     """The rule for `plan.update_mode`; `names`: the parameters' names."""
-    if plan.dp == 1 or plan.update_mode in ("sync", "async"):  # async: workers.async_ps
+    if plan.dp == 1 or plan.update_mode in ("sync", "async"):  # async: workers.engine.async_ps
         return UpdateRule(group, meter)
     if plan.update_mode == "local-sgd":
         return LocalSGD(group, meter, period=plan.sync_period)

@@ -21,7 +21,7 @@ from gangway.models import (
     UpdateMode,
     wire_default,
 )
-from workers.model_configs import GPTConfig
+from workers.engine.model_configs import GPTConfig
 
 
 class PlanError(ValueError):
@@ -43,13 +43,13 @@ class ParallelPlan:
     grad_compression: a DDP communication hook (pure data parallel only).
     sequence_parallel: with tp > 1, shard the residual stream and norms over the
         sequence too (Megatron-SP).
-    update_mode: how data-parallel replicas combine their work (`workers.updates`):
+    update_mode: how data-parallel replicas combine their work (`workers.engine.updates`):
         `sync` all-reduces gradients every step; `local-sgd` steps alone and averages
         parameters every `sync_period` steps; `diloco` also takes an outer Nesterov step
         (`outer_lr`, `outer_momentum`) over the averaged change; `adaptive` is local SGD
         whose period grows while the replicas stay within `drift_target` of each other;
         `async` pushes gradients to a parameter server on rank 0, which drops any computed
-        on parameters more than `max_staleness` updates old (`workers.async_ps`).
+        on parameters more than `max_staleness` updates old (`workers.engine.async_ps`).
     balance_stages: split pipeline stages by each layer's measured cost, not its count.
     balance_batch: give persistently slower data-parallel ranks a smaller share of the
         global batch (the same global batch, so the same loss).

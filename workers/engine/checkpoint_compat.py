@@ -2,10 +2,10 @@
 
 Three layouts changed on 2026-12-02, so a pipeline stage can hold part of a parameter.
 The head was one `head.weight` (vocabulary x n_embd); it is now `head.0.weight` ...
-`head.3.weight` (`workers.gpt.vocabulary_slices`). Later that day each block's MLP,
+`head.3.weight` (`workers.engine.gpt.vocabulary_slices`). Later that day each block's MLP,
 one `mlp.fc` and one `mlp.proj`, became `mlp.fc.<c>` (fc's rows: the hidden width's
 slice c) and `mlp.proj.<c>` (proj's columns), `mlp.proj.0` with the bias
-(`workers.gpt.mlp_slices`). And DiLoCo's outer momentum, saved beside the model, was
+(`workers.engine.gpt.mlp_slices`). And DiLoCo's outer momentum, saved beside the model, was
 keyed by the parameter's position (`outer_momentum.<i>`, counting the whole head and
 each whole fc and proj once); it is now keyed by the parameter's name. A job
 checkpointed by an older release must still resume: where the checkpoint lacks a
@@ -26,7 +26,7 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from workers.gpt import mlp_slices, vocabulary_slices
+from workers.engine.gpt import mlp_slices, vocabulary_slices
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,9 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from workers.gpt import GPT, Block, splits_head
-from workers.model_configs import GPTConfig
-from workers.plan import ParallelPlan
+from workers.engine.gpt import GPT, Block, splits_head
+from workers.engine.model_configs import GPTConfig
+from workers.engine.plan import ParallelPlan
 
 
 @dataclass
@@ -107,7 +107,7 @@ def build_parts(
         if plan.fsdp:
             apply_fsdp(model, mesh["dp"], plan)
     result = ModelParts(parts, stage_ids, carries_targets=carries_targets)
-    # async: no DDP, the ranks exchange with a parameter server (workers.async_ps)
+    # async: no DDP, the ranks exchange with a parameter server (workers.engine.async_ps)
     if (
         plan.dp > 1
         and not plan.fsdp

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from workers.optim import parameters_of
+from workers.engine.optim import parameters_of
 
 # Dense bf16 peak FLOP/s by device name fragment, for MFU (per GPU).
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}

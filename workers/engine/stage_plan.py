@@ -1,5 +1,5 @@
 """Which block pieces each pipeline stage of a built-in job holds: an equal count of
-whole blocks, or the split `workers.balance` computes from measured costs, said in the
+whole blocks, or the split `workers.engine.balance` computes from measured costs, said in the
 job's log and events."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workers import balance, item_costs
-from workers.checkpoint import is_rank0
-from workers.gpt import block_units
-from workers.model_configs import GPTConfig
-from workers.plan import ParallelPlan
+from workers.engine import balance, item_costs
+from workers.engine.checkpoint import is_rank0
+from workers.engine.gpt import block_units
+from workers.engine.model_configs import GPTConfig
+from workers.engine.plan import ParallelPlan
 
 if TYPE_CHECKING:
-    from workers.training import Reporter, TrainSpec
+    from workers.engine.training import Reporter, TrainSpec
 
 
 def stage_units(

@@ -1,7 +1,7 @@
 """Run an unmodified torchrun-style script or command as one rank: a child process with
 the environment torchrun would give it, its output captured.
 
-The child's environment is the rank environment (`workers.environment`): allow-listed
+The child's environment is the rank environment (`workers.supervisor.environment`): allow-listed
 names, the job's own `env` and torchrun's variables, never the service's secrets. A script
 or command of a job with a shipped working directory runs in it (Ray made it the actor's
 working directory); a script on the host runs in its own folder.
@@ -9,7 +9,7 @@ working directory); a script on the host runs in its own folder.
 The script sets up its own process group (`init_process_group()` reads MASTER_ADDR and
 MASTER_PORT from the environment), so the rank actor does not create one; as under
 torchrun, the store it connects to is the launcher's (rank 0's actor holds it,
-`workers.rank.host_store`), not rank 0's script's. The output goes
+`workers.supervisor.actor.host_store`), not rank 0's script's. The output goes
 line by line to the actor's stdout (Ray's worker log) and the last lines are kept, so a
 failure carries them in its error. A stop request (cancel, preemption) sends SIGTERM, then
 SIGKILL after `grace_s`.
@@ -26,8 +26,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from workers.context import RankContext
-from workers.environment import rank_environment
+from workers.program.context import RankContext
+from workers.supervisor.environment import rank_environment
 
 TAIL_LINES = 200
 

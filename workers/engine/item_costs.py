@@ -1,4 +1,4 @@
-"""What each pipeline item costs, for the stage balancer (`workers.balance`).
+"""What each pipeline item costs, for the stage balancer (`workers.engine.balance`).
 
 The items are [embeddings, block pieces..., head slices...]. Each is timed forward +
 backward on one microbatch (the fastest of many runs: interference only ever adds time;
@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workers.gpt import GPT, HEAD_STATS, PIECES, Block, boundary_width, head_units
-from workers.model_configs import GPTConfig
+from workers.engine.gpt import GPT, HEAD_STATS, PIECES, Block, boundary_width, head_units
+from workers.engine.model_configs import GPTConfig
 
 # Timing runs per repeat: as many as the blocks one measurement stands for, up to this.
 MAX_ROUNDS_PER_REPEAT = 6
@@ -45,7 +45,7 @@ def measure_costs(
     param_shards: int = 1,
 ) -> list[ItemCost]:
     """Forward + backward time and memory of [embeddings, block pieces..., head slices...]
-    (each block's pieces in order: attention, the MLP's slices; `workers.gpt.PIECES`; the
+    (each block's pieces in order: attention, the MLP's slices; `workers.engine.gpt.PIECES`; the
     head's first slice with the final norm, its last with the loss).
 
     The blocks are alike, so one block's pieces are timed and stand for every block: the

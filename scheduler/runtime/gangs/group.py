@@ -36,10 +36,10 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus, aggregate
 from workers import faults
-from workers.context import RankInfo
-from workers.group_status import GroupPhase, GroupStatus, aggregate
-from workers.rank import IDLE, RankActor
+from workers.program.context import RankInfo
+from workers.supervisor.actor import IDLE, RankActor
 
 NAMESPACE = "gangway"
 log = logging.getLogger(__name__)

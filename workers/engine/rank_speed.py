@@ -2,7 +2,7 @@
 
 `LocalTimer` times the work a rank does without waiting on a peer (`local_s`): the
 runtime's straggler signal, and the speed `BatchShares` splits the global batch by when
-`balance_batch` is on (`workers.balance.batch_shares`). Both live beside the training
+`balance_batch` is on (`workers.engine.balance.batch_shares`). Both live beside the training
 loop, which owns one of each per rank.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers import balance
-from workers.checkpoint import is_rank0
+from workers.engine import balance
+from workers.engine.checkpoint import is_rank0
 
 # Batch rebalancing: every this many steps, from the medians of the steps since.
 REBALANCE_EVERY = 10

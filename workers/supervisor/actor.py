@@ -21,10 +21,10 @@ from typing import Any
 
 import workers.faults  # noqa: F401  (reads a test's injected faults before `start` scrubs them)
 from gangway.models import CheckpointPolicy, wire_default
-from workers.context import Progress, RankContext, RankInfo
-from workers.environment import scrub_process
-from workers.logtap import LineBuffer, Tap
-from workers.script import torchrun_env
+from workers.program.context import Progress, RankContext, RankInfo
+from workers.program.script import torchrun_env
+from workers.supervisor.environment import scrub_process
+from workers.supervisor.logtap import LineBuffer, Tap
 
 # Phases a rank reports; the group aggregates them.
 IDLE, RUNNING, SUCCEEDED, FAILED = "idle", "running", "succeeded", "failed"
@@ -41,7 +41,7 @@ class RankActor:
             import torch._dynamo
             import torch.distributed  # noqa: F401
 
-            import workers.training  # noqa: F401  (FSDP, TP, pipelining, DCP: ~1 s more)
+            import workers.engine.training  # noqa: F401  (FSDP, TP, pipelining, DCP: ~1 s more)
 
         self._logs = LineBuffer()
         sys.stdout = Tap(sys.stdout, self._logs, "stdout")
@@ -159,7 +159,7 @@ class RankActor:
     def _run_script(
         self, ctx: RankContext, entrypoint: dict[str, Any], master_addr: str, master_port: int
     ) -> None:
-        from workers.script import run_script
+        from workers.program.script import run_script
 
         try:
             run_script(ctx, entrypoint, master_addr=master_addr, master_port=master_port)
@@ -220,11 +220,11 @@ def host_store(address: str, world_size: int, timeout_s: float = 600.0) -> Any:
 def _run_entrypoint(ctx: RankContext, entrypoint: dict[str, Any]) -> None:
     kind = entrypoint["kind"]
     if kind == "builtin":
-        from workers.trainer import train_builtin
+        from workers.program.trainer import train_builtin
 
         train_builtin(ctx, entrypoint)
     elif kind == "function":
-        from workers.entrypoints import resolve_function
+        from workers.program.entrypoints import resolve_function
 
         resolve_function(entrypoint["target"])(ctx, **entrypoint.get("kwargs", {}))
     else:

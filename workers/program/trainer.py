@@ -1,5 +1,5 @@
 """The built-in entrypoint: the job spec's builtin fields -> a parallel plan and a training
-spec -> `workers.training.train` on the rank's process group.
+spec -> `workers.engine.training.train` on the rank's process group.
 
 The executor adds what only the service knows to the entrypoint it hands the ranks: the
 FSDP switch from `parallelism` and the job's checkpoint directory and policy. A job that
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from workers.context import RankContext
-from workers.plan import ParallelPlan, plan_from_entrypoint
-from workers.training import TrainSpec, train
+from workers.engine.plan import ParallelPlan, plan_from_entrypoint
+from workers.engine.training import TrainSpec, train
+from workers.program.context import RankContext
 
 _SPEC_KEYS = {f.name for f in fields(TrainSpec)}
 # What the launch object carries for every kind (scheduler.runtime.launch.rank_entrypoint)

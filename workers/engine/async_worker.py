@@ -1,6 +1,6 @@
 """What every rank runs in asynchronous data parallel, and the wire it talks over.
 
-`workers.async_ps` holds the server and drives the run; this module is the other side of
+`workers.engine.async_ps` holds the server and drives the run; this module is the other side of
 it. A rank pulls the master parameters (their version, the count of updates applied, and
 a slice of samples), computes a gradient on its own batch on a working copy (`Worker`)
 and pushes it, until the server says the segment is done.
@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import clip_grad_norm_
 
-from workers.data import TokenStream
+from workers.engine.data import TokenStream
 
 # 4 float32 slots end each message, the first 3 holding int32 bits (exact however large).
 # Push: version, stop asked, kind (0: a pull only), the loss as a float. Reply: version,

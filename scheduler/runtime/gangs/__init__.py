@@ -1,0 +1,1 @@
+"""The service side of a gang: its placement group, its rank supervisors on Ray, polling."""

@@ -23,7 +23,12 @@ from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.executor import RayExecutor
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.lifecycle import LifecycleConfig
-from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster, start_watchdog
+from scheduler.runtime.local_ray import (
+    LocalClusterShape,
+    ray_directory,
+    start_local_cluster,
+    start_watchdog,
+)
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRepository, QueueRepository, make_engine, upgrade_to_head
@@ -55,8 +60,7 @@ class Runtime:
             cluster=RayClusterSource(),
             executor=RayExecutor(
                 placement_timeout_s=self._settings.placement_timeout_s,
-                checkpoint_root=self._settings.checkpoint_root(),
-                packages_root=self._settings.packages_root(),
+                policy=self._settings.launch_policy(),
                 call_timeout_s=self._lease.action_bound_s,
             ),
             policy=self._settings.policy(),
@@ -128,7 +132,7 @@ class Runtime:
             gpus_per_node=settings.local_gpus_per_node,
             cpus_per_node=settings.local_cpus_per_node,
         )
-        self._local_cluster = start_local_cluster(shape)
+        self._local_cluster = start_local_cluster(shape, ray_directory(settings.data_dir))
         self._watchdog = start_watchdog(self._local_cluster)
         log.info(
             "started a local Ray: %d nodes x %d logical GPUs (session %s)",

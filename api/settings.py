@@ -15,10 +15,12 @@ from gangway.models import QueueSpec
 from scheduler.core import PolicyConfig, fairshare
 from scheduler.model import QueueQuota
 from scheduler.runtime import stragglers
+from scheduler.runtime.launch import LaunchPolicy
 from scheduler.runtime.leadership import SWEEP_EVERY_PASSES
 from scheduler.runtime.lease import DEFAULT_TTL_S
 from scheduler.runtime.lifecycle import LifecycleConfig
 from scheduler.store.retention import Retention
+from workers.launch import RankLimits, SandboxIdentity, SandboxMode
 
 _POLICY = PolicyConfig()  # the policy defaults the settings below start from
 _LIFECYCLE = LifecycleConfig()  # and the hang rule's, the limits' and retention's
@@ -85,6 +87,34 @@ class Settings(BaseSettings):
     )
     package_grace_s: float = Field(
         3600.0, gt=0, description="an unreferenced package is deleted after this long unused"
+    )
+    sandbox: Literal["auto", "required", "preferred", "off"] = Field(
+        "auto",
+        description="rank programs run in a bubblewrap sandbox: required (a node that cannot "
+        "fails the rank), preferred (unsandboxed where the node cannot), off; auto: required "
+        "with auth on, preferred without",
+    )
+    sandbox_uid: int = Field(65534, ge=1, description="uid of rank programs (root services)")
+    sandbox_gid: int = Field(65534, ge=1, description="gid of rank programs (root services)")
+    sandbox_user_ids: dict[str, tuple[int, int]] = Field(
+        default_factory=dict,
+        description='per-user [uid, gid] of rank programs, JSON, e.g. {"alice": [2001, 2001]}',
+    )
+    rank_open_files: int = Field(65536, ge=64, description="RLIMIT_NOFILE of a rank program")
+    rank_processes: int | None = Field(
+        4096, ge=16, description="RLIMIT_NPROC of a rank program (counted per uid)"
+    )
+    rank_file_bytes: int | None = Field(
+        None, ge=1, description="largest file a rank program may write (RLIMIT_FSIZE)"
+    )
+    rank_memory_bytes: int | None = Field(
+        None, ge=1 << 26, description="address space of a rank program (RLIMIT_AS; not with CUDA)"
+    )
+    package_max_unpacked_bytes: int = Field(
+        1 << 30, ge=1, description="what a working directory may unpack to on a node"
+    )
+    package_max_files: int = Field(
+        20_000, ge=1, description="files and folders a working directory may hold"
     )
     port: int = Field(8000, ge=0, le=65535)
     schedule_interval_s: float = Field(1.0, gt=0, le=60)
@@ -176,6 +206,39 @@ class Settings(BaseSettings):
     def checkpoint_root(self) -> Path:
         """Where ranks write checkpoints: shared storage when ranks run on other hosts."""
         return self.data_dir.expanduser() / "checkpoints"
+
+    def outputs_root(self) -> Path:
+        """Jobs' collected outputs, `job-<id>/rank-<r>/...`: written by the ranks'
+        supervisors, so on more than one host this must be shared storage too."""
+        return self.data_dir.expanduser() / "outputs"
+
+    def sandbox_mode(self) -> SandboxMode:
+        if self.sandbox != "auto":
+            return SandboxMode(self.sandbox)
+        return SandboxMode.REQUIRED if self.auth_required() else SandboxMode.PREFERRED
+
+    def launch_policy(self) -> LaunchPolicy:
+        """What every rank of every job is launched with (scheduler.runtime.launch)."""
+        return LaunchPolicy(
+            checkpoint_root=self.checkpoint_root(),
+            packages_root=self.packages_root(),
+            outputs_root=self.outputs_root(),
+            sandbox=self.sandbox_mode(),
+            default_identity=SandboxIdentity(uid=self.sandbox_uid, gid=self.sandbox_gid),
+            user_identities={
+                user: SandboxIdentity(uid=uid, gid=gid)
+                for user, (uid, gid) in self.sandbox_user_ids.items()
+            },
+            limits=RankLimits(
+                open_files=self.rank_open_files,
+                processes=self.rank_processes,
+                file_bytes=self.rank_file_bytes,
+                memory_bytes=self.rank_memory_bytes,
+                unpacked_bytes=self.package_max_unpacked_bytes,
+                unpacked_files=self.package_max_files,
+            ),
+            stop_grace_s=self.checkpoint_grace_s,
+        )
 
     def packages_root(self) -> Path:
         """Uploaded working directories; ranks read them by `file://` URI, so on more than

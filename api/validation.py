@@ -11,7 +11,7 @@ from gangway.models import Builtin, Function, JobSubmit, Script
 from scheduler.core import never_fits_reason
 from scheduler.model import JobSpec, Node
 from scheduler.predict.steptime import StepPlan
-from scheduler.runtime.launch import rank_entrypoint
+from scheduler.runtime.launch import builtin_fields
 from workers.engine.model_configs import MODEL_CONFIGS
 from workers.engine.plan import PlanError, plan_from_entrypoint, validate_plan
 from workers.program.entrypoints import EntrypointError, check_function_target
@@ -31,11 +31,11 @@ def _check_plan(entrypoint: Builtin, spec: JobSpec) -> None:
     and sharding must work at both)."""
     shape = spec.shape
     degrees = {shape.dp_min or shape.parallelism.dp, shape.dp_max or shape.parallelism.dp}
-    launch = rank_entrypoint(spec, job_id=0, checkpoint_root=None)
+    fields = builtin_fields(spec)
     tp, pp = shape.parallelism.tp, shape.parallelism.pp
     for dp in sorted(degrees):
         try:
-            _engine_check(launch, entrypoint.model, (dp, tp, pp), entrypoint.batch_size)
+            _engine_check(fields, entrypoint.model, (dp, tp, pp), entrypoint.batch_size)
         except PlanError as exc:
             raise FieldError(exc.field, exc.message) from exc
 

@@ -25,26 +25,26 @@ import ray
 from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
-from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
+from scheduler.runtime.local_ray import LocalClusterShape, ray_directory, start_local_cluster
+from workers.launch import BuiltinRun, JobLaunch
 
 
 def _spec(job_id: int, model: str, node_id: str, checkpoints: Path) -> GroupSpec:
+    run = BuiltinRun(fields={"model": model, "steps": 100_000, "batch_size": 4})
     return GroupSpec(
-        job_id=job_id,
-        attempt=1,
         node_ids=(node_id, node_id),
         gpus_per_rank=1,
         cpus_per_rank=1.0,
         dp=2,
         tp=1,
         pp=1,
-        entrypoint={
-            "kind": "builtin",
-            "model": model,
-            "steps": 100_000,
-            "batch_size": 4,
-            "checkpoint_dir": str(checkpoints / f"job-{job_id}"),
-        },
+        launch=JobLaunch(
+            job_id=job_id,
+            attempt=1,
+            user="bench",
+            run=run,
+            checkpoint_dir=str(checkpoints / f"job-{job_id}"),
+        ),
     )
 
 
@@ -85,16 +85,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=["gpt-tiny", "gpt-mini"])
     args = parser.parse_args()
-    cluster: Any = start_local_cluster(LocalClusterShape(num_nodes=2, gpus_per_node=4))
+    scratch = tempfile.TemporaryDirectory()
+    directory = ray_directory(Path(scratch.name))
+    cluster: Any = start_local_cluster(LocalClusterShape(num_nodes=2, gpus_per_node=4), directory)
     node_id = sorted(RayClusterSource().nodes(), key=lambda n: n.name)[0].id
     job_id = 0
     try:
-        with tempfile.TemporaryDirectory() as scratch:
+        with tempfile.TemporaryDirectory() as checkpoints:
             for model in args.models:
                 acks, lost = [], []
                 for _ in range(args.repeat):
                     job_id += 1
-                    run = one_preemption(_spec(job_id, model, node_id, Path(scratch)))
+                    run = one_preemption(_spec(job_id, model, node_id, Path(checkpoints)))
                     acks.append(run["ack_s"])
                     lost.append(run["lost"])
                     print(
@@ -109,6 +111,7 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        scratch.cleanup()
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 
 from gangway import Builtin, Client, Parallelism
-from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
+from scheduler.runtime.local_ray import LocalClusterShape, ray_directory, start_local_cluster
 from tests.e2e.service import Service
 
 
@@ -93,8 +93,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    cluster: Any = start_local_cluster(LocalClusterShape(num_nodes=2, gpus_per_node=4))
     with tempfile.TemporaryDirectory() as scratch:
+        directory = ray_directory(Path(scratch) / "cluster")
+        cluster: Any = start_local_cluster(
+            LocalClusterShape(num_nodes=2, gpus_per_node=4), directory
+        )
         service = Service(data_dir=Path(scratch), ray_address=cluster.address)
         client = service.start(timeout_s=180)
         ratios = []

@@ -27,7 +27,7 @@ from typing import Any
 import ray
 
 from gangway import Client
-from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
+from scheduler.runtime.local_ray import LocalClusterShape, ray_directory, start_local_cluster
 from tests.e2e.service import Service
 from tests.faults.harness import (
     EVERY,
@@ -92,7 +92,8 @@ FAULTS: dict[str, Callable[[Service, Client], int]] = {
 
 def soak(cycles: int, seed: int, data_dir: Path) -> None:
     rng = random.Random(seed)
-    cluster: Any = start_local_cluster(LocalClusterShape(num_nodes=2, gpus_per_node=4))
+    directory = ray_directory(data_dir / "cluster")
+    cluster: Any = start_local_cluster(LocalClusterShape(num_nodes=2, gpus_per_node=4), directory)
     service = make_service(data_dir, cluster)
     kinds: Counter[str] = Counter()
     found: list[str] = []

@@ -76,13 +76,15 @@ def repo(database_url: str) -> Iterator[JobRepository]:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[Any]:
-    """One local Ray for the whole session: a head plus two nodes x 4 logical GPUs."""
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One local Ray for the whole session: a head plus two nodes x 4 logical GPUs, as
+    private as the service's own (loopback, token auth, its own directory)."""
     import ray
 
-    from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster
+    from scheduler.runtime.local_ray import LocalClusterShape, ray_directory, start_local_cluster
 
-    cluster: Any = start_local_cluster(LocalClusterShape(num_nodes=2, gpus_per_node=4))
+    directory = ray_directory(tmp_path_factory.mktemp("data"))
+    cluster: Any = start_local_cluster(LocalClusterShape(num_nodes=2, gpus_per_node=4), directory)
     yield cluster
     ray.shutdown()
     cluster.shutdown()

@@ -9,12 +9,11 @@ attempt).
 from __future__ import annotations
 
 from collections.abc import Callable, Set
-from pathlib import Path
 from typing import Protocol
 
 from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup, attempts_on_ray, reap
 from scheduler.runtime.gangs.status import GroupStatus
-from scheduler.runtime.launch import rank_entrypoint, runtime_env
+from scheduler.runtime.launch import LaunchPolicy, job_launch
 from scheduler.store import JobRecord
 
 
@@ -31,23 +30,25 @@ class Executor(Protocol):
     def forget(self) -> None: ...
 
 
-def group_spec(
-    job: JobRecord, checkpoint_root: Path | None = None, packages_root: Path | None = None
-) -> GroupSpec:
+def group_spec(job: JobRecord, policy: LaunchPolicy | None = None) -> GroupSpec:
+    """The gang of the job's current attempt, as its placement and spec say."""
     if job.placement is None:
         raise ValueError(f"job {job.id} has no placement")
     shape = job.spec.placed(job.placement)  # an elastic job runs at its placed dp
     return GroupSpec(
-        job_id=job.id,
-        attempt=job.attempt,
         node_ids=job.placement,
         gpus_per_rank=shape.gpus_per_rank,
         cpus_per_rank=shape.cpus_per_rank,
         dp=shape.parallelism.dp,
         tp=shape.parallelism.tp,
         pp=shape.parallelism.pp,
-        entrypoint=rank_entrypoint(job.spec, job.id, checkpoint_root),
-        runtime_env=runtime_env(job.spec.code, packages_root),
+        launch=job_launch(
+            job.spec,
+            job_id=job.id,
+            attempt=job.attempt,
+            user=job.user,
+            policy=policy or LaunchPolicy(),
+        ),
     )
 
 
@@ -56,30 +57,25 @@ class RayExecutor:
         self,
         *,
         placement_timeout_s: float,
-        checkpoint_root: Path | None = None,
-        packages_root: Path | None = None,
+        policy: LaunchPolicy | None = None,
         call_timeout_s: float = 5.0,
     ) -> None:
         self._placement_timeout_s = placement_timeout_s
-        self._checkpoint_root = checkpoint_root
-        self._packages_root = packages_root
+        self._policy = policy or LaunchPolicy()
         self._call_timeout_s = call_timeout_s  # bound on any one blocking Ray call
         self._groups: dict[int, WorkerGroup] = {}
 
     def launch(self, job: JobRecord) -> None:
         self.release(job.id)
         self._groups[job.id] = WorkerGroup.launch(
-            group_spec(job, self._checkpoint_root, self._packages_root),
+            group_spec(job, self._policy),
             placement_timeout_s=self._placement_timeout_s,
             call_timeout_s=self._call_timeout_s,
         )
 
     def attach(self, job: JobRecord) -> bool:
         group = (
-            WorkerGroup.attach(
-                group_spec(job, self._checkpoint_root, self._packages_root),
-                call_timeout_s=self._call_timeout_s,
-            )
+            WorkerGroup.attach(group_spec(job, self._policy), call_timeout_s=self._call_timeout_s)
             if job.placement
             else None
         )

@@ -1,64 +1,134 @@
-"""What the ranks receive: the one function that turns a job's spec into their entrypoint.
+"""What the ranks receive: the one function that turns a job's spec into its `JobLaunch`.
 
-Submit-time validation calls it too (api/validation.py), so what is checked is what runs.
-No Ray or torch here: the API imports it.
+Submit-time validation calls `builtin_fields` too (api/validation.py), so what is checked
+is what runs. No Ray or torch here: the API imports it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from scheduler.model import (
     BuiltinEntrypoint,
-    CodeSpec,
     CommandEntrypoint,
     FunctionEntrypoint,
     JobSpec,
     ScriptEntrypoint,
 )
+from workers import faults
 from workers.engine.checkpoint_layout import job_directory
+from workers.launch import (
+    BuiltinRun,
+    CommandRun,
+    FunctionRun,
+    JobLaunch,
+    PackageRef,
+    RankLimits,
+    Run,
+    SandboxIdentity,
+    SandboxMode,
+    ScriptRun,
+)
 
 
-def rank_entrypoint(spec: JobSpec, job_id: int, checkpoint_root: Path | None) -> dict[str, Any]:
-    """The entrypoint the ranks run, plus what only the service knows: the job's
-    checkpoint directory (the same on every attempt, so a requeued or restarted job
-    resumes from its newest checkpoint) and policy; the built-in trainer also gets the
-    FSDP switch. Every kind gets the job's `env` (the ranks' environment is built from
-    it and an allow-list, never the service's) and whether its code was shipped."""
+@dataclass(frozen=True)
+class LaunchPolicy:
+    """What the service decides for every rank, whoever's: where the job's files live,
+    whether a sandbox is required, which uid a user's programs run as, the limits, the
+    stop grace, and how many output bytes a user may still add (`outputs_left`)."""
+
+    checkpoint_root: Path | None = None
+    packages_root: Path | None = None
+    outputs_root: Path | None = None
+    sandbox: SandboxMode = SandboxMode.PREFERRED
+    default_identity: SandboxIdentity = field(default_factory=SandboxIdentity)
+    user_identities: Mapping[str, SandboxIdentity] = field(default_factory=dict)
+    limits: RankLimits = field(default_factory=RankLimits)
+    stop_grace_s: float = 120.0
+    outputs_left: Callable[[str], int] = lambda _user: 0
+
+    def identity(self, user: str) -> SandboxIdentity:
+        return self.user_identities.get(user, self.default_identity)
+
+
+def builtin_fields(spec: JobSpec) -> dict[str, Any]:
+    """The built-in trainer's fields for this job: its entrypoint's settings plus what
+    only the job spec knows (FSDP from `parallelism`, the checkpoint policy)."""
     entry = spec.entrypoint
-    launch: dict[str, Any]
-    if isinstance(entry, BuiltinEntrypoint):
-        launch = {
-            **entry.settings,
-            "kind": "builtin",
-            "fsdp": spec.fsdp,
-            "checkpoint_interval_steps": spec.checkpoint.interval_steps,
-        }
-    elif isinstance(entry, FunctionEntrypoint):
-        launch = {"kind": "function", "target": entry.target, "kwargs": dict(entry.kwargs)}
-    elif isinstance(entry, ScriptEntrypoint):
-        launch = {"kind": "script", "path": entry.path, "args": list(entry.args)}
-    elif isinstance(entry, CommandEntrypoint):
-        launch = {"kind": "command", "argv": list(entry.argv)}
-    if checkpoint_root is not None:
-        launch["checkpoint_dir"] = str(job_directory(checkpoint_root, job_id))
-        launch["keep_last"] = spec.checkpoint.keep_last
-    launch["env"] = dict(spec.code.env)
-    launch["shipped"] = spec.code.package is not None
-    return launch
+    if not isinstance(entry, BuiltinEntrypoint):
+        raise ValueError("not a built-in trainer job")
+    return {
+        **entry.settings,
+        "fsdp": spec.fsdp,
+        "checkpoint_interval_steps": spec.checkpoint.interval_steps,
+        "keep_last": spec.checkpoint.keep_last,
+    }
 
 
-def runtime_env(code: CodeSpec, packages_root: Path | None) -> dict[str, Any] | None:
-    """Ray's per-actor runtime_env: the shipped working directory as a `file://` URI to its
-    zip (Ray unpacks it once per node and caches it by URI; the name is the content hash,
-    so a URI never changes meaning), and the pip requirements (a virtualenv per node and
-    requirement set, on top of the node's packages)."""
-    env: dict[str, Any] = {}
+def job_launch(
+    spec: JobSpec, *, job_id: int, attempt: int, user: str, policy: LaunchPolicy
+) -> JobLaunch:
+    """The launch every rank of this attempt gets: what to run, the job's variables and
+    secrets, its code, its directories (the checkpoint directory is the same on every
+    attempt, so a requeued or restarted job resumes from its newest checkpoint)."""
+    code = spec.code
+    package = None
     if code.package is not None:
-        if packages_root is None:
+        if policy.packages_root is None:
             raise ValueError("a job with a working directory needs the packages directory")
-        env["working_dir"] = (packages_root / f"{code.package}.zip").resolve().as_uri()
-    if code.requirements:
-        env["pip"] = list(code.requirements)
-    return env or None
+        zip_path = (policy.packages_root / f"{code.package}.zip").resolve()
+        package = PackageRef(sha256=code.package, zip_path=str(zip_path))
+    checkpoints = (
+        str(job_directory(policy.checkpoint_root, job_id)) if policy.checkpoint_root else None
+    )
+    outputs = str(policy.outputs_root / f"job-{job_id}") if policy.outputs_root else None
+    return JobLaunch(
+        job_id=job_id,
+        attempt=attempt,
+        user=user,
+        run=_run(spec),
+        env={**code.env, **_secrets(spec)},
+        package=package,
+        requirements=list(code.requirements),
+        checkpoint_dir=checkpoints,
+        keep_last=spec.checkpoint.keep_last,
+        outputs_dir=outputs,
+        outputs_max_bytes=policy.outputs_left(user) if outputs else 0,
+        host_paths=_data_files(spec),
+        sandbox=policy.sandbox,
+        identity=policy.identity(user),
+        limits=policy.limits,
+        stop_grace_s=policy.stop_grace_s,
+        faults=faults.passthrough().get(faults.ENV),
+    )
+
+
+def _run(spec: JobSpec) -> Run:
+    entry = spec.entrypoint
+    if isinstance(entry, BuiltinEntrypoint):
+        fields = builtin_fields(spec)
+        if fields.get("data_path"):  # read at this path in the sandbox
+            fields["data_path"] = str(Path(str(fields["data_path"])).resolve())
+        return BuiltinRun(fields=fields)
+    if isinstance(entry, FunctionEntrypoint):
+        return FunctionRun(target=entry.target, kwargs=dict(entry.kwargs))
+    if isinstance(entry, ScriptEntrypoint):
+        return ScriptRun(path=entry.path, args=list(entry.args))
+    if isinstance(entry, CommandEntrypoint):
+        return CommandRun(argv=list(entry.argv))
+    raise TypeError(f"unknown entrypoint {entry!r}")
+
+
+def _secrets(spec: JobSpec) -> Mapping[str, str]:
+    return getattr(spec.code, "secrets", {})
+
+
+def _data_files(spec: JobSpec) -> list[str]:
+    """Host files the built-in trainer reads (its token file), mounted read-only."""
+    entry = spec.entrypoint
+    if isinstance(entry, BuiltinEntrypoint) and entry.settings.get("data_path"):
+        return [str(Path(str(entry.settings["data_path"])).resolve())]
+    return []

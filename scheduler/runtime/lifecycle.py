@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from scheduler.model import JobState
-from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus, last_line
 from scheduler.runtime.views import run_info
 from scheduler.store import JobRecord
 
@@ -142,13 +142,13 @@ def relaunch(job: JobRecord, why: str, *, lost: int = 0) -> Transition:
 def fail_or_restart(job: JobRecord, error: str, status: GroupStatus) -> Transition:
     """FAILED once the restart budget is spent, else RESTARTING then PENDING."""
     max_restarts = job.spec.max_restarts
-    last_line = error.splitlines()[-1] if error else error
+    headline = status.reason or last_line(error) or "the gang failed"
     if job.restarts >= max_restarts:
-        reason = f"failed after {job.restarts} restart(s): {last_line}"
+        reason = f"failed after {job.restarts} restart(s): {headline}"
         return Transition(JobState.FAILED, reason, {"error": error})
     return Transition(
         JobState.RESTARTING,
-        f"restart {job.restarts + 1} of {max_restarts}: {last_line}",
+        f"restart {job.restarts + 1} of {max_restarts}: {headline}",
         {"restarts": job.restarts + 1, "error": error},
         lost_steps=lost_steps(status),
         then=Transition(JobState.PENDING, "requeued to be placed again", release=False),

@@ -24,7 +24,8 @@ from workers.engine.data import TokenFile, rank_slice
 from workers.engine.model_configs import MODEL_CONFIGS
 from workers.engine.plan import ParallelPlan, PlanError, validate_plan
 from workers.engine.training import TrainSpec
-from workers.program.context import RankContext, RankInfo
+from workers.launch import RankInfo
+from workers.program.context import RankContext
 
 STEPS = 5
 TOLERANCE = 1e-5
@@ -214,7 +215,10 @@ def test_function_entrypoints_checkpoint_through_the_context(tmp_path: Path) -> 
     """`ctx.checkpointer` outside any process group: save twice, keep the newest, and a
     fresh model and optimizer resume from it."""
     ctx = RankContext(
-        RankInfo(0, 1, 0, 1, 1, 1), threading.Event(), checkpoint_dir=tmp_path, keep_last=1
+        RankInfo(rank=0, world_size=1, local_rank=0, dp=1, tp=1, pp=1),
+        threading.Event(),
+        checkpoint_dir=tmp_path,
+        keep_last=1,
     )
     torch.manual_seed(0)
     model = nn.Linear(4, 2)

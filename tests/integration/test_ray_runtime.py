@@ -13,21 +13,21 @@ import ray
 
 from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
+from workers.launch import BuiltinRun, FunctionRun, JobLaunch, Run, ScriptRun
 
 pytestmark = pytest.mark.ray
 
 
-def spec(job_id: int, node_ids: list[str], entrypoint: dict[str, Any]) -> GroupSpec:
+def spec(job_id: int, node_ids: list[str], run: Run, **launch: Any) -> GroupSpec:
+    """A gang of one rank per node id, one GPU each, running `run` as user `test`."""
     return GroupSpec(
-        job_id=job_id,
-        attempt=1,
         node_ids=tuple(node_ids),
         gpus_per_rank=1,
         cpus_per_rank=1.0,
         dp=len(node_ids),
         tp=1,
         pp=1,
-        entrypoint=entrypoint,
+        launch=JobLaunch(job_id=job_id, attempt=1, user="test", run=run, **launch),
     )
 
 
@@ -64,12 +64,8 @@ def wait_for_free_gpus(expected: float, timeout_s: float = 10) -> None:
 def test_ranks_run_on_the_chosen_nodes_and_all_reduce(gpu_node_ids: list[str]) -> None:
     first, second = gpu_node_ids
     placement = [second, first, second]
-    entrypoint = {
-        "kind": "function",
-        "target": "workers.examples:allreduce_ranks",
-        "kwargs": {"steps": 2},
-    }
-    group = WorkerGroup.launch(spec(101, placement, entrypoint), placement_timeout_s=60)
+    run = FunctionRun(target="workers.examples:allreduce_ranks", kwargs={"steps": 2})
+    group = WorkerGroup.launch(spec(101, placement, run), placement_timeout_s=60)
     try:
         assert (
             poll_until(group, {GroupPhase.SUCCEEDED, GroupPhase.FAILED}).phase
@@ -86,7 +82,7 @@ def test_function_entrypoints_get_a_device_mesh(gpu_node_ids: list[str]) -> None
         spec(
             107,
             [first, first, second, second],
-            {"kind": "function", "target": "workers.examples:check_mesh"},
+            FunctionRun(target="workers.examples:check_mesh"),
         ),
         dp=2,
         tp=2,
@@ -97,8 +93,8 @@ def test_function_entrypoints_get_a_device_mesh(gpu_node_ids: list[str]) -> None
 
 
 def test_builtin_trainer_dp2_lowers_the_loss(gpu_node_ids: list[str]) -> None:
-    entrypoint = {"kind": "builtin", "model": "gpt-tiny", "steps": 40, "batch_size": 8}
-    group = WorkerGroup.launch(spec(102, gpu_node_ids, entrypoint), placement_timeout_s=60)
+    run = BuiltinRun(fields={"model": "gpt-tiny", "steps": 40, "batch_size": 8})
+    group = WorkerGroup.launch(spec(102, gpu_node_ids, run), placement_timeout_s=60)
     try:
         running = poll_until(group, {GroupPhase.RUNNING})
         assert running.ranks_started
@@ -113,12 +109,10 @@ def test_builtin_trainer_dp2_lowers_the_loss(gpu_node_ids: list[str]) -> None:
 
 
 def test_a_user_exception_fails_the_gang_with_its_traceback(gpu_node_ids: list[str]) -> None:
-    entrypoint = {
-        "kind": "function",
-        "target": "workers.examples:fail_on_rank",
-        "kwargs": {"rank": 1, "message": "boom from rank 1"},
-    }
-    status = run_to_end(spec(103, gpu_node_ids, entrypoint))
+    run = FunctionRun(
+        target="workers.examples:fail_on_rank", kwargs={"rank": 1, "message": "boom from rank 1"}
+    )
+    status = run_to_end(spec(103, gpu_node_ids, run))
     assert status.phase is GroupPhase.FAILED
     assert status.error is not None
     assert "rank 1 failed" in status.error
@@ -128,14 +122,14 @@ def test_a_user_exception_fails_the_gang_with_its_traceback(gpu_node_ids: list[s
 def test_an_unmodified_torchrun_script_runs_as_two_ranks(gpu_node_ids: list[str]) -> None:
     """PyTorch's DDP tutorial script, changed only from nccl to gloo."""
     script = Path(__file__).parents[2] / "examples" / "ddp_tutorial.py"
-    entrypoint = {"kind": "script", "path": str(script)}
-    status = run_to_end(spec(104, gpu_node_ids, entrypoint))
+    status = run_to_end(spec(104, gpu_node_ids, ScriptRun(path=str(script))))
     assert status.phase is GroupPhase.SUCCEEDED, status.error
 
 
 def test_a_failing_script_fails_the_gang_with_its_output(
     gpu_node_ids: list[str], tmp_path: Path
 ) -> None:
+    tmp_path.chmod(0o755)  # a host script's folder is read by the job's uid, not root
     script = tmp_path / "crash.py"
     script.write_text(
         "import os, sys\n"
@@ -143,8 +137,7 @@ def test_a_failing_script_fails_the_gang_with_its_output(
         " 'local', os.environ['LOCAL_RANK'], 'of', os.environ['LOCAL_WORLD_SIZE'])\n"
         "sys.exit(3)\n"
     )
-    entrypoint = {"kind": "script", "path": str(script)}
-    status = run_to_end(spec(105, gpu_node_ids, entrypoint))
+    status = run_to_end(spec(105, gpu_node_ids, ScriptRun(path=str(script))))
     assert status.phase is GroupPhase.FAILED
     assert status.error is not None
     assert "crash.py exited with code 3" in status.error
@@ -152,8 +145,8 @@ def test_a_failing_script_fails_the_gang_with_its_output(
 
 
 def test_a_hung_group_shows_every_ranks_stack(gpu_node_ids: list[str]) -> None:
-    entrypoint = {"kind": "function", "target": "workers.examples:hang_at_step"}
-    group = WorkerGroup.launch(spec(106, gpu_node_ids, entrypoint), placement_timeout_s=60)
+    run = FunctionRun(target="workers.examples:hang_at_step")
+    group = WorkerGroup.launch(spec(106, gpu_node_ids, run), placement_timeout_s=60)
     try:
         deadline = time.monotonic() + 60
         while group.poll().step < 3 and time.monotonic() < deadline:
@@ -169,8 +162,8 @@ def test_a_hung_group_shows_every_ranks_stack(gpu_node_ids: list[str]) -> None:
 def test_a_dead_rank_fails_the_gang_names_its_node_and_keeps_the_last_lines(
     gpu_node_ids: list[str],
 ) -> None:
-    entrypoint = {"kind": "function", "target": "workers.examples:hang_at_step"}
-    group_spec = spec(107, gpu_node_ids, entrypoint)  # rank i on node i
+    run = FunctionRun(target="workers.examples:hang_at_step")
+    group_spec = spec(107, gpu_node_ids, run)  # rank i on node i
     group = WorkerGroup.launch(group_spec, placement_timeout_s=60)
     lines: list[tuple[int, str]] = []  # every poll's new lines, as the service keeps them
 
@@ -198,12 +191,8 @@ def test_a_dead_rank_fails_the_gang_names_its_node_and_keeps_the_last_lines(
 
 
 def test_a_new_driver_reattaches_to_a_running_group(gpu_node_ids: list[str]) -> None:
-    entrypoint = {
-        "kind": "function",
-        "target": "workers.examples:sleep_steps",
-        "kwargs": {"steps": 600},
-    }
-    group_spec = spec(104, gpu_node_ids[:1] * 2, entrypoint)
+    run = FunctionRun(target="workers.examples:sleep_steps", kwargs={"steps": 600})
+    group_spec = spec(104, gpu_node_ids[:1] * 2, run)
     group = WorkerGroup.launch(group_spec, placement_timeout_s=60)
     poll_until(group, {GroupPhase.RUNNING})
     attached = WorkerGroup.attach(group_spec)
@@ -218,8 +207,8 @@ def test_a_new_driver_reattaches_to_a_running_group(gpu_node_ids: list[str]) -> 
 def test_a_placement_ray_cannot_satisfy_times_out_and_holds_nothing(
     gpu_node_ids: list[str],
 ) -> None:
-    entrypoint = {"kind": "builtin", "model": "gpt-tiny", "steps": 1}
-    too_many = spec(105, gpu_node_ids[:1] * 5, entrypoint)  # 5 GPUs pinned to a 4-GPU node
+    run = BuiltinRun(fields={"model": "gpt-tiny", "steps": 1})
+    too_many = spec(105, gpu_node_ids[:1] * 5, run)  # 5 GPUs pinned to a 4-GPU node
     group = WorkerGroup.launch(too_many, placement_timeout_s=1.0)
     status = poll_until(group, {GroupPhase.PLACEMENT_TIMEOUT}, timeout_s=10)
     assert "could not reserve" in (status.error or "")
@@ -230,8 +219,8 @@ def test_a_placement_ray_cannot_satisfy_times_out_and_holds_nothing(
 def test_attach_reaps_a_half_launched_group(gpu_node_ids: list[str]) -> None:
     """A service killed between reserving the placement and starting the ranks leaves a
     detached placement group behind; attaching finds it incomplete and frees it."""
-    entrypoint = {"kind": "builtin", "model": "gpt-tiny", "steps": 1}
-    group_spec = spec(106, gpu_node_ids, entrypoint)
+    run = BuiltinRun(fields={"model": "gpt-tiny", "steps": 1})
+    group_spec = spec(106, gpu_node_ids, run)
     WorkerGroup.launch(group_spec, placement_timeout_s=60)  # no poll: actors never created
     wait_for_free_gpus(6.0)
     assert WorkerGroup.attach(group_spec) is None

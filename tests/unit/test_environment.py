@@ -1,4 +1,4 @@
-"""The rank environment allow-list (workers/supervisor/environment.py)."""
+"""The environment allow-lists (workers/supervisor/environment.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from workers.supervisor.environment import rank_environment, scrubbed, scrubbed_process
+from workers.supervisor.environment import program_environment, scrubbed, scrubbed_process
 
 SERVICE_ENV = {
     "PATH": "/usr/bin",
@@ -25,7 +25,7 @@ SERVICE_ENV = {
 }
 
 
-def test_only_allow_listed_names_pass_and_the_job_env_wins() -> None:
+def test_rays_processes_get_the_allow_list_and_no_secret() -> None:
     assert scrubbed(SERVICE_ENV) == {
         "PATH": "/usr/bin",
         "HOME": "/home/svc",
@@ -34,9 +34,24 @@ def test_only_allow_listed_names_pass_and_the_job_env_wins() -> None:
         "CUDA_VISIBLE_DEVICES": "0",
         "RAY_ADDRESS": "head:6379",
     }
-    env = rank_environment(SERVICE_ENV, {"HOME": "/job", "WANDB_MODE": "offline"})
-    assert env["HOME"] == "/job" and env["WANDB_MODE"] == "offline"
-    assert not any(name.startswith("GANGWAY_") for name in env)
+
+
+def test_a_program_gets_nothing_of_rays_and_cannot_override_its_rank() -> None:
+    env = program_environment(
+        SERVICE_ENV,
+        sandbox={"PATH": "/venv/bin:/usr/bin", "HOME": "/tmp"},
+        job={"HOME": "/job", "WANDB_MODE": "offline", "RANK": "7"},
+        rank={"RANK": "1"},
+    )
+    assert env == {
+        "LC_ALL": "C.UTF-8",
+        "NCCL_DEBUG": "INFO",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "PATH": "/venv/bin:/usr/bin",
+        "HOME": "/job",
+        "WANDB_MODE": "offline",
+        "RANK": "1",
+    }
 
 
 def test_children_started_in_a_scrubbed_process_inherit_no_secret(

@@ -12,17 +12,16 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RaySystemError
 import scheduler.runtime.gangs.group
 from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup
 from scheduler.runtime.gangs.status import GroupPhase
+from workers.launch import BuiltinRun, JobLaunch
 
 SPEC = GroupSpec(
-    job_id=1,
-    attempt=1,
     node_ids=("n1",),
     gpus_per_rank=1,
     cpus_per_rank=1.0,
     dp=1,
     tp=1,
     pp=1,
-    entrypoint={"kind": "builtin"},
+    launch=JobLaunch(job_id=1, attempt=1, user="u", run=BuiltinRun(fields={})),
 )
 
 

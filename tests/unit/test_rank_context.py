@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import threading
 
-from workers.program.context import MAX_EVENT_CHARS, MAX_EVENTS, RankContext, RankInfo
+from workers.launch import RankInfo
+from workers.program.context import MAX_EVENT_CHARS, MAX_EVENTS, RankContext
 
 INFO = RankInfo(rank=0, world_size=1, local_rank=0, dp=1, tp=1, pp=1)
 

@@ -10,8 +10,9 @@ import pytest
 
 from gangway.models import Builtin, ElasticDP, JobSubmit, Parallelism
 from scheduler.model import BuiltinEntrypoint, FunctionEntrypoint, JobSpec
-from scheduler.runtime.launch import rank_entrypoint
+from scheduler.runtime.launch import LaunchPolicy, job_launch
 from scheduler.store.specs import spec_from_json
+from workers.launch import BuiltinRun
 from workers.program.entrypoints import EntrypointError, check_function_target
 
 
@@ -44,10 +45,14 @@ def test_a_row_stored_before_a_field_existed_takes_the_wire_default() -> None:
 
 
 def test_the_ranks_receive_the_trainer_settings_and_the_services_part() -> None:
-    spec = stored(JobSubmit(name="j", entrypoint=Builtin(steps=9)))
-    launch = rank_entrypoint(spec, 5, Path("/ckpt"))
-    assert launch["steps"] == 9 and launch["kind"] == "builtin" and launch["fsdp"] is False
-    assert launch["checkpoint_dir"].startswith("/ckpt") and launch["keep_last"] == 2
+    spec = stored(JobSubmit(name="j", entrypoint=Builtin(steps=9), env={"A": "1"}))
+    policy = LaunchPolicy(checkpoint_root=Path("/ckpt"), outputs_root=Path("/out"))
+    launch = job_launch(spec, job_id=5, attempt=2, user="alice", policy=policy)
+    assert isinstance(launch.run, BuiltinRun)
+    assert launch.run.fields["steps"] == 9 and launch.run.fields["fsdp"] is False
+    assert launch.run.fields["keep_last"] == 2 and "kind" not in launch.run.fields
+    assert launch.checkpoint_dir is not None and launch.checkpoint_dir.startswith("/ckpt")
+    assert (launch.outputs_dir, launch.env, launch.user) == ("/out/job-5", {"A": "1"}, "alice")
 
 
 def test_a_function_target_is_checked_without_running_its_module(

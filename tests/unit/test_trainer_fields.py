@@ -6,12 +6,11 @@ TrainSpec and ParallelPlan take every one of them, default them from the wire mo
 from __future__ import annotations
 
 from dataclasses import MISSING, fields
-from pathlib import Path
 
 import pytest
 
 from gangway.models import Builtin, CheckpointPolicy, JobSubmit, Parallelism
-from scheduler.runtime.launch import rank_entrypoint
+from scheduler.runtime.launch import builtin_fields
 from scheduler.store.specs import spec_from_json
 from workers.engine.plan import ParallelPlan
 from workers.engine.training import TrainSpec
@@ -43,13 +42,14 @@ def test_the_ranks_default_is_the_wire_models(name: str, model: type, wire_name:
 
 def test_what_the_service_launches_is_all_known_to_the_trainer() -> None:
     spec = spec_from_json(JobSubmit(name="j", entrypoint=Builtin()).model_dump(mode="json"))
-    launch = rank_entrypoint(spec, 1, Path("/checkpoints"))
-    assert set(launch) <= KNOWN_KEYS
-    assert builtin_spec(launch).checkpoint_interval_steps is None
+    fields = builtin_fields(spec)
+    assert set(fields) <= KNOWN_KEYS
+    assert builtin_spec(fields).checkpoint_interval_steps is None
 
 
 def test_a_key_the_trainer_does_not_know_is_refused() -> None:
-    launch = {**Builtin().model_dump(), "checkpoint_dir": None}
+    spec = spec_from_json(JobSubmit(name="j", entrypoint=Builtin()).model_dump(mode="json"))
+    launch = builtin_fields(spec)
     builtin_spec(launch)
     with pytest.raises(ValueError, match="does not know learning_rat"):
         builtin_spec({**launch, "learning_rat": 0.1})

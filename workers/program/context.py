@@ -1,7 +1,12 @@
-"""What a rank's entrypoint sees: who it is, how to report, and whether to stop."""
+"""What a rank's entrypoint sees: who it is, how to report, and whether to stop.
+
+In the rank program every report and event also goes to the supervisor over the report
+channel (`workers.channel`); in tests and benchmarks that run the engine directly, the
+context keeps them in memory only."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -11,18 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from gangway.models import CheckpointPolicy, wire_default
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    rank: int
-    world_size: int
-    local_rank: int
-    dp: int
-    tp: int
-    pp: int
-    local_world_size: int = 1
-
+from workers.channel import EventReport, ProgressReport, ReportSender, StopSeenReport
+from workers.launch import RankInfo
 
 # Bounds on `RankContext.event`: the lines are the job's (its code may be anyone's).
 MAX_EVENTS = 50
@@ -31,7 +26,7 @@ MAX_EVENT_CHARS = 1000
 
 @dataclass
 class Progress:
-    """The latest metrics a rank reported; read by the runtime through `RankActor.status`."""
+    """The latest metrics a rank reported."""
 
     step: int = 0
     loss: float | None = None
@@ -44,9 +39,10 @@ class Progress:
 class RankContext:
     """Handed to function entrypoints as `fn(ctx, **kwargs)`.
 
-    `report()` is cheap (it only updates memory the actor serves on request), so calling it
-    every step costs nothing; `should_stop()` turns True when the runtime asks the rank to
-    stop (cancel, preemption notice).
+    `report()` is cheap (memory, and one datagram to the supervisor when there is one), so
+    calling it every step costs nothing measurable; `should_stop()` turns True when the
+    runtime asks the rank to stop (cancel, preemption notice). `outputs_dir` is where the
+    rank writes what its owner should get back (collected into the service's storage).
     """
 
     def __init__(
@@ -56,9 +52,13 @@ class RankContext:
         *,
         checkpoint_dir: Path | None = None,
         keep_last: int = wire_default(CheckpointPolicy, "keep_last"),
+        outputs_dir: Path | None = None,
+        sink: ReportSender | None = None,
     ) -> None:
         self.info = info
         self.checkpoint_dir = checkpoint_dir  # the job's, the same on every attempt
+        self.outputs_dir = outputs_dir
+        self._sink = sink
         self._keep_last = keep_last
         self._stop_event = stop_event
         # The entrypoint has been told to stop (`should_stop*` answered True): an
@@ -103,8 +103,13 @@ class RankContext:
         """This rank was asked to stop. Its peers may learn it a step later: before a
         collective such as a checkpoint, use `should_stop_together()`."""
         if self._stop_event.is_set():
-            self.stop_seen = True
+            self._saw_stop()
         return self.stop_seen
+
+    def _saw_stop(self) -> None:
+        if not self.stop_seen and self._sink is not None:
+            self._sink.send(StopSeenReport())
+        self.stop_seen = True
 
     def should_stop_together(self) -> bool:
         """Whether any rank was asked to stop, the same answer on every rank. A
@@ -112,7 +117,7 @@ class RankContext:
         from workers.engine.checkpoint import stop_agreed
 
         if stop_agreed(self.should_stop()):
-            self.stop_seen = True
+            self._saw_stop()
         return self.stop_seen
 
     def report(
@@ -130,6 +135,15 @@ class RankContext:
             self._progress = Progress(
                 step, loss, first_loss, tokens_per_s, dict(metrics), time.time()
             )
+        if self._sink is not None:
+            numbers = {
+                k: float(v)
+                for k, v in metrics.items()
+                if isinstance(v, int | float) and math.isfinite(v)
+            }
+            self._sink.send(
+                ProgressReport(step=step, loss=loss, tokens_per_s=tokens_per_s, metrics=numbers)
+            )
 
     def progress(self) -> Progress:
         with self._lock:
@@ -141,8 +155,11 @@ class RankContext:
         stages, a change of batch shares. Cheap like `report`; at most `MAX_EVENTS` per
         attempt, each cut to `MAX_EVENT_CHARS`."""
         with self._lock:
-            if len(self._events) < MAX_EVENTS:
-                self._events.append(text[:MAX_EVENT_CHARS])
+            if len(self._events) >= MAX_EVENTS:
+                return
+            self._events.append(text[:MAX_EVENT_CHARS])
+        if self._sink is not None:
+            self._sink.send(EventReport(text=text[:MAX_EVENT_CHARS]))
 
     def events(self) -> tuple[str, ...]:
         """Every event line this attempt, oldest first."""

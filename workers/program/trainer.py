@@ -8,6 +8,7 @@ is preempted or restarted finds its newest checkpoint there and resumes from it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -16,24 +17,23 @@ from workers.engine.training import TrainSpec, train
 from workers.program.context import RankContext
 
 _SPEC_KEYS = {f.name for f in fields(TrainSpec)}
-# What the launch object carries for every kind (scheduler.runtime.launch.rank_entrypoint)
-# besides the trainer's and the plan's fields.
-_LAUNCH_KEYS = {"kind", "checkpoint_dir", "env", "shipped"}
-KNOWN_KEYS = _SPEC_KEYS | {f.name for f in fields(ParallelPlan)} | _LAUNCH_KEYS
+KNOWN_KEYS = _SPEC_KEYS | {f.name for f in fields(ParallelPlan)}
 
 
-def builtin_spec(entrypoint: dict[str, Any]) -> TrainSpec:
-    """The training spec from the launch object. A key neither the spec nor the plan
-    knows is an error, not dropped: a field added to `gangway.models.Builtin` and not
-    plumbed through would otherwise be ignored silently on every rank."""
-    unknown = sorted(set(entrypoint) - KNOWN_KEYS)
+def builtin_spec(trainer_fields: Mapping[str, Any]) -> TrainSpec:
+    """The training spec from the launch's trainer fields (`BuiltinRun.fields`). A name
+    neither the spec nor the plan knows is an error, not dropped: a field added to
+    `gangway.models.Builtin` and not plumbed through would otherwise be ignored silently
+    on every rank."""
+    unknown = sorted(set(trainer_fields) - KNOWN_KEYS)
     if unknown:
         raise ValueError(f"the built-in trainer does not know {', '.join(unknown)}")
-    return TrainSpec(**{k: v for k, v in entrypoint.items() if k in _SPEC_KEYS})
+    return TrainSpec(**{k: v for k, v in trainer_fields.items() if k in _SPEC_KEYS})
 
 
-def train_builtin(ctx: RankContext, entrypoint: dict[str, Any]) -> dict[str, Any]:
+def train_builtin(ctx: RankContext, trainer_fields: Mapping[str, Any]) -> dict[str, Any]:
     info = ctx.info
-    plan = plan_from_entrypoint(entrypoint, dp=info.dp, tp=info.tp, pp=info.pp)
-    result = train(ctx, plan, builtin_spec(entrypoint), checkpoint_dir=ctx.checkpoint_dir)
+    plan = plan_from_entrypoint(trainer_fields, dp=info.dp, tp=info.tp, pp=info.pp)
+    spec = builtin_spec(trainer_fields)
+    result = train(ctx, plan, spec, checkpoint_dir=ctx.checkpoint_dir)
     return {"step": result.step, "resumed_from": result.resumed_from}

@@ -1,62 +1,134 @@
-"""The rank actor: one per rank of a gang, running the job's entrypoint in a thread.
+"""The rank supervisor: the Ray actor the scheduler places, one per rank of a gang.
 
-`start()` returns at once and the entrypoint runs in a thread, so the runtime polls
-`status()` instead of holding an ObjectRef to a long call. That is what lets a restarted
-service reattach to ranks that kept running: the status lives in the (detached) actor, not
-in the service's memory.
+It is Gangway's own code and the only part of a rank that Gangway trusts. It never
+imports the job's code; it prepares the rank's directories, starts the rank program
+(`workers.program`) as a sandboxed child at once (so the program loads torch while the
+gang assembles), hands it the rendezvous address on `start`, and relays what it says:
+progress and events from the report channel, output lines from its pipe, its exit. Stop
+notices, the stop deadline and teardown act on the program's whole process tree; the
+program ends with the supervisor if Ray kills it.
+
+`start()` returns at once and the runtime polls `status()`, so the state lives in this
+(detached) actor, not in the service: a restarted service reattaches by name.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import shlex
+import shutil
+import signal
 import socket
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import workers.faults  # noqa: F401  (reads a test's injected faults before `start` scrubs them)
-from gangway.models import CheckpointPolicy, wire_default
-from workers.program.context import Progress, RankContext, RankInfo
-from workers.program.script import torchrun_env
-from workers.supervisor.environment import scrub_process
-from workers.supervisor.logtap import LineBuffer, Tap
+from workers.channel import (
+    REPORT_FD_ENV,
+    STACKS_MESSAGE,
+    STOP_MESSAGE,
+    ErrorReport,
+    EventReport,
+    ProgressReport,
+    ReadyReport,
+    Report,
+    StacksReport,
+    StopSeenReport,
+    go_message,
+)
+from workers.launch import (
+    INSIDE_CHECKPOINTS,
+    INSIDE_OUTPUTS,
+    INSIDE_RUN,
+    INSIDE_TMP,
+    INSIDE_WORK,
+    BuiltinRun,
+    CommandRun,
+    FunctionRun,
+    JobLaunch,
+    ProgramLaunch,
+    RankInfo,
+    SandboxMode,
+    ScriptRun,
+)
+from workers.supervisor import sandbox
+from workers.supervisor.environment import program_environment
+from workers.supervisor.output import LineBuffer
+from workers.supervisor.outputs import collect
+from workers.supervisor.process import ProgramProcess
+from workers.supervisor.venvs import VenvBuild, job_venv
+from workers.supervisor.workspace import (
+    RankDirs,
+    give_tree,
+    node_directory,
+    rank_dirs,
+    shared_memory_dir,
+    unpacked_package,
+)
 
 # Phases a rank reports; the group aggregates them.
 IDLE, RUNNING, SUCCEEDED, FAILED = "idle", "running", "succeeded", "failed"
+MAX_EVENTS = 50
+TAIL_LINES = 30
+STACKS_TIMEOUT_S = 4.0
 
 
-class RankActor:
-    def __init__(self, *, preload_trainer: bool) -> None:
-        # A rank of the built-in trainer (`preload_trainer`) imports its heavy parts now,
-        # while the gang is still assembling: the first DDP(...) imports torch._dynamo
-        # lazily (~4 s), which would otherwise stall step 1. Other ranks import what their
-        # code uses when it uses it (a script or command trains in a child process): here
-        # the imports would cost every rank ~5 s of CPU before its gang could start.
-        if preload_trainer:
-            import torch._dynamo
-            import torch.distributed  # noqa: F401
+@dataclass
+class _Progress:
+    """The latest report of the program, with what the supervisor derives from it."""
 
-            import workers.engine.training  # noqa: F401  (FSDP, TP, pipelining, DCP: ~1 s more)
+    latest: ProgressReport = field(default_factory=lambda: ProgressReport(step=0))
+    first_loss: float | None = None
+    reported_at: float = 0.0
+    events: list[str] = field(default_factory=list)
+    stop_seen: bool = False
+    error_report: str | None = None
+    error_at: float | None = None  # when the program said why it failed
+    ready: bool = False  # loaded what it runs, waiting for the start signal
 
+
+@dataclass
+class _Started:
+    """What the supervisor has set up for the program."""
+
+    program: ProgramProcess
+    dirs: RankDirs
+    sandboxed: bool
+
+
+class RankSupervisor:
+    def __init__(self, job: JobLaunch, info: RankInfo) -> None:
+        import ray
+
+        self._job, self._info = job, info
+        self._node_id = str(ray.get_runtime_context().get_node_id())
         self._logs = LineBuffer()
-        sys.stdout = Tap(sys.stdout, self._logs, "stdout")
-        sys.stderr = Tap(sys.stderr, self._logs, "stderr")
-        self._stop_event = threading.Event()
+        self._lock = threading.Lock()
+        self._progress = _Progress()
+        self._stacks: queue.Queue[str] = queue.Queue()
         self._phase = IDLE
         self._error: str | None = None
+        self._summary: str | None = None
         self._failed_at: float | None = None
-        self._ctx: RankContext | None = None
-        self._thread: threading.Thread | None = None
-        # When the stop notice came and when the entrypoint returned: the acknowledgement
-        # time of a preemption or resize (the trainer saves before it returns).
+        # When the stop notice came and when the program ended: the acknowledgement time
+        # of a preemption or resize (the trainer saves before it exits).
         self._stop_at: float | None = None
         self._ended_at: float | None = None
+        self._address: tuple[str, int] | None = None
+        self._go = threading.Event()
+        self._started: _Started | None = None
+        self._ready = threading.Event()  # `_started` is set, or starting failed
+        self._collecting = threading.Lock()
+        self._collected_step = -1
         self._store: Any = None  # rank 0 of a script gang: the process-group store
+        threading.Thread(target=self._supervise, name="gangway-supervisor", daemon=True).start()
+
+    # -- the runtime's calls ----------------------------------------------------------
 
     def rendezvous_address(self, store_world_size: int | None = None) -> tuple[str, int]:
         """This node's address and a free port: rank 0 hosts the process-group store. A
@@ -73,136 +145,427 @@ class RankActor:
             port = sock.getsockname()[1]
         return address, int(port)
 
-    def start(
-        self,
-        *,
-        info: RankInfo,
-        master_addr: str,
-        master_port: int,
-        entrypoint: dict[str, Any],
-        timeout_s: float = 600.0,
-    ) -> str:
-        """Start the entrypoint in a thread; returns this rank's Ray node id."""
-        import ray
-
-        if self._thread is not None:
+    def start(self, *, master_addr: str, master_port: int) -> str:
+        """Hand the program the rendezvous address (once it is loaded); returns this
+        rank's Ray node id."""
+        if self._address is not None:
             raise RuntimeError("this rank was already started")
-        directory = entrypoint.get("checkpoint_dir")
-        self._ctx = RankContext(
-            info,
-            self._stop_event,
-            checkpoint_dir=Path(directory) if directory else None,
-            keep_last=int(entrypoint.get("keep_last", wire_default(CheckpointPolicy, "keep_last"))),
-        )
-        # Function ranks run in this process: it keeps no secret of whoever started the
-        # raylet, and entrypoints written for torchrun find the variables it sets.
-        scrub_process(entrypoint.get("env") or {})
-        os.environ.update(torchrun_env(self._ctx, master_addr, master_port))
-        self._phase = RUNNING
-        target: Callable[..., None]
-        args: tuple[Any, ...]
-        if entrypoint["kind"] in ("script", "command"):  # they make their own process group
-            target, args = self._run_script, (self._ctx, entrypoint, master_addr, master_port)
-        else:
-            init_method = f"tcp://{master_addr}:{master_port}"
-            target, args = self._run, (self._ctx, init_method, entrypoint, timeout_s)
-        self._thread = threading.Thread(
-            target=target, args=args, name=f"rank-{info.rank}", daemon=True
-        )
-        self._thread.start()
-        return str(ray.get_runtime_context().get_node_id())
+        self._address = (master_addr, master_port)
+        with self._lock:
+            if self._phase == IDLE:
+                self._phase = RUNNING
+        self._go.set()
+        return self._node_id
 
     def status(self, log_after: int = 0) -> dict[str, Any]:
         """Phase, progress, and the output lines numbered above `log_after`."""
-        progress = self._ctx.progress() if self._ctx else Progress()  # not started: nothing
-        return {
-            "logs": self._logs.since(log_after),
-            "phase": self._phase,
-            "error": self._error,
-            "failed_at": self._failed_at,
-            "step": progress.step,
-            "loss": progress.loss,
-            "first_loss": progress.first_loss,
-            "tokens_per_s": progress.tokens_per_s,
-            "checkpoint_step": progress.metrics.get("checkpoint_step"),
-            "local_s": progress.metrics.get("local_s"),
-            "step_time_s": progress.metrics.get("step_time_s"),
-            "memory_mb": progress.metrics.get("peak_memory_mb"),
-            "comm_s": progress.metrics.get("comm_s"),
-            "comm_bytes": progress.metrics.get("comm_bytes"),
-            "reported_at": progress.reported_at,
-            "stop_ack_s": self._stop_ack_s(),
-            "stop_seen": self._ctx.stop_seen if self._ctx else False,
-            "events": self._ctx.events() if self._ctx else (),
-            "pid": os.getpid(),
-        }
+        with self._lock:
+            progress = self._progress
+            latest = progress.latest
+            metrics = latest.metrics
+            return {
+                "logs": self._logs.since(log_after),
+                "phase": self._phase,
+                "error": self._error,
+                "summary": self._summary,
+                "failed_at": self._failed_at,
+                "step": latest.step,
+                "loss": latest.loss,
+                "first_loss": progress.first_loss,
+                "tokens_per_s": latest.tokens_per_s,
+                "checkpoint_step": _int_or_none(metrics.get("checkpoint_step")),
+                "local_s": metrics.get("local_s"),
+                "step_time_s": metrics.get("step_time_s"),
+                "memory_mb": metrics.get("peak_memory_mb"),
+                "comm_s": metrics.get("comm_s"),
+                "comm_bytes": metrics.get("comm_bytes"),
+                "reported_at": progress.reported_at,
+                "stop_ack_s": self._stop_ack_s(),
+                "stop_seen": progress.stop_seen,
+                "events": tuple(progress.events),
+                "pid": os.getpid(),
+                "program_pid": self._started.program.pid if self._started else None,
+                "program_ready": progress.ready,
+            }
 
     def stop(self) -> None:
-        if self._stop_at is None:
+        """A stop notice (preemption, resize, cancel): the trainer or function is told and
+        saves; a script or command gets SIGTERM, as under torchrun. Whatever still runs
+        after the job's grace is killed, its whole tree."""
+        with self._lock:
+            if self._stop_at is not None:
+                return
             self._stop_at = time.time()
-        self._stop_event.set()
+            if isinstance(self._job.run, ScriptRun | CommandRun):
+                self._progress.stop_seen = True
+        if self._address is None:
+            self._go.set()  # a rank stopped before it started never starts
+        elif self._started is not None:
+            self._notify_stop(self._started.program)
+        timer = threading.Timer(self._job.stop_grace_s, self._kill_at_deadline)
+        timer.daemon = True
+        timer.start()
+
+    def stacks(self) -> str:
+        """The program's Python stacks, thread by thread, for a hang report."""
+        if not isinstance(self._job.run, BuiltinRun | FunctionRun):
+            return "(a script or command: its stacks are its own, not Gangway's)"
+        started = self._started
+        if started is None or started.program.poll() is not None:
+            return "(the rank program is not running)"
+        while not self._stacks.empty():
+            self._stacks.get_nowait()
+        started.program.send(STACKS_MESSAGE)
+        try:
+            return self._stacks.get(timeout=STACKS_TIMEOUT_S)
+        except queue.Empty:
+            return f"(the rank program did not answer in {STACKS_TIMEOUT_S:.0f} s)"
+
+    # -- the supervising thread -------------------------------------------------------
+
+    def _supervise(self) -> None:
+        try:
+            self._started = self._start_program()
+        except Exception as exc:
+            self._ready.set()
+            self._fail(f"could not be started: {exc}", "")
+            return
+        self._ready.set()
+        started = self._started
+        self._go.wait()
+        if self._stop_at is not None or self._address is None:
+            started.program.kill()  # stopped before it started: nothing of the job ran
+            with self._lock:
+                self._progress.stop_seen = True
+        else:
+            started.program.send(go_message(*self._address))
+        code = started.program.wait()
+        self._collect_outputs(final=True)
+        self._finish(code, started.sandboxed)
+        shutil.rmtree(started.dirs.root, ignore_errors=True)
+
+    def _start_program(self) -> _Started:
+        job, info = self._job, self._info
+        support = sandbox.detect() if job.sandbox != SandboxMode.OFF else _UNSANDBOXED
+        if job.sandbox == SandboxMode.REQUIRED and not support.sandboxed:
+            raise RuntimeError(
+                f"this node cannot sandbox the job ({support.detail}); the service requires "
+                "a sandbox for every job (install bubblewrap on the node)"
+            )
+        identity = job.identity if support.kind == "bwrap-uid" else None
+        base = node_directory() / self._node_id[:16]
+        dirs = rank_dirs(base, job, info, identity)
+        layout = _Layout(support.sandboxed, dirs)
+        mounts = [
+            sandbox.Mount(dirs.run, INSIDE_RUN),
+            sandbox.Mount(dirs.tmp, INSIDE_TMP, writable=True),
+            sandbox.Mount(dirs.outputs, INSIDE_OUTPUTS, writable=True),
+            sandbox.Mount(shared_memory_dir(base, job, identity), "/dev/shm", writable=True),
+        ]
+        work = self._working_directory(base)
+        if work is not None:
+            mounts.append(sandbox.Mount(work, INSIDE_WORK))
+            layout.work = work
+        if job.checkpoint_dir is not None:
+            checkpoints = Path(job.checkpoint_dir)
+            if identity is not None:
+                give_tree(checkpoints, identity)
+            else:
+                checkpoints.mkdir(parents=True, exist_ok=True)
+            mounts.append(sandbox.Mount(checkpoints, INSIDE_CHECKPOINTS, writable=True))
+            layout.checkpoints = checkpoints
+        mounts += [sandbox.Mount(Path(p), p) for p in self._host_paths() if Path(p).exists()]
+        python = sys.executable
+        trusted_env = _trusted_environment(layout)
+        if job.requirements:
+            build = VenvBuild(
+                job.user,
+                tuple(job.requirements),
+                support,
+                identity,
+                work,
+                dirs.root,
+                dict(trusted_env),
+                self._logs,
+            )
+            venv = job_venv(base, build)
+            mounts.append(sandbox.Mount(venv, str(venv)))
+            python = str(venv / "bin" / "python")
+            trusted_env["PATH"] = f"{venv}/bin:{trusted_env['PATH']}"
+            trusted_env["VIRTUAL_ENV"] = str(venv)
+
+        def write_launch(report_fd: int) -> None:
+            launch = self._program_launch(layout, trusted_env, report_fd)
+            (dirs.run / "launch.json").write_text(launch.model_dump_json())
+
+        program = ProgramProcess(
+            [python, "-I", "-m", "workers.program", layout.run_file],
+            support=support,
+            mounts=mounts,
+            cwd=layout.cwd(self._job.run),
+            identity=identity or job.identity,
+            env=trusted_env,
+            logs=self._logs,
+            on_report=self._on_report,
+            report_fd_env=write_launch,
+        )
+        return _Started(program, dirs, support.sandboxed)
+
+    def _working_directory(self, base: Path) -> Path | None:
+        """The shipped working directory, unpacked on this node; the built-in trainer
+        never gets one (it loads no shipped code)."""
+        package = self._job.package
+        if package is None or isinstance(self._job.run, BuiltinRun):
+            return None
+        return unpacked_package(base, package.sha256, Path(package.zip_path), self._job.limits)
+
+    def _host_paths(self) -> list[str]:
+        """Host files the job may read: its data file, and the folder of a script that
+        lives on the host (policy allowed it at submit)."""
+        paths = list(self._job.host_paths)
+        run = self._job.run
+        if isinstance(run, ScriptRun) and self._job.package is None:
+            paths.append(str(Path(run.path).resolve().parent))
+        return paths
+
+    def _program_launch(
+        self, layout: _Layout, trusted_env: dict[str, str], report_fd: int
+    ) -> ProgramLaunch:
+        job, info = self._job, self._info
+        rank_env = {
+            "RANK": str(info.rank),
+            "WORLD_SIZE": str(info.world_size),
+            "LOCAL_RANK": str(info.local_rank),
+            "LOCAL_WORLD_SIZE": str(info.local_world_size),
+            "GROUP_RANK": "0",
+            "OUTPUTS_DIR": layout.outputs_path,
+            REPORT_FD_ENV: str(report_fd),
+        }
+        if layout.checkpoints is not None:
+            rank_env["CHECKPOINT_DIR"] = layout.checkpoint_path
+        if isinstance(job.run, ScriptRun | CommandRun):
+            rank_env.update(agent_store_env())
+        if job.faults:
+            rank_env["GANGWAY_FAULTS"] = job.faults
+        env = program_environment(os.environ, sandbox=trusted_env, job=job.env, rank=rank_env)
+        run = job.run
+        if isinstance(run, ScriptRun) and job.package is None:
+            run = run.model_copy(update={"path": str(Path(run.path).resolve())})
+        return ProgramLaunch(
+            info=info,
+            run=run,
+            work_dir=layout.work_path,
+            checkpoint_dir=layout.checkpoint_path if layout.checkpoints is not None else None,
+            outputs_dir=layout.outputs_path,
+            keep_last=job.keep_last,
+            env=env,
+            limits=job.limits,
+        )
+
+    # -- what the program says --------------------------------------------------------
+
+    def _on_report(self, report: Report) -> None:
+        checkpoint_step = None
+        with self._lock:
+            progress = self._progress
+            if isinstance(report, ProgressReport):
+                progress.latest = report
+                progress.reported_at = time.time()
+                if progress.first_loss is None:
+                    progress.first_loss = report.loss
+                checkpoint_step = report.metrics.get("checkpoint_step")
+            elif isinstance(report, EventReport) and len(progress.events) < MAX_EVENTS:
+                progress.events.append(report.text)
+            elif isinstance(report, StopSeenReport):
+                progress.stop_seen = True
+            elif isinstance(report, ReadyReport):
+                progress.ready = True
+            elif isinstance(report, ErrorReport):
+                progress.error_report = report.text
+                progress.error_at = time.time()
+        if isinstance(report, StacksReport):
+            self._stacks.put(report.text)
+        if checkpoint_step is not None and checkpoint_step > self._collected_step:
+            self._collected_step = int(checkpoint_step)
+            threading.Thread(target=self._collect_outputs, daemon=True).start()
+
+    def _collect_outputs(self, final: bool = False) -> None:
+        """Copy the rank's outputs into the service's storage: at every checkpoint (one
+        collection at a time; a busy one is skipped) and, waiting its turn, at the end."""
+        job, started = self._job, self._started
+        if job.outputs_dir is None or started is None:
+            return
+        if not self._collecting.acquire(blocking=final):
+            return
+        try:
+            done = collect(
+                started.dirs.outputs,
+                Path(job.outputs_dir) / f"rank-{self._info.rank}",
+                max_bytes=job.outputs_max_bytes,
+            )
+        except OSError as exc:
+            self._logs.append(f"[gangway] outputs could not be collected: {exc}")
+            return
+        finally:
+            self._collecting.release()
+        if final and (done.files or done.over_quota or done.skipped):
+            self._logs.append(f"[gangway] {done.summary()}")
+
+    # -- ending -----------------------------------------------------------------------
+
+    def _notify_stop(self, program: ProgramProcess) -> None:
+        if isinstance(self._job.run, ScriptRun | CommandRun):
+            program.terminate()
+        else:
+            program.send(STOP_MESSAGE)
+
+    def _kill_at_deadline(self) -> None:
+        started = self._started
+        if started is not None and started.program.poll() is None:
+            self._logs.append(
+                f"[gangway] still running {self._job.stop_grace_s:.0f} s after the stop "
+                "notice: killed"
+            )
+            started.program.kill()
+
+    def _finish(self, code: int, sandboxed: bool) -> None:
+        with self._lock:
+            self._ended_at = time.time()
+            stopped = self._stop_at is not None
+        if code == 0 or stopped:
+            with self._lock:
+                self._phase = SUCCEEDED
+            return
+        headline = f"{self._subject()} {describe_exit(code, sandboxed)}"
+        with self._lock:
+            error_report = self._progress.error_report
+        if error_report:
+            self._fail(headline, error_report)
+        else:
+            self._fail(headline, "\n".join(self._logs.tail(TAIL_LINES)), output=True)
+
+    def _fail(self, headline: str, detail: str, *, output: bool = False) -> None:
+        last = next((line.strip() for line in reversed(detail.splitlines()) if line.strip()), "")
+        with self._lock:
+            self._ended_at = self._ended_at or time.time()
+            self._failed_at = self._progress.error_at or self._ended_at
+            if output and detail:
+                self._error = f"{headline}; its last output:\n{detail}"
+            else:
+                self._error = f"{headline}\n{detail}" if detail else headline
+            self._summary = f"{headline}: {last}"[:500] if last else headline[:500]
+            self._phase = FAILED
+
+    def _subject(self) -> str:
+        run = self._job.run
+        if isinstance(run, ScriptRun):
+            return shlex.join([run.path, *run.args])[:200]
+        if isinstance(run, CommandRun):
+            return shlex.join(run.argv)[:200]
+        if isinstance(run, FunctionRun):
+            return run.target
+        return "the built-in trainer"
 
     def _stop_ack_s(self) -> float | None:
         if self._stop_at is None or self._ended_at is None:
             return None
         return max(0.0, self._ended_at - self._stop_at)
 
-    def stacks(self) -> str:
-        """Every thread's Python stack in this rank's process, for a hang report."""
-        names = {t.ident: t.name for t in threading.enumerate()}
-        parts = []
-        for ident, frame in sys._current_frames().items():
-            stack = "".join(traceback.format_stack(frame))
-            parts.append(f"thread {names.get(ident, ident)}:\n{stack}")
-        return "\n".join(parts)
 
-    def _run_script(
-        self, ctx: RankContext, entrypoint: dict[str, Any], master_addr: str, master_port: int
-    ) -> None:
-        from workers.program.script import run_script
+_UNSANDBOXED = sandbox.Support("none", "the job's sandbox is turned off")
 
-        try:
-            run_script(ctx, entrypoint, master_addr=master_addr, master_port=master_port)
-            self._succeed()
-        except BaseException:
-            self._fail()
 
-    def _succeed(self) -> None:
-        self._ended_at = time.time()
-        self._phase = SUCCEEDED
+class _Layout:
+    """Where the rank's folders are as the program sees them: inside the sandbox at
+    fixed paths, or (unsandboxed) at their paths on the host."""
 
-    def _fail(self) -> None:
-        self._failed_at = self._ended_at = time.time()
-        self._error = traceback.format_exc(limit=20)
-        self._phase = FAILED
+    def __init__(self, sandboxed: bool, dirs: RankDirs) -> None:
+        self.sandboxed, self.dirs = sandboxed, dirs
+        self.work: Path | None = None
+        self.checkpoints: Path | None = None
 
-    def _run(
-        self, ctx: RankContext, init_method: str, entrypoint: dict[str, Any], timeout_s: float
-    ) -> None:
-        import torch
-        import torch.distributed as dist
+    def _place(self, inside: str, host: Path) -> str:
+        return inside if self.sandboxed else str(host)
 
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        try:
-            dist.init_process_group(
-                backend,
-                init_method=init_method,
-                rank=ctx.rank,
-                world_size=ctx.world_size,
-                timeout=timedelta(seconds=timeout_s),
-            )
-            _run_entrypoint(ctx, entrypoint)
-            self._succeed()
-        except BaseException:
-            self._fail()
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+    @property
+    def run_file(self) -> str:
+        return f"{self._place(INSIDE_RUN, self.dirs.run)}/launch.json"
+
+    @property
+    def tmp_path(self) -> str:
+        return self._place(INSIDE_TMP, self.dirs.tmp)
+
+    @property
+    def outputs_path(self) -> str:
+        return self._place(INSIDE_OUTPUTS, self.dirs.outputs)
+
+    @property
+    def checkpoint_path(self) -> str:
+        assert self.checkpoints is not None
+        return self._place(INSIDE_CHECKPOINTS, self.checkpoints)
+
+    @property
+    def work_path(self) -> str | None:
+        return self._place(INSIDE_WORK, self.work) if self.work is not None else None
+
+    def cwd(self, run: Any) -> str:
+        """Where the program starts: the working directory, a host script's folder, or
+        its tmp."""
+        if self.work_path is not None:
+            return self.work_path
+        if isinstance(run, ScriptRun):
+            return str(Path(run.path).resolve().parent)
+        return self.tmp_path
+
+
+def _trusted_environment(layout: _Layout) -> dict[str, str]:
+    """What the sandbox's own tools and the interpreter start with: Gangway's values
+    only (the job's come from the launch file, after the drop)."""
+    venv = Path(sys.prefix)
+    return {
+        "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": layout.tmp_path,
+        "TMPDIR": layout.tmp_path,
+        "VIRTUAL_ENV": str(venv),
+        "PYTHONUNBUFFERED": "1",
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+    }
+
+
+def describe_exit(code: int, sandboxed: bool) -> str:
+    """How a program ended, in words. A sandboxed program killed by signal N is reported
+    by bubblewrap as exit code 128 + N."""
+    if code < 0:
+        return f"was killed by {_signal_name(-code)}"
+    if sandboxed and 128 < code < 128 + 65:
+        return f"was killed by {_signal_name(code - 128)} (exit code {code})"
+    return f"exited with code {code}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return int(value) if value is not None else None
+
+
+def agent_store_env() -> dict[str, str]:
+    """torchrun's word to `init_process_group` that the launcher hosts the store: every
+    rank, rank 0 included, connects as a client."""
+    return {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
 
 
 def host_store(address: str, world_size: int, timeout_s: float = 600.0) -> Any:
-    """The process-group store of a script gang, held by rank 0's actor as torchrun's
-    agent holds it (on a free port, `.port`): the scripts connect as clients
+    """The process-group store of a script gang, held by rank 0's supervisor as
+    torchrun's agent holds it (on a free port, `.port`): the scripts connect as clients
     (TORCHELASTIC_USE_AGENT_STORE), so the store outlives every script, and a rank that
     tears down its process group after rank 0's script has exited still finds it."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
@@ -215,17 +578,3 @@ def host_store(address: str, world_size: int, timeout_s: float = 600.0) -> Any:
         timeout=timedelta(seconds=timeout_s),
         wait_for_workers=False,
     )
-
-
-def _run_entrypoint(ctx: RankContext, entrypoint: dict[str, Any]) -> None:
-    kind = entrypoint["kind"]
-    if kind == "builtin":
-        from workers.program.trainer import train_builtin
-
-        train_builtin(ctx, entrypoint)
-    elif kind == "function":
-        from workers.program.entrypoints import resolve_function
-
-        resolve_function(entrypoint["target"])(ctx, **entrypoint.get("kwargs", {}))
-    else:
-        raise ValueError(f"unknown entrypoint kind {kind!r}")

@@ -1,11 +1,17 @@
-"""The environment a rank sees: an allow-list, never the service's own.
+"""Environments built from allow-lists, never inherited whole.
 
-The service holds secrets in its environment (`GANGWAY_ADMIN_KEY`, the database URL);
-jobs are untrusted code (DESIGN principle 15). So every rank's process gets only what a
-program, torch, NCCL and Ray need, plus the job's own `env`. The same filter scrubs the
-environment the embedded Ray's raylets start with (they would hand it to every worker) and
-the rank actor's own process (an external Ray's raylets may have been started with
-anything).
+The service holds secrets in its environment (`GANGWAY_ADMIN_KEY`, the database URL) and
+Ray's processes hold Ray's token; jobs are untrusted code (DESIGN principles 15 and 17).
+Two filters:
+
+- `scrubbed`: what Ray's own processes (the embedded Ray's GCS and raylets) start with:
+  what a program, torch, CUDA and Ray read, no `GANGWAY_*` secret. They are Gangway's
+  control plane, so the caller adds Ray's token settings itself.
+- `program_environment`: what a rank program starts with: the host's locale, CUDA,
+  NCCL, gloo and torch settings (Ray sets `CUDA_VISIBLE_DEVICES` and `OMP_NUM_THREADS`
+  for the actor), then the paths the sandbox gives it, then the job's own variables, then
+  what Gangway must decide (its rank, its report channel). Nothing of Ray's: a rank is not
+  a Ray worker and cannot talk to the cluster.
 """
 
 from __future__ import annotations
@@ -41,9 +47,13 @@ ALLOWED_NAMES = frozenset(
 )
 # Families that torch, CUDA, NCCL/gloo and Ray's worker processes configure themselves by.
 ALLOWED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_", "RAY_")
-# Inside those families, what still must not reach user code: a Ray token lets its holder
-# submit work to the cluster around Gangway.
+# Inside those families, what still must not pass on: a Ray token lets its holder submit
+# work to the cluster around Gangway; Ray's own processes get it from their starter.
 DENIED_NAMES = frozenset({"RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"})
+# What a rank program takes from the host: no paths of the host's (the sandbox has its
+# own), nothing of Ray's.
+PROGRAM_NAMES = frozenset({"LANG", "LANGUAGE", "TZ", "TERM", "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
+PROGRAM_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_")
 
 
 def is_allowed(name: str) -> bool:
@@ -57,27 +67,33 @@ def scrubbed(environ: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in environ.items() if is_allowed(name)}
 
 
-def rank_environment(environ: Mapping[str, str], job_env: Mapping[str, str]) -> dict[str, str]:
-    """What a rank's process runs with: the allow-listed part of `environ`, then the job's
-    own variables (they win: the user asked for them)."""
-    return {**scrubbed(environ), **job_env}
-
-
-def scrub_process(job_env: Mapping[str, str]) -> None:
-    """Make this process's environment a rank's (`rank_environment`), in place: function
-    ranks run inside the actor's process."""
-    keep = rank_environment(os.environ, job_env)
-    os.environ.clear()
-    os.environ.update(keep)
+def program_environment(
+    host: Mapping[str, str],
+    *,
+    sandbox: Mapping[str, str],
+    job: Mapping[str, str],
+    rank: Mapping[str, str],
+) -> dict[str, str]:
+    """A rank program's whole environment, in order of precedence (later wins): the
+    allow-listed part of the `host`'s, the `sandbox`'s paths (PATH, HOME, TMPDIR, the
+    interpreter), the `job`'s own variables and secrets, and the `rank`'s (RANK and the
+    other torchrun variables, the report channel), which the job cannot override."""
+    inherited = {
+        name: value
+        for name, value in host.items()
+        if name in PROGRAM_NAMES or name.startswith(PROGRAM_PREFIXES)
+    }
+    return {**inherited, **sandbox, **job, **rank}
 
 
 @contextmanager
-def scrubbed_process() -> Iterator[None]:
-    """Run the block with only the allow-listed environment, then restore it: child
-    processes started inside it (the embedded Ray's GCS and raylets) inherit no secret."""
+def scrubbed_process(extra: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Run the block with only the allow-listed environment plus `extra`, then restore
+    it: child processes started inside it (the embedded Ray's GCS and raylets) inherit no
+    secret of the service's."""
     saved = dict(os.environ)
     os.environ.clear()
-    os.environ.update(scrubbed(saved))
+    os.environ.update({**scrubbed(saved), **(extra or {})})
     try:
         yield
     finally:

@@ -1,4 +1,5 @@
-"""A worker group: one Ray placement group + one rank actor per rank, for one job attempt.
+"""A worker group: one Ray placement group + one rank supervisor actor per rank, for one job
+attempt.
 
 Bundle i is pinned to the node the scheduler chose for rank i with a `ray.io/node-id`
 label selector, so what Ray runs is exactly the decision that the store holds. The group
@@ -25,7 +26,6 @@ from ray.exceptions import (
     GetTimeoutError,
     RayActorError,
     RayError,
-    RuntimeEnvSetupError,
 )
 from ray.util.placement_group import (
     PlacementGroup,
@@ -37,9 +37,8 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus, aggregate
-from workers import faults
-from workers.program.context import RankInfo
-from workers.supervisor.actor import IDLE, RankActor
+from workers.launch import JobLaunch, RankInfo
+from workers.supervisor.actor import IDLE, RankSupervisor
 
 NAMESPACE = "gangway"
 log = logging.getLogger(__name__)
@@ -52,18 +51,24 @@ class PlacementMismatch(RuntimeError):
 
 @dataclass(frozen=True)
 class GroupSpec:
-    job_id: int
-    attempt: int
+    """One attempt's gang: the node of each rank, what each rank reserves, the degrees,
+    and the launch every rank's supervisor gets."""
+
     node_ids: tuple[str, ...]
     gpus_per_rank: int
     cpus_per_rank: float
     dp: int
     tp: int
     pp: int
-    entrypoint: dict[str, Any]
-    # Ray's runtime_env for every rank actor: the job's shipped working directory (a zip
-    # URI) and pip requirements; None: the nodes' own environment.
-    runtime_env: dict[str, Any] | None = None
+    launch: JobLaunch
+
+    @property
+    def job_id(self) -> int:
+        return self.launch.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.launch.attempt
 
     @property
     def name(self) -> str:
@@ -73,16 +78,19 @@ class GroupSpec:
     def world_size(self) -> int:
         return len(self.node_ids)
 
+    @property
+    def kind(self) -> str:
+        return self.launch.run.kind
+
     def rank_info(self, rank: int) -> RankInfo:
         node = self.node_ids[rank]
-        local_rank = self.node_ids[:rank].count(node)
         return RankInfo(
-            rank,
-            self.world_size,
-            local_rank,
-            self.dp,
-            self.tp,
-            self.pp,
+            rank=rank,
+            world_size=self.world_size,
+            local_rank=self.node_ids[:rank].count(node),
+            dp=self.dp,
+            tp=self.tp,
+            pp=self.pp,
             local_world_size=self.node_ids.count(node),
         )
 
@@ -164,11 +172,6 @@ class WorkerGroup:
                 self._poll_rendezvous()
             if self._phase is GroupPhase.RUNNING:
                 self._poll_running()
-        except RuntimeEnvSetupError as exc:
-            self._fail(
-                "the job's working directory or requirements could not be installed on a "
-                f"node (was the package shipped, is the packages directory shared?): {exc}"
-            )
         except ActorUnavailableError as exc:  # before RayActorError, its base class
             self._trouble(f"a rank's actor is unreachable: {exc}")
         except RayActorError as exc:
@@ -201,21 +204,17 @@ class WorkerGroup:
                     f"Ray could not reserve the placement within {self._placement_timeout_s:.0f} s"
                 )
             return
-        builtin = self.spec.entrypoint["kind"] == "builtin"
-        self._actors = [
-            self._create_actor(rank, preload_trainer=builtin)
-            for rank in range(self.spec.world_size)
-        ]
-        scripted = self.spec.entrypoint["kind"] in ("script", "command")
+        self._actors = [self._create_actor(rank) for rank in range(self.spec.world_size)]
+        scripted = self.spec.kind in ("script", "command")
         store_for = self.spec.world_size if scripted else None  # torchrun's agent store
         self._address_ref = self._actors[0].rendezvous_address.remote(store_for)
         self._phase = GroupPhase.RENDEZVOUS
 
-    def _create_actor(self, rank: int, *, preload_trainer: bool) -> Any:
-        remote_cls = ray.remote(RankActor)
-        runtime_env = dict(self.spec.runtime_env or {})
-        if injected := faults.passthrough():  # a test's faults reach the ranks too
-            runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **injected}
+    def _create_actor(self, rank: int) -> Any:
+        """Rank `rank`'s supervisor, in its bundle. Threaded (a status poll is answered
+        while a stack request waits on the program); no runtime_env: the job's code and
+        requirements are the supervisor's to place in the sandbox, never Ray's worker's."""
+        remote_cls = ray.remote(RankSupervisor)
         return remote_cls.options(
             name=_actor_name(self.spec, rank),
             namespace=NAMESPACE,
@@ -223,11 +222,11 @@ class WorkerGroup:
             num_gpus=self.spec.gpus_per_rank,
             num_cpus=self.spec.cpus_per_rank,
             max_restarts=0,
-            runtime_env=runtime_env or None,
+            max_concurrency=4,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self._pg, placement_group_bundle_index=rank
             ),
-        ).remote(preload_trainer=preload_trainer)
+        ).remote(self.spec.launch, self.spec.rank_info(rank))
 
     def _poll_rendezvous(self) -> None:
         """Rank 0's address first, then `start` on every rank; both without blocking."""
@@ -237,13 +236,8 @@ class WorkerGroup:
                 return
             master_addr, master_port = ray.get(self._address_ref)
             self._start_refs = [
-                actor.start.remote(
-                    info=self.spec.rank_info(rank),
-                    master_addr=master_addr,
-                    master_port=master_port,
-                    entrypoint=self.spec.entrypoint,
-                )
-                for rank, actor in enumerate(self._actors)
+                actor.start.remote(master_addr=master_addr, master_port=master_port)
+                for actor in self._actors
             ]
         ready, _ = ray.wait(self._start_refs, num_returns=len(self._start_refs), timeout=0)
         if len(ready) < len(self._start_refs):
@@ -340,8 +334,8 @@ class WorkerGroup:
 
     def stacks(self) -> str:
         """Every rank's Python stacks, rank by rank; a rank that does not answer within
-        the call timeout says so instead (a hung rank's actor still answers: the
-        entrypoint runs in its own thread)."""
+        the call timeout says so instead (a hung program still answers: its control
+        channel has a thread of its own)."""
         timeout_s = self._call_timeout_s
         answers = self._ask_every_rank(
             lambda _rank, actor: actor.stacks.remote(), timeout_s=timeout_s

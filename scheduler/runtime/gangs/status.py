@@ -34,6 +34,8 @@ class GroupStatus:
     comm_s: float | None = None
     comm_bytes: float | None = None
     error: str | None = None
+    # One line for the job's reason: the first failing rank and what it said last.
+    reason: str | None = None
     checkpoint_step: int | None = None  # the newest step the ranks have saved
     # Output lines new since the previous poll: (rank, number, line). Handed out once.
     logs: tuple[tuple[int, int, str], ...] = ()
@@ -65,8 +67,9 @@ def aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     progress["events"] = tuple(str(line) for line in lead.get("events", ()))
     phases = Counter(s["phase"] for s in statuses)
     if phases[FAILED]:
+        error, reason = _root_cause(statuses)
         return GroupStatus(
-            GroupPhase.FAILED, ranks_started=True, error=_root_cause(statuses), **progress
+            GroupPhase.FAILED, ranks_started=True, error=error, reason=reason, **progress
         )
     if phases[IDLE]:
         rank = next(r for r, s in enumerate(statuses) if s["phase"] == IDLE)
@@ -77,15 +80,23 @@ def aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     return GroupStatus(GroupPhase.RUNNING, ranks_started=True, **progress)
 
 
-def _root_cause(statuses: list[dict[str, Any]]) -> str:
+def _root_cause(statuses: list[dict[str, Any]]) -> tuple[str, str]:
     """The rank that failed first is the cause; its peers usually fail from the broken
-    collective a moment later, so they are only named."""
+    collective a moment later, so they are only named. The whole story, and one line of
+    it (that rank, how it ended, its last words) for the job's reason."""
     failed = sorted(
-        (s["failed_at"], rank) for rank, s in enumerate(statuses) if s["phase"] == FAILED
+        (s["failed_at"] or 0.0, rank) for rank, s in enumerate(statuses) if s["phase"] == FAILED
     )
     first = failed[0][1]
-    message = f"rank {first} failed:\n{statuses[first]['error']}"
+    cause = statuses[first]
     others = [str(rank) for _, rank in failed[1:]]
-    if others:
-        message += f"\n(rank(s) {', '.join(others)} failed after it)"
-    return message
+    after = f" (rank(s) {', '.join(others)} failed after it)" if others else ""
+    message = f"rank {first} failed{after}:\n{cause['error']}"
+    summary = cause.get("summary") or f"failed: {last_line(cause['error'])}"
+    return message, f"rank {first} {summary}{after}"
+
+
+def last_line(text: str | None) -> str:
+    """The last line of `text` that says something."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""

@@ -1,0 +1,123 @@
+"""Collect what a rank wrote to its outputs folder into the service's storage.
+
+The folder belongs to the program (an attacker's uid), and the supervisor reads it with
+more rights than the program has, so every step is one the program cannot redirect: the
+tree is walked by directory descriptor (`os.fwalk`, links never followed), each file is
+opened relative to its folder with O_NOFOLLOW and checked to be a regular file after it
+is open (a file swapped for a link or a FIFO between listing and reading is skipped).
+What is copied lands as `<name>.gangway-partial` and is renamed when complete, so a
+listing never shows half a file. A file already collected with the same size and
+modification time is not copied again (collection runs at every checkpoint and at the
+end). Names that are not UTF-8 text are skipped: the API could not show them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+PARTIAL_SUFFIX = ".gangway-partial"
+MAX_FILES = 100_000
+_CHUNK = 1 << 20
+
+
+@dataclass
+class Collected:
+    files: int = 0
+    bytes: int = 0
+    unchanged: int = 0
+    over_quota: int = 0  # files left out: the quota or the file count was reached
+    skipped: int = 0  # links, devices, FIFOs, names that are not text
+
+    def summary(self) -> str:
+        text = f"outputs: {self.files} file(s) collected ({self.bytes} bytes)"
+        if self.over_quota:
+            text += f", {self.over_quota} left out (over the outputs quota)"
+        if self.skipped:
+            text += f", {self.skipped} skipped (links, special files or names not UTF-8)"
+        return text
+
+
+def collect(source: Path, target: Path, *, max_bytes: int) -> Collected:
+    """Copy the regular files under `source` to the same paths under `target`, adding at
+    most `max_bytes` (see the module docstring)."""
+    done = Collected()
+    if not source.is_dir():
+        return done
+    for folder, _dirs, names, folder_fd in os.fwalk(source, follow_symlinks=False):
+        relative = Path(folder).relative_to(source)
+        for name in names:
+            _collect_one(folder_fd, name, target / relative, done, max_bytes)
+    return done
+
+
+def _collect_one(
+    folder_fd: int, name: str, target_dir: Path, done: Collected, max_bytes: int
+) -> None:
+    if not _is_text(name) or not _is_text(str(target_dir)) or name.endswith(PARTIAL_SUFFIX):
+        done.skipped += 1
+        return
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
+    except OSError:
+        done.skipped += 1
+        return
+    with os.fdopen(fd, "rb") as source:
+        info = os.fstat(source.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            done.skipped += 1
+            return
+        destination = target_dir / name
+        if _same(destination, info):
+            done.unchanged += 1
+            return
+        if done.bytes + info.st_size > max_bytes or done.files >= MAX_FILES:
+            done.over_quota += 1
+            return
+        copied = _copy(source, destination, max_bytes - done.bytes)
+        if copied is None:
+            done.over_quota += 1
+            return
+        os.utime(destination, ns=(info.st_atime_ns, info.st_mtime_ns))
+        done.files += 1
+        done.bytes += copied
+
+
+def _copy(source: object, destination: Path, budget: int) -> int | None:
+    """Copy to `destination` through a partial file; None (nothing kept) when the file
+    grew past `budget` while it was read."""
+    destination.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    partial = destination.with_name(destination.name + PARTIAL_SUFFIX)
+    size = 0
+    with partial.open("wb") as sink:
+        while chunk := source.read(_CHUNK):  # type: ignore[attr-defined]
+            size += len(chunk)
+            if size > budget:
+                break
+            sink.write(chunk)
+    if size > budget:
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+        return None
+    partial.chmod(0o644)
+    partial.replace(destination)
+    return size
+
+
+def _same(destination: Path, info: os.stat_result) -> bool:
+    try:
+        kept = destination.stat()
+    except OSError:
+        return False
+    return kept.st_size == info.st_size and kept.st_mtime_ns == info.st_mtime_ns
+
+
+def _is_text(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return not any(ord(c) < 32 for c in name)

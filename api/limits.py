@@ -3,13 +3,13 @@
 `RequestLimits` is one ASGI middleware: it counts a request body's bytes as they stream in
 (a missing or lying Content-Length does not get past it) and answers 413 above the limit;
 it refuses a JSON body nested deeper than `max_json_depth` arrays and objects with a 422,
-counted on the raw bytes before anything parses it (json.loads, pydantic and the checks
-below all recurse, and a few hundred levels of `[` would otherwise end in a RecursionError,
-a 500); and it rejects text no database can store faithfully: a NUL byte (PostgreSQL
-refuses it in text, SQLite would silently keep it) or a lone UTF-16 surrogate (not
-encodable as UTF-8) in the path, the query or a JSON body, with a 422 naming the field.
-Doing this once, ahead of routing, covers every route and every free-form value (a
-function's `kwargs` too), identically on SQLite and PostgreSQL.
+counted on its text before anything parses it (json.loads and pydantic recurse: a few
+hundred levels of `[` would otherwise end in a RecursionError, a 500); and it rejects text
+no database can store faithfully: a NUL byte (PostgreSQL refuses it in text, SQLite would
+silently keep it) or a lone UTF-16 surrogate (not encodable as UTF-8) in the path, the
+query or a JSON body, with a 422 naming the field. Doing this once, ahead of routing,
+covers every route and every free-form value (a function's `kwargs` too), identically on
+SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -55,22 +55,28 @@ def invalid_text(value: str) -> str | None:
 
 
 # A JSON string (its escapes minded; an unterminated one runs to the end) or a bracket.
-_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 
 
 def _too_deep_at(body: bytes, limit: int) -> int | None:
-    """The byte offset where `body` opens more than `limit` nested arrays and objects, or
-    None. One regex pass over the raw bytes, counting brackets outside strings: no parser
-    and no recursion run before the depth is known to be safe for them, and the scan stops
-    at the first level too deep, so a mebibyte of `[` costs what `limit` of them do."""
+    """The character offset where `body` opens more than `limit` nested arrays and
+    objects, or None. One regex pass counting brackets outside strings: no parser and no
+    recursion run before the depth is known to be safe for them, and the scan stops at the
+    first level too deep, so a mebibyte of `[` costs what `limit` of them do. The bytes
+    are decoded as json.loads decodes them (UTF-16 and UTF-32 too): scanned raw, a UTF-16
+    character whose code unit holds a quote byte would hide the brackets after it."""
+    try:
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+    except UnicodeDecodeError:
+        return None  # json.loads cannot read it either: the route answers that
     depth = 0
-    for token in _JSON_TOKEN.finditer(body):
+    for token in _JSON_TOKEN.finditer(text):
         bracket = token[0]
-        if bracket in (b"[", b"{"):
+        if bracket in ("[", "{"):
             depth += 1
             if depth > limit:
                 return token.start()
-        elif bracket in (b"]", b"}"):
+        elif bracket in ("]", "}"):
             depth -= 1
     return None
 
@@ -192,7 +198,7 @@ class RequestLimits:
         if offset is not None:
             message = (
                 f"the JSON body is nested deeper than {limit} levels of arrays and objects "
-                f"(GANGWAY_MAX_JSON_DEPTH), at byte {offset}"
+                f"(GANGWAY_MAX_JSON_DEPTH), at character {offset}"
             )
             return ErrorDetail(code="validation_error", message=message)
         try:

@@ -57,7 +57,14 @@ def test_nesting_past_the_limit_is_a_422_on_every_route(
     database_url: str, tmp_path: Path, method: str, path: str
 ) -> None:
     api = served(database_url, tmp_path, auth=False)
-    for document in (arrays(DEEP), in_kwargs(arrays(DEEP)), '{"a": ' * DEEP + "1" + "}" * DEEP):
+    hidden = '["\u4122", ' + arrays(DEEP) + "]"  # in UTF-16 this character holds a quote byte
+    for document in (
+        arrays(DEEP).encode(),
+        in_kwargs(arrays(DEEP)).encode(),
+        ('{"a": ' * DEEP + "1" + "}" * DEEP).encode(),
+        hidden.encode("utf-16-le"),  # json.loads reads UTF-16 and UTF-32 too
+        hidden.encode("utf-32"),
+    ):
         assert_depth_refused(api.request(method, path, content=document, headers=JSON))
     assert api.get("/v1/jobs").json()["items"] == []
 

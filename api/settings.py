@@ -61,7 +61,8 @@ class Settings(BaseSettings):
     allowed_hosts: list[str] = Field(
         default_factory=list,
         description="with auth off, Host names accepted besides loopback and the bind "
-        "address (JSON list)",
+        "address (JSON list; names without ports: pages may change things only from the "
+        "scheme and port the service is served on)",
     )
     allowed_entrypoints: dict[
         Literal["user", "admin"], list[Literal["builtin", "function", "script", "command"]]

@@ -6,10 +6,21 @@ the answer, but a cancel needs no answer) and let a DNS-rebound name reach 127.0
 with auth off:
 
 - a state-changing request (anything but GET, HEAD, OPTIONS) that a browser marks as
-  cross-site (`Sec-Fetch-Site`), or whose `Origin` is not one of the allowed hosts, is a
-  403 (clients outside a browser send neither header and are not affected);
+  cross-site (`Sec-Fetch-Site`), or whose `Origin` is not the service's own, is a 403
+  (clients outside a browser send neither header and are not affected);
 - a `Host` header that is not an allowed host is refused (starlette's
   TrustedHostMiddleware), so a rebound name cannot talk to the service.
+
+An `Origin` is the service's own when its scheme and port are those the request reached the
+service on (the request's scheme; the `Host` header's port, or 80 for http and 443 for
+https when it has none) and its host is the `Host` header's or one of the allowed hosts.
+Allowed hosts are names without ports (GANGWAY_ALLOWED_HOSTS): each means that name on the
+scheme and port the service is served on, so `localhost` and `127.0.0.1` are the same
+service on :8000, but a page from another local server (:9999), from plain http when the
+service is reached over https, or an opaque `Origin: null` (a sandboxed frame, a file://
+page) may change nothing. Host patterns (`*.example.com`) let a `Host` header in but never
+an `Origin`. Behind a proxy, pass the `Host` header through and the scheme as
+X-Forwarded-Proto (uvicorn trusts it from 127.0.0.1), or the browser's origin will not match.
 
 With auth on, a browser never sends the API key on its own, so neither attack applies.
 """
@@ -29,6 +40,9 @@ from gangway.models import ErrorDetail
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+WebOrigin = tuple[str, str, int]  # scheme, host (lower case, IPv6 without brackets), port
 
 
 def allowed_hosts(bind_host: str, extra: Collection[str] = ()) -> list[str]:
@@ -40,11 +54,25 @@ def allowed_hosts(bind_host: str, extra: Collection[str] = ()) -> list[str]:
     return hosts
 
 
+def web_origin(url: str) -> WebOrigin | None:
+    """(scheme, host, port) of an http(s) URL, its port defaulted by its scheme; None for
+    anything else (`null`, no host, a port that is no number): it matches no origin."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS or not parts.hostname:
+        return None
+    return scheme, parts.hostname, DEFAULT_PORTS[scheme] if port is None else port
+
+
 class CrossSiteGuard(BaseHTTPMiddleware):
     def __init__(self, app: ASGIApp, *, hosts: Collection[str] | None = None) -> None:
         super().__init__(app)
-        # None: any Origin host that equals the request's own Host.
-        self._hosts = frozenset(hosts) if hosts is not None else None
+        # None: only the request's own Host. Compared as urlsplit spells a hostname.
+        self._hosts = frozenset(h.strip("[]").lower() for h in hosts or ())
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         if request.method not in SAFE_METHODS and self._cross_site(request):
@@ -62,7 +90,15 @@ class CrossSiteGuard(BaseHTTPMiddleware):
         origin = request.headers.get("origin")
         if origin is None:
             return False
-        origin_host = urlsplit(origin).hostname or ""
-        if self._hosts is not None:
-            return origin_host not in self._hosts and f"[{origin_host}]" not in self._hosts
-        return origin_host != (urlsplit(f"//{request.headers.get('host', '')}").hostname or "")
+        theirs = web_origin(origin)
+        ours = web_origin(f"{request.url.scheme}://{request.headers.get('host', '')}")
+        return theirs is None or ours is None or not self._is_ours(theirs, ours)
+
+    def _is_ours(self, theirs: WebOrigin, ours: WebOrigin) -> bool:
+        """Same scheme and port as the request reached us on, and our host or an allowed
+        one (see the module docstring)."""
+        scheme, host, port = theirs
+        own_scheme, own_host, own_port = ours
+        return (scheme, port) == (own_scheme, own_port) and (
+            host == own_host or host in self._hosts
+        )

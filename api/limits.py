@@ -1,17 +1,21 @@
 """Request limits every route shares, enforced before a route runs.
 
 `RequestLimits` is one ASGI middleware: it counts a request body's bytes as they stream in
-(a missing or lying Content-Length does not get past it) and answers 413 above the limit,
-and it rejects text no database can store faithfully: a NUL byte (PostgreSQL refuses it in
-text, SQLite would silently keep it) or a lone UTF-16 surrogate (not encodable as UTF-8)
-in the path, the query or a JSON body, with a 422 naming the field. Doing this once, ahead
-of routing, covers every route and every free-form value (a function's `kwargs` too),
-identically on SQLite and PostgreSQL.
+(a missing or lying Content-Length does not get past it) and answers 413 above the limit;
+it refuses a JSON body nested deeper than `max_json_depth` arrays and objects with a 422,
+counted on its text before anything parses it (json.loads and pydantic recurse: a few
+hundred levels of `[` would otherwise end in a RecursionError, a 500); and it rejects text
+no database can store faithfully: a NUL byte (PostgreSQL refuses it in text, SQLite would
+silently keep it) or a lone UTF-16 surrogate (not encodable as UTF-8) in the path, the
+query or a JSON body, with a 422 naming the field. Doing this once, ahead of routing,
+covers every route and every free-form value (a function's `kwargs` too), identically on
+SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +32,7 @@ class Limits:
     """Sizes the service accepts and returns (see Settings for the GANGWAY_* names)."""
 
     max_body_bytes: int = 1024 * 1024
+    max_json_depth: int = 64  # arrays and objects; room for kwargs around a job body
     exempt_prefixes: tuple[str, ...] = ("/v1/packages/",)  # uploads bound their own size
     max_page_bytes: int = 2 * 1024 * 1024
     streams_per_caller: int = 4
@@ -49,29 +54,75 @@ def invalid_text(value: str) -> str | None:
     return None
 
 
-def _strings(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
-    """Every string in a JSON document (keys included) with the path that leads to it."""
-    if isinstance(value, str):
-        yield path, value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield (*path, key), key
-            yield from _strings(item, (*path, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _strings(item, (*path, str(index)))
+# A JSON string (its escapes minded; an unterminated one runs to the end) or a bracket.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 
 
-def _first_invalid(pairs: Iterator[tuple[tuple[str, ...], str]]) -> ErrorDetail | None:
+def _too_deep_at(body: bytes, limit: int) -> int | None:
+    """The character offset where `body` opens more than `limit` nested arrays and
+    objects, or None. One regex pass counting brackets outside strings: no parser and no
+    recursion run before the depth is known to be safe for them, and the scan stops at the
+    first level too deep, so a mebibyte of `[` costs what `limit` of them do. The bytes
+    are decoded as json.loads decodes them (UTF-16 and UTF-32 too): scanned raw, a UTF-16
+    character whose code unit holds a quote byte would hide the brackets after it."""
+    try:
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+    except UnicodeDecodeError:
+        return None  # json.loads cannot read it either: the route answers that
+    depth = 0
+    for token in _JSON_TOKEN.finditer(text):
+        bracket = token[0]
+        if bracket in ("[", "{"):
+            depth += 1
+            if depth > limit:
+                return token.start()
+        elif bracket in ("]", "}"):
+            depth -= 1
+    return None
+
+
+Path = tuple[str | int, ...]  # keys and list indices from the document's root
+
+
+def _entries(container: dict[str, Any] | list[Any]) -> Iterator[tuple[str | int, Any]]:
+    """(key, value) of an object or (index, item) of an array."""
+    return iter(container.items()) if isinstance(container, dict) else enumerate(container)
+
+
+def _strings(document: Any) -> Iterator[tuple[Path, str]]:
+    """Every string in a JSON document (keys included) with the path that leads to it, in
+    document order. A stack of iterators instead of recursion: the depth is bounded before
+    this runs, but a check on every body should not lean on the recursion limit."""
+    if isinstance(document, str):
+        yield (), document
+    stack: list[tuple[Path, Iterator[tuple[str | int, Any]]]] = []
+    if isinstance(document, dict | list):
+        stack.append(((), _entries(document)))
+    while stack:
+        path, entries = stack[-1]
+        for part, item in entries:
+            here = (*path, part)
+            if isinstance(part, str):
+                yield here, part  # an object's key
+            if isinstance(item, str):
+                yield here, item
+            elif isinstance(item, dict | list):
+                stack.append((here, _entries(item)))
+                break  # into it; this container's iterator resumes after it
+        else:
+            stack.pop()
+
+
+def _first_invalid(pairs: Iterator[tuple[Path, str]]) -> ErrorDetail | None:
     for path, text in pairs:
         reason = invalid_text(text)
         if reason is not None:
-            field = ".".join(path) or None
+            field = ".".join(map(str, path)) or None
             return ErrorDetail(code="validation_error", message=reason, field=field)
     return None
 
 
-def _query_pairs(query_string: bytes) -> Iterator[tuple[tuple[str, ...], str]]:
+def _query_pairs(query_string: bytes) -> Iterator[tuple[Path, str]]:
     for key, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
         yield (key,), key
         yield (key,), value
@@ -140,8 +191,16 @@ class RequestLimits:
                 break
         return b"".join(chunks)
 
-    @staticmethod
-    def _json_problem(body: bytes) -> ErrorDetail | None:
+    def _json_problem(self, body: bytes) -> ErrorDetail | None:
+        """Too deep (checked first, on the bytes), then text no database can store."""
+        limit = self.limits.max_json_depth
+        offset = _too_deep_at(body, limit)
+        if offset is not None:
+            message = (
+                f"the JSON body is nested deeper than {limit} levels of arrays and objects "
+                f"(GANGWAY_MAX_JSON_DEPTH), at character {offset}"
+            )
+            return ErrorDetail(code="validation_error", message=message)
         try:
             document = json.loads(body)
         except ValueError:

@@ -63,7 +63,8 @@ class Settings(BaseSettings):
     allowed_hosts: list[str] = Field(
         default_factory=list,
         description="with auth off, Host names accepted besides loopback and the bind "
-        "address (JSON list)",
+        "address (JSON list; names without ports: pages may change things only from the "
+        "scheme and port the service is served on)",
     )
     allowed_entrypoints: dict[
         Literal["user", "admin"], list[Literal["builtin", "function", "script", "command"]]
@@ -152,6 +153,13 @@ class Settings(BaseSettings):
         _LIMITS.max_body_bytes,
         ge=1024,
         description="larger request bodies get a 413 (uploads exempt)",
+    )
+    max_json_depth: int = Field(
+        _LIMITS.max_json_depth,
+        ge=8,
+        le=200,
+        description="JSON bodies nested deeper (arrays and objects) get a 422; at most 200, "
+        "well inside the nesting json.loads and pydantic can take",
     )
     max_page_bytes: int = Field(
         _LIMITS.max_page_bytes, ge=64 * 1024, description="a job listing ends its page at this size"
@@ -248,6 +256,7 @@ class Settings(BaseSettings):
     def limits(self) -> Limits:
         return Limits(
             max_body_bytes=self.max_body_bytes,
+            max_json_depth=self.max_json_depth,
             max_page_bytes=self.max_page_bytes,
             streams_per_caller=self.streams_per_caller,
             stream_poll_s=self.stream_poll_s,

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from gangway import cli_shared
 from gangway.cli_admin import queues_app, users_app, whoami
 from gangway.cli_predict import accuracy, describe, estimate, when
-from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
+from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run
 from gangway.cli_spec import SpecFlags, job_spec, with_spec_flags
 from gangway.client import Client
 from gangway.errors import validation_failed
@@ -39,7 +39,7 @@ app.command()(accuracy)
 
 def _needs_server_extra(command: str, exc: ModuleNotFoundError) -> typer.Exit:
     """The client install (`pip install gangway`) has no service: say what to install."""
-    typer.echo(
+    echo(
         f"gangway {command} needs the server install (missing module {exc.name!r}): "
         "pip install 'gangway[server]'",
         err=True,
@@ -107,7 +107,7 @@ def submit(
             sent = (
                 f"{shipped.bytes_sent} bytes uploaded" if shipped.bytes_sent else "nothing uploaded"
             )
-            typer.echo(f"working directory {shipped.sha256[:12]}: {sent}", err=True)
+            echo(f"working directory {shipped.sha256[:12]}: {sent}", err=True)
             spec = spec.model_copy(update={"package": shipped.sha256})
         job: JobInfo = run(lambda: client.submit(spec, idempotency_key=idempotency_key))
         if wait:
@@ -125,7 +125,7 @@ def _with_fields(spec: JobSubmit, fields: dict[str, Any]) -> JobSubmit:
             del body["user"]  # the server fills in the caller
         return JobSubmit.model_validate({**body, **fields})
     except ValidationError as exc:
-        typer.echo(f"error: {validation_failed(exc)}", err=True)
+        echo(f"error: {validation_failed(exc)}", err=True)
         raise typer.Exit(2) from exc
 
 
@@ -139,7 +139,7 @@ def _code_fields(spec: JobSubmit, requirements: Path | None, env: list[str]) -> 
         pairs = [item.partition("=") for item in env]
         bad = [item for item, (_, sep, _) in zip(env, pairs, strict=True) if not sep]
         if bad:
-            typer.echo(f"error: --env takes K=V, not {bad[0]!r}", err=True)
+            echo(f"error: --env takes K=V, not {bad[0]!r}", err=True)
             raise typer.Exit(2)
         fields["env"] = {**spec.env, **{k: v for k, _, v in pairs}}
     return fields
@@ -169,7 +169,7 @@ def cluster(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     with cli_shared.connect(url) as client:
         info = run(client.cluster)
     if as_json:
-        typer.echo(info.model_dump_json(indent=2))
+        echo_json(info.model_dump_json(indent=2))
         return
     cli_shared.print_table(
         ["NODE", "HEALTH", ">GPUS", ">USED", ">FREE", "JOBS"],
@@ -185,9 +185,7 @@ def cluster(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
             for node in info.nodes
         ),
     )
-    typer.echo(
-        f"total: {info.gpus_total} GPUs, {info.gpus_allocated} allocated, {info.gpus_free} free"
-    )
+    echo(f"total: {info.gpus_total} GPUs, {info.gpus_allocated} allocated, {info.gpus_free} free")
 
 
 @app.command()
@@ -210,7 +208,7 @@ def jobs(
             )
         )
     if as_json:
-        typer.echo(page.model_dump_json(indent=2))
+        echo_json(page.model_dump_json(indent=2))
         return
     rows = []
     for job in page.items:
@@ -251,21 +249,19 @@ def explain(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> Non
     with cli_shared.connect(url) as client:
         why = run(lambda: client.explain(job_id))
     if as_json:
-        typer.echo(why.model_dump_json(indent=2))
+        echo_json(why.model_dump_json(indent=2))
         return
-    typer.echo(
-        f"job {why.job_id}: {why.state.value} in queue {why.queue!r}, priority {why.priority}"
-    )
-    typer.echo(f"  {why.reason}")
+    echo(f"job {why.job_id}: {why.state.value} in queue {why.queue!r}, priority {why.priority}")
+    echo(f"  {why.reason}")
     if why.state is JobState.PENDING:
         position = why.queue_position if why.queue_position is not None else "?"
-        typer.echo(f"  queue position {position}; estimated start {_when(why.estimated_start_at)}")
+        echo(f"  queue position {position}; estimated start {_when(why.estimated_start_at)}")
         if why.blocker:
-            typer.echo(f"  blocked by: {why.blocker}: {why.message}")
-            typer.echo(f"  unblocks when: {why.unblock}")
+            echo(f"  blocked by: {why.blocker}: {why.message}")
+            echo(f"  unblocks when: {why.unblock}")
         if why.queued_s is not None:
-            typer.echo(f"  queued for {why.queued_s / 60:.1f} min")
-    typer.echo(f"  GPU time so far: {why.attained_gpu_hours:.2f} GPU-hours")
+            echo(f"  queued for {why.queued_s / 60:.1f} min")
+    echo(f"  GPU time so far: {why.attained_gpu_hours:.2f} GPU-hours")
 
 
 @app.command("queue")
@@ -282,7 +278,7 @@ def queue_(
         key=lambda j: (j.explanation.queue_position if j.explanation else None) or 10**9,
     )
     if as_json:
-        typer.echo(json.dumps([j.model_dump(mode="json") for j in pending], indent=2))
+        echo_json(json.dumps([j.model_dump(mode="json") for j in pending], indent=2))
         return
     cli_shared.print_table(
         [">POS", ">ID", ">PRI", ">GPUS", "ESTIMATED START", "REASON"],
@@ -315,7 +311,7 @@ def metrics(
     with cli_shared.connect(url) as client:
         points = run(lambda: client.metrics(job_id, max_points=max_points))
     if as_json:
-        typer.echo(json.dumps([p.model_dump(mode="json") for p in points], indent=2))
+        echo_json(json.dumps([p.model_dump(mode="json") for p in points], indent=2))
         return
     cli_shared.print_table(
         [">STEP", ">ATT", ">LOSS", ">TOKENS/S", ">STEP MS", ">MEM MB", ">COMM MS", ">COMM MB"],
@@ -341,11 +337,11 @@ def events(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None
     with cli_shared.connect(url) as client:
         timeline = run(lambda: client.events(job_id))
     if as_json:
-        typer.echo(json.dumps([e.model_dump(mode="json") for e in timeline], indent=2))
+        echo_json(json.dumps([e.model_dump(mode="json") for e in timeline], indent=2))
         return
     for event in timeline:
         before = f"{event.from_state.value} -> " if event.from_state else ""
-        typer.echo(f"{event.at:%Y-%m-%d %H:%M:%S}  {before}{event.to_state.value}: {event.reason}")
+        echo(f"{event.at:%Y-%m-%d %H:%M:%S}  {before}{event.to_state.value}: {event.reason}")
 
 
 @app.command()
@@ -354,12 +350,12 @@ def checkpoints(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) ->
     with cli_shared.connect(url) as client:
         saved = run(lambda: client.checkpoints(job_id))
     if as_json:
-        typer.echo(saved.model_dump_json(indent=2))
+        echo_json(saved.model_dump_json(indent=2))
         return
     if not saved.checkpoints:
-        typer.echo(f"job {job_id}: no checkpoints")
+        echo(f"job {job_id}: no checkpoints")
         return
-    typer.echo(f"in {saved.directory}")
+    echo(f"in {saved.directory}")
     cli_shared.print_table(
         [">STEP", ">BYTES", "SAVED AT"],
         ([c.step, f"{c.bytes:,}", f"{c.saved_at:%Y-%m-%d %H:%M:%S}"] for c in saved.checkpoints),
@@ -388,7 +384,7 @@ def logs(
             return
         lines = run(lambda: client.logs(job_id, rank=rank, tail=tail))
     if as_json:
-        typer.echo(json.dumps([line.model_dump() for line in lines]))
+        echo_json(json.dumps([line.model_dump() for line in lines]))
         return
     _print_lines(lines, as_json=False)
 
@@ -397,9 +393,9 @@ def _print_lines(lines: Iterable[LogLine], as_json: bool) -> None:
     """One line each (JSON lines with --json), printed as they come."""
     for line in lines:
         if as_json:
-            typer.echo(line.model_dump_json())
+            echo_json(line.model_dump_json())
         else:
-            typer.echo(f"[attempt {line.attempt} rank {line.rank}] {line.line}")
+            echo(f"[attempt {line.attempt} rank {line.rank}] {line.line}")
 
 
 @app.command()
@@ -459,17 +455,17 @@ def simulate(
 
 def _print_job(job: JobInfo, as_json: bool) -> None:
     if as_json:
-        typer.echo(job.model_dump_json(indent=2))
+        echo_json(job.model_dump_json(indent=2))
         return
-    typer.echo(f"job {job.id} {job.name!r}: {job.state.value}  ({job.status_reason})")
+    echo(f"job {job.id} {job.name!r}: {job.state.value}  ({job.status_reason})")
     progress = job.progress
     loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
-    typer.echo(f"  step {progress.step}/{progress.total_steps or '?'}  loss {loss}")
-    typer.echo(f"  predicted run time: {describe(job.prediction)}")
+    echo(f"  step {progress.step}/{progress.total_steps or '?'}  loss {loss}")
+    echo(f"  predicted run time: {describe(job.prediction)}")
     if job.estimated_end_at is not None:
-        typer.echo(f"  expected end: {when(job.estimated_end_at)}")
+        echo(f"  expected end: {when(job.estimated_end_at)}")
     if job.placement:
         ranks = ", ".join(f"{p.rank}->{p.node_name}" for p in job.placement)
-        typer.echo(f"  placement: {ranks}")
+        echo(f"  placement: {ranks}")
     if job.error:
-        typer.echo(f"  error: {job.error.strip().splitlines()[-1]}")
+        echo(f"  error: {job.error.strip().splitlines()[-1]}")

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 import typer
 
 from gangway import cli_shared
-from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
+from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run
 from gangway.models import ApiKeyInfo, QueueInfo, QueueSpec, wire_default
 
 queues_app = typer.Typer(help="Queues: list them; admins set and delete quotas.")
@@ -28,7 +28,7 @@ def queues(ctx: typer.Context, url: Url = DEFAULT_URL, as_json: AsJson = False) 
     with cli_shared.connect(url) as client:
         infos = run(client.queues)
     if as_json:
-        typer.echo(json.dumps([q.model_dump() for q in infos], indent=2))
+        echo_json(json.dumps([q.model_dump() for q in infos], indent=2))
         return
     _print_queues(infos)
 
@@ -62,7 +62,7 @@ def delete_queue(name: str, url: Url = DEFAULT_URL) -> None:
     """Forget a queue's quota; its jobs stay, with no guarantee and no borrowing limit."""
     with cli_shared.connect(url) as client:
         run(lambda: client.delete_queue(name))
-    typer.echo(f"queue {name}: quota deleted")
+    echo(f"queue {name}: quota deleted")
 
 
 def _print_queues(infos: Sequence[QueueInfo]) -> None:
@@ -89,7 +89,7 @@ def list_users(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     with cli_shared.connect(url) as client:
         users = run(client.users)
     if as_json:
-        typer.echo(json.dumps([u.model_dump(mode="json") for u in users], indent=2))
+        echo_json(json.dumps([u.model_dump(mode="json") for u in users], indent=2))
         return
     cli_shared.print_table(
         ["USER", "ROLE", "SINCE"],
@@ -109,10 +109,10 @@ def create_user(
     """Create a user, and (unless --no-key) their first API key, printed once."""
     with cli_shared.connect(url) as client:
         user = run(lambda: client.create_user(name, role=role))
-        typer.echo(f"created {user.name} ({user.role})")
+        echo(f"created {user.name} ({user.role})")
         if key:
             issued = run(lambda: client.issue_key(name))
-            typer.echo(f"API key {issued.id}: {issued.secret}  (shown once; keep it secret)")
+            echo(f"API key {issued.id}: {issued.secret}  (shown once; keep it secret)")
 
 
 @users_app.command("key")
@@ -120,7 +120,7 @@ def issue_key(name: str, url: Url = DEFAULT_URL) -> None:
     """Issue another API key for a user (to rotate: issue, switch, revoke the old one)."""
     with cli_shared.connect(url) as client:
         issued = run(lambda: client.issue_key(name))
-    typer.echo(f"API key {issued.id}: {issued.secret}  (shown once; keep it secret)")
+    echo(f"API key {issued.id}: {issued.secret}  (shown once; keep it secret)")
 
 
 @users_app.command("keys")
@@ -129,7 +129,7 @@ def list_keys(name: str, url: Url = DEFAULT_URL, as_json: AsJson = False) -> Non
     with cli_shared.connect(url) as client:
         keys = run(lambda: client.keys(name))
     if as_json:
-        typer.echo(json.dumps([k.model_dump(mode="json") for k in keys], indent=2))
+        echo_json(json.dumps([k.model_dump(mode="json") for k in keys], indent=2))
         return
     for key in keys:
         _print_key(key)
@@ -144,7 +144,7 @@ def revoke_key(key_id: int, url: Url = DEFAULT_URL) -> None:
 
 def _print_key(key: ApiKeyInfo) -> None:
     state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "live"
-    typer.echo(f"{key.id:>5}  {key.prefix}...  {key.user:<20} {state}")
+    echo(f"{key.id:>5}  {key.prefix}...  {key.user:<20} {state}")
 
 
 def whoami(url: Url = DEFAULT_URL) -> None:
@@ -152,4 +152,4 @@ def whoami(url: Url = DEFAULT_URL) -> None:
     with cli_shared.connect(url) as client:
         me = run(client.whoami)
     auth = "auth on" if me.auth_enabled else "auth off: everyone is an admin"
-    typer.echo(f"{me.name} ({me.role}; {auth})")
+    echo(f"{me.name} ({me.role}; {auth})")

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-import typer
-
 from gangway import cli_shared
-from gangway.cli_shared import DEFAULT_URL, AsJson, Url, run
+from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run
 from gangway.cli_spec import SpecFlags, job_spec, with_spec_flags
 from gangway.models import RuntimePrediction
 
@@ -21,20 +19,20 @@ def estimate(flags: SpecFlags, url: Url = DEFAULT_URL, as_json: AsJson = False) 
     with cli_shared.connect(url) as client:
         answer = run(lambda: client.estimate(spec))
     if as_json:
-        typer.echo(answer.model_dump_json(indent=2))
+        echo_json(answer.model_dump_json(indent=2))
         return
     mesh = answer.parallelism
     fsdp = " fsdp" if mesh.fsdp else ""
-    typer.echo(f"plan: dp={mesh.dp} tp={mesh.tp} pp={mesh.pp}{fsdp}")
+    echo(f"plan: dp={mesh.dp} tp={mesh.tp} pp={mesh.pp}{fsdp}")
     if answer.plan_reason:
-        typer.echo(f"  chosen: {answer.plan_reason}")
+        echo(f"  chosen: {answer.plan_reason}")
     if answer.step_time_s is not None:
-        typer.echo(f"step time: {answer.step_time_s:.3f} s")
-    typer.echo(f"run time: {describe(answer.prediction)}")
-    typer.echo(f"earliest start: {when(answer.estimated_start_at)}")
+        echo(f"step time: {answer.step_time_s:.3f} s")
+    echo(f"run time: {describe(answer.prediction)}")
+    echo(f"earliest start: {when(answer.estimated_start_at)}")
     if answer.wait_reason:
-        typer.echo(f"  waits because: {answer.wait_reason}")
-    typer.echo(f"expected end: {when(answer.estimated_end_at)}")
+        echo(f"  waits because: {answer.wait_reason}")
+    echo(f"expected end: {when(answer.estimated_end_at)}")
 
 
 def accuracy(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
@@ -42,13 +40,13 @@ def accuracy(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     with cli_shared.connect(url) as client:
         found = run(client.prediction_accuracy)
     if as_json:
-        typer.echo(found.model_dump_json(indent=2))
+        echo_json(found.model_dump_json(indent=2))
         return
     if found.median_ape is None:
-        typer.echo(f"no predicted job has finished yet ({found.unknown} unknown)")
+        echo(f"no predicted job has finished yet ({found.unknown} unknown)")
         return
     rho = f"{found.spearman:.2f}" if found.spearman is not None else "-"
-    typer.echo(
+    echo(
         f"median absolute error {found.median_ape:.1%} over {found.predicted} finished jobs "
         f"(rank correlation {rho}; {found.unknown} were unknown)"
     )

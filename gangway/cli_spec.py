@@ -16,6 +16,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from gangway.cli_shared import echo
 from gangway.errors import validation_failed
 from gangway.models import (
     Builtin,
@@ -109,7 +110,7 @@ def job_spec(
     if flags.file is not None:
         return spec_from_file(flags.file, flags.name)
     if flags.name is None and not command:
-        typer.echo("error: give --name, or a job file with --file", err=True)
+        echo("error: give --name, or a job file with --file", err=True)
         raise typer.Exit(2)
     entrypoint: Builtin | Function | Command = (
         Command(argv=command)
@@ -141,9 +142,9 @@ def spec_from_file(path: Path, name: str | None) -> JobSubmit:
             body["name"] = name
         return JobSubmit.model_validate(body)
     except yaml.YAMLError as exc:
-        typer.echo(f"error: {path} is not YAML or JSON: {exc}", err=True)
+        echo(f"error: {path} is not YAML or JSON: {exc}", err=True)
     except ValidationError as exc:
-        typer.echo(f"error: {path}: {validation_failed(exc)}", err=True)
+        echo(f"error: {path}: {validation_failed(exc)}", err=True)
     raise typer.Exit(1)
 
 
@@ -154,7 +155,7 @@ def builtin(model: str, steps: int, settings: list[str]) -> Builtin:
     for item in settings:
         key, sep, text = item.partition("=")
         if not sep or not key:
-            typer.echo(f"error: --set {item!r}: expected key=value", err=True)
+            echo(f"error: --set {item!r}: expected key=value", err=True)
             raise typer.Exit(2)
         try:
             fields[key] = json.loads(text)
@@ -165,5 +166,5 @@ def builtin(model: str, steps: int, settings: list[str]) -> Builtin:
     except ValidationError as error:
         for problem in error.errors():
             where = ".".join(str(part) for part in problem["loc"])
-            typer.echo(f"error: --set {where}: {problem['msg']}", err=True)
+            echo(f"error: --set {where}: {problem['msg']}", err=True)
         raise typer.Exit(2) from None

@@ -27,6 +27,7 @@ from scheduler.runtime.local_ray import LocalClusterShape, start_local_cluster, 
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRepository, QueueRepository, make_engine, upgrade_to_head
+from scheduler.store.artifact_retention import ArtifactSweeper, sweep_artifacts
 from scheduler.store.base import utcnow
 from scheduler.store.packages import PackageStore
 from scheduler.store.retention import TelemetrySweeper
@@ -88,6 +89,13 @@ class Runtime:
             target=_sweep_telemetry,
             args=(sweeper, self._stop, self._settings.retention_interval_s),
             name="gangway-retention",
+            daemon=True,
+        ).start()
+        artifacts = ArtifactSweeper(self._repo, self._settings.artifact_retention(), utcnow)
+        threading.Thread(
+            target=sweep_artifacts,
+            args=(artifacts, self._stop, self._settings.retention_interval_s),
+            name="gangway-artifact-retention",
             daemon=True,
         ).start()
 
@@ -191,6 +199,8 @@ def build_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
         on_change=runtime.wake.set,
         checkpoint_root=settings.checkpoint_root(),
+        outputs_root=settings.outputs_root(),
+        outputs_quota_bytes=settings.outputs_quota_bytes,
         auth=auth,
         policy=settings.policy(),
         submit_policy=policy_from_settings(

@@ -21,6 +21,7 @@ from api.logstream import StreamSlots
 from api.logstream import router as logstream_router
 from api.metrics import router as metrics_router
 from api.metrics import store_registry
+from api.outputs import router as outputs_router
 from api.packages import router as packages_router
 from api.policy import SubmitPolicy
 from api.routes import health_router
@@ -30,6 +31,7 @@ from api.ui import shells as ui_shells
 from gangway.packaging import DEFAULT_MAX_BYTES
 from scheduler.core import PolicyConfig
 from scheduler.store import AccountRepository, JobRepository, QueueRepository
+from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
 from scheduler.store.packages import PackageStore
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -48,6 +50,8 @@ def create_app(
     package_max_bytes: int = DEFAULT_MAX_BYTES,
     allowed_hosts: Collection[str] | None = None,
     limits: Limits | None = None,
+    outputs_root: Path | None = None,
+    outputs_quota_bytes: int = DEFAULT_QUOTA_BYTES,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
@@ -58,7 +62,9 @@ def create_app(
     entrypoints; uploaded working directories live in `packages_root` (default: a new
     temporary directory). With auth off, cross-site state changes are refused, and so is
     a Host header not in `allowed_hosts` when given (see api.browser). `limits` bound what
-    a request may send and a response return (see api.limits)."""
+    a request may send and a response return (see api.limits). `outputs_root` is where
+    the rank supervisors copy what jobs wrote to their OUTPUTS_DIR (None: the app stores
+    none), each user's share of it bounded by `outputs_quota_bytes` (see api.outputs)."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -71,6 +77,8 @@ def create_app(
     app.state.accounts = AccountRepository(repo.engine)
     app.state.queue_store = QueueRepository(repo.engine)
     app.state.checkpoint_root = checkpoint_root
+    app.state.outputs_root = outputs_root
+    app.state.outputs_quota_bytes = outputs_quota_bytes
     app.state.limits = limits or Limits()
     app.state.streams = StreamSlots(app.state.limits.streams_per_caller)
     app.add_middleware(RequestLimits, limits=app.state.limits)
@@ -87,6 +95,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(api_router)
     app.include_router(packages_router)
+    app.include_router(outputs_router)
     app.include_router(admin_router)
     app.include_router(health_router)
     app.include_router(logstream_router)

@@ -1,6 +1,7 @@
 """Who is calling: API keys (`Authorization: Bearer <secret>`) mapped to users and roles.
 
-Users may submit, list and read every job, and change (cancel, reprioritize) their own;
+Users may submit, list and read every job, change (cancel, reprioritize) their own and
+read their own jobs' outputs;
 admins may do anything, including managing users, keys and queues. With auth off (the
 embedded single-user default) every caller is an admin named `default`. The bootstrap
 admin key from the settings is an admin named `admin` that exists in no table: it is how
@@ -82,8 +83,13 @@ def admin_only(caller: Caller) -> Principal:
 Admin = Annotated[Principal, Depends(admin_only)]
 
 
-def require_owner(caller: Principal, owner: str, what: str) -> None:
-    """Users change only what is theirs; admins anything. The refusal names no one else:
-    who owns a key, say, is not the caller's to learn."""
+def require_owner(
+    caller: Principal, owner: str, what: str, *, may: str = "change it", field: str | None = None
+) -> None:
+    """Users change only what is theirs (and read what is private to it: a job's
+    outputs); admins anything. The refusal names no one else: who owns a key, say, is
+    not the caller's to learn."""
     if not caller.is_admin and caller.name != owner:
-        raise Forbidden(f"{what} is not {caller.name}'s; only its owner or an admin may change it")
+        raise Forbidden(
+            f"{what} is not {caller.name}'s; only its owner or an admin may {may}", field=field
+        )

@@ -8,7 +8,7 @@ import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from typing import Any
 
 import uvicorn
@@ -21,6 +21,7 @@ from api.policy import policy_from_settings
 from api.settings import Settings
 from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.executor import RayExecutor
+from scheduler.runtime.launch import LaunchPolicy
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.lifecycle import LifecycleConfig
 from scheduler.runtime.local_ray import (
@@ -32,7 +33,9 @@ from scheduler.runtime.local_ray import (
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRepository, QueueRepository, make_engine, upgrade_to_head
+from scheduler.store.artifact_retention import ArtifactSweeper, sweep_artifacts
 from scheduler.store.base import utcnow
+from scheduler.store.output_usage import remaining_outputs_bytes
 from scheduler.store.packages import PackageStore
 from scheduler.store.retention import TelemetrySweeper
 
@@ -60,7 +63,7 @@ class Runtime:
             cluster=RayClusterSource(),
             executor=RayExecutor(
                 placement_timeout_s=self._settings.placement_timeout_s,
-                policy=self._settings.launch_policy(),
+                policy=self._launch_policy(),
                 call_timeout_s=self._lease.action_bound_s,
             ),
             policy=self._settings.policy(),
@@ -94,6 +97,29 @@ class Runtime:
             name="gangway-retention",
             daemon=True,
         ).start()
+        artifacts = ArtifactSweeper(self._repo, self._settings.artifact_retention(), utcnow)
+        threading.Thread(
+            target=sweep_artifacts,
+            args=(artifacts, self._stop, self._settings.retention_interval_s),
+            name="gangway-artifact-retention",
+            daemon=True,
+        ).start()
+
+    def _launch_policy(self) -> LaunchPolicy:
+        """The settings' launch policy, with each launch capped to what its user may
+        still add to their outputs."""
+        settings, repo = self._settings, self._repo
+
+        def outputs_left(user: str) -> int:
+            return remaining_outputs_bytes(
+                repo,
+                settings.outputs_root(),
+                user,
+                quota_bytes=settings.outputs_quota_bytes,
+                now=repo.now(),
+            )
+
+        return replace(settings.launch_policy(), outputs_left=outputs_left)
 
     def _collect_packages(self) -> None:
         """Delete uploaded working directories no unfinished job needs, now and then."""
@@ -195,6 +221,8 @@ def build_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
         on_change=runtime.wake.set,
         checkpoint_root=settings.checkpoint_root(),
+        outputs_root=settings.outputs_root(),
+        outputs_quota_bytes=settings.outputs_quota_bytes,
         auth=auth,
         policy=settings.policy(),
         submit_policy=policy_from_settings(

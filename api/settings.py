@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -19,7 +20,11 @@ from scheduler.runtime.launch import LaunchPolicy
 from scheduler.runtime.leadership import SWEEP_EVERY_PASSES
 from scheduler.runtime.lease import DEFAULT_TTL_S
 from scheduler.runtime.lifecycle import LifecycleConfig
+from scheduler.store.artifact_retention import DEFAULT_AGE, ArtifactRetention
+from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
+from scheduler.store.outputs import job_outputs_dir
 from scheduler.store.retention import Retention
+from workers.engine.checkpoint_layout import job_directory
 from workers.launch import RankLimits, SandboxIdentity, SandboxMode
 
 _POLICY = PolicyConfig()  # the policy defaults the settings below start from
@@ -184,6 +189,16 @@ class Settings(BaseSettings):
         description="metric points older than this, and logs of jobs ended longer ago, are deleted",
     )
     retention_interval_s: float = Field(600.0, gt=0, description="between retention sweeps")
+    outputs_quota_bytes: int = Field(
+        DEFAULT_QUOTA_BYTES,
+        ge=0,
+        description="bytes of outputs one user's jobs may hold together",
+    )
+    artifact_retention_days: float = Field(
+        DEFAULT_AGE / timedelta(days=1),
+        gt=0,
+        description="outputs and checkpoints of jobs that ended longer ago are deleted",
+    )
     # Scheduling policy: the defaults are PolicyConfig's (scheduler.core.config, which says
     # what each one bounds).
     aging_interval_s: float = Field(_POLICY.aging_interval_s, gt=0)
@@ -216,8 +231,8 @@ class Settings(BaseSettings):
         return self.data_dir.expanduser() / "checkpoints"
 
     def outputs_root(self) -> Path:
-        """Jobs' collected outputs, `job-<id>/rank-<r>/...`: written by the ranks'
-        supervisors, so on more than one host this must be shared storage too."""
+        """What jobs' ranks wrote to their OUTPUTS_DIR, copied by the rank supervisors
+        (`scheduler.store.outputs`): shared storage when ranks run on other hosts."""
         return self.data_dir.expanduser() / "outputs"
 
     def sandbox_mode(self) -> SandboxMode:
@@ -246,6 +261,16 @@ class Settings(BaseSettings):
                 unpacked_files=self.package_max_files,
             ),
             stop_grace_s=self.checkpoint_grace_s,
+        )
+
+    def artifact_retention(self) -> ArtifactRetention:
+        """Ended jobs' outputs and checkpoint directories, kept this long."""
+        return ArtifactRetention(
+            folders=(
+                partial(job_outputs_dir, self.outputs_root()),
+                partial(job_directory, self.checkpoint_root()),
+            ),
+            age=timedelta(days=self.artifact_retention_days),
         )
 
     def packages_root(self) -> Path:

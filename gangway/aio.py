@@ -11,6 +11,7 @@ a pipeline driver watching many jobs at once). Same calls, same answers and erro
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,7 +24,8 @@ from pydantic import PrivateAttr
 
 from gangway import calls
 from gangway.calls import Call
-from gangway.client import api_error, auth_headers, has_ended, read_answer
+from gangway.client import api_error, auth_headers, has_ended, listed, read_answer
+from gangway.downloads import PartFile, destination
 from gangway.errors import NotFound, TransportError
 from gangway.logfollow import END, LogCursor
 from gangway.models import (
@@ -34,6 +36,7 @@ from gangway.models import (
     JobSubmit,
     LogLine,
     MetricPoint,
+    OutputFile,
 )
 from gangway.packaging import DEFAULT_MAX_BYTES, Shipped, pack
 
@@ -118,6 +121,7 @@ class AsyncClient:
     logs = _sends(calls.logs)
     metrics = _sends(calls.metrics)
     checkpoints = _sends(calls.checkpoints)
+    outputs_page = _sends(calls.outputs)
     cluster = _sends(calls.cluster)
     queues = _sends(calls.queues)
     set_queue = _sends(calls.set_queue)
@@ -185,6 +189,56 @@ class AsyncClient:
                 return job
             await asyncio.sleep(poll_s)
 
+    async def outputs(self, job_id: int, *, rank: int | None = None) -> builtins.list[OutputFile]:
+        """`Client.outputs`: every page, awaited."""
+        files: list[OutputFile] = []
+        cursor: str | None = None
+        while True:
+            page = await self.outputs_page(job_id, rank=rank, cursor=cursor)
+            files.extend(page.files)
+            if page.next_cursor is None:
+                return files
+            cursor = page.next_cursor
+
+    async def download(
+        self,
+        job_id: int,
+        path: str | None = None,
+        to: str | Path = ".",
+        *,
+        rank: int | None = None,
+    ) -> builtins.list[Path]:
+        """`Client.download`; files are written from a thread, so the loop never waits
+        on the disk."""
+        if path is not None:
+            wanted: list[tuple[str, int | None]] = [(path, rank)]
+        else:
+            wanted = listed(await self.outputs(job_id, rank=rank))
+        targets = [(p, r, destination(to, p)) for p, r in wanted]
+        return [
+            await self._save(calls.output_file(job_id, p, rank=r), dest) for p, r, dest in targets
+        ]
+
+    async def _save(self, call: Call[None], dest: Path) -> Path:
+        try:
+            async with self._http.stream(
+                call.method, call.path, params=call.params, headers=call.headers
+            ) as response:
+                if response.is_error:
+                    await response.aread()
+                    raise api_error(response)
+                part = await asyncio.to_thread(PartFile.open, dest)
+                try:
+                    async for chunk in response.aiter_bytes():
+                        await asyncio.to_thread(part.write, chunk)
+                except BaseException:
+                    await asyncio.to_thread(part.discard)
+                    raise
+                await asyncio.to_thread(part.commit)
+        except httpx.TransportError as exc:
+            raise TransportError(f"cannot reach Gangway at {self._http.base_url}: {exc}") from exc
+        return dest
+
     async def send(self, call: Call[T]) -> T:
         try:
             response = await self._http.request(
@@ -234,6 +288,14 @@ class AsyncJob(JobInfo):
 
     async def checkpoints(self) -> JobCheckpoints:
         return await self._client.checkpoints(self.id)
+
+    async def outputs(self, rank: int | None = None) -> list[OutputFile]:
+        return await self._client.outputs(self.id, rank=rank)
+
+    async def download(
+        self, path: str | None = None, to: str | Path = ".", rank: int | None = None
+    ) -> list[Path]:
+        return await self._client.download(self.id, path, to, rank=rank)
 
     async def logs(self, *, rank: int | None = None, tail: int = 200) -> list[LogLine]:
         return await self._client.logs(self.id, rank=rank, tail=tail)

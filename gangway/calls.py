@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from gangway.errors import validation_failed
+from gangway.errors import error_for_status, validation_failed
 from gangway.models import (
     ApiKeyInfo,
     ClusterInfo,
@@ -30,6 +31,7 @@ from gangway.models import (
     JobSubmit,
     LogLine,
     MetricPoint,
+    OutputsPage,
     PackageInfo,
     PredictionAccuracy,
     QueueInfo,
@@ -40,6 +42,7 @@ from gangway.models import (
     WhoAmI,
     wire_default,
 )
+from gangway.paths import BadPath, path_parts
 
 T = TypeVar("T")
 
@@ -209,6 +212,39 @@ def metrics(job_id: int, *, max_points: int = 500) -> Call[list[MetricPoint]]:
 def checkpoints(job_id: int) -> Call[JobCheckpoints]:
     """The job's complete checkpoints, oldest first (it resumes from the last)."""
     return Call("GET", f"/v1/jobs/{job_id}/checkpoints", _reader(JobCheckpoints))
+
+
+def outputs(
+    job_id: int, *, rank: int | None = None, cursor: str | None = None, limit: int = 1000
+) -> Call[OutputsPage]:
+    """One page of the files the job's ranks wrote to their OUTPUTS_DIR, sorted by path:
+    each path once, from the lowest rank that has it, or rank `rank`'s; pass
+    `cursor=page.next_cursor` for the next. The first page also says how much of their
+    quota the job's owner uses."""
+    params = _optional(rank=rank, cursor=cursor)
+    params["limit"] = limit
+    return Call("GET", f"/v1/jobs/{job_id}/outputs", _reader(OutputsPage), params=params)
+
+
+def output_file(job_id: int, path: str, *, rank: int | None = None) -> Call[None]:
+    """One output file's bytes (the lowest rank's copy, or rank `rank`'s): streamed to a
+    file by the client, not read as JSON. A path that can never name an output (absolute,
+    with '..') is refused here, as the server would (`ValidationFailed` naming `path`)."""
+    relative_path(path)
+    return Call(
+        "GET",
+        f"/v1/jobs/{job_id}/outputs/{quote(path, safe='/')}",
+        _no_body,
+        params=_optional(rank=rank),
+    )
+
+
+def relative_path(path: str) -> tuple[str, ...]:
+    """`path`'s components, or the 422 naming `path` the server would answer."""
+    try:
+        return path_parts(path)
+    except BadPath as exc:
+        raise error_for_status(422, "validation_error", str(exc), "path") from exc
 
 
 # -- cluster and queues ---------------------------------------------------------------

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gangway import cli_shared
 from gangway.cli_admin import queues_app, users_app, whoami
+from gangway.cli_outputs import download, outputs
 from gangway.cli_predict import accuracy, describe, estimate, when
 from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run
 from gangway.cli_spec import SpecFlags, job_spec, with_spec_flags
@@ -35,6 +36,8 @@ app.add_typer(users_app, name="users")
 app.command()(whoami)
 app.command()(estimate)
 app.command()(accuracy)
+app.command()(outputs)
+app.command()(download)
 
 
 def _needs_server_extra(command: str, exc: ModuleNotFoundError) -> typer.Exit:

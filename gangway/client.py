@@ -5,6 +5,7 @@ describes, over httpx with an injectable transport (`httpx.MockTransport` in tes
 
 from __future__ import annotations
 
+import builtins
 import functools
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from pydantic import PrivateAttr
 
 from gangway import calls
 from gangway.calls import Call
+from gangway.downloads import PartFile, destination
 from gangway.errors import JobFailed, NotFound, TransportError, WaitTimeout, error_for_status
 from gangway.logfollow import END, LogCursor
 from gangway.models import (
@@ -28,6 +30,7 @@ from gangway.models import (
     JobSubmit,
     LogLine,
     MetricPoint,
+    OutputFile,
 )
 from gangway.packaging import DEFAULT_MAX_BYTES, Shipped, pack
 
@@ -118,6 +121,7 @@ class Client:
     logs = _sends(calls.logs)
     metrics = _sends(calls.metrics)
     checkpoints = _sends(calls.checkpoints)
+    outputs_page = _sends(calls.outputs)
     cluster = _sends(calls.cluster)
     queues = _sends(calls.queues)
     set_queue = _sends(calls.set_queue)
@@ -186,6 +190,49 @@ class Client:
                 return job
             time.sleep(poll_s)
 
+    def outputs(self, job_id: int, *, rank: int | None = None) -> builtins.list[OutputFile]:
+        """Every file the job's ranks wrote to their OUTPUTS_DIR (all pages), sorted by
+        path: each path once, from the lowest rank that has it, or rank `rank`'s."""
+        files: list[OutputFile] = []
+        cursor: str | None = None
+        while True:
+            page = self.outputs_page(job_id, rank=rank, cursor=cursor)
+            files.extend(page.files)
+            if page.next_cursor is None:
+                return files
+            cursor = page.next_cursor
+
+    def download(
+        self,
+        job_id: int,
+        path: str | None = None,
+        to: str | Path = ".",
+        *,
+        rank: int | None = None,
+    ) -> builtins.list[Path]:
+        """Write the output `path` (None: every file `outputs` lists) under `to`,
+        keeping relative paths, and return where each went. A path that would land
+        outside `to` is refused before anything is written."""
+        wanted = [(path, rank)] if path is not None else listed(self.outputs(job_id, rank=rank))
+        targets = [(p, r, destination(to, p)) for p, r in wanted]
+        return [self._save(calls.output_file(job_id, p, rank=r), dest) for p, r, dest in targets]
+
+    def _save(self, call: Call[None], dest: Path) -> Path:
+        """Stream the file `call` answers with into `dest` (see gangway.downloads)."""
+        try:
+            with self._http.stream(
+                call.method, call.path, params=call.params, headers=call.headers
+            ) as response:
+                if response.is_error:
+                    response.read()
+                    raise api_error(response)
+                with PartFile.open(dest) as part:
+                    for chunk in response.iter_bytes():
+                        part.write(chunk)
+        except httpx.TransportError as exc:
+            raise TransportError(f"cannot reach Gangway at {self._http.base_url}: {exc}") from exc
+        return dest
+
     def send(self, call: Call[T]) -> T:
         """Send one described call; errors become the typed exceptions of gangway.errors."""
         try:
@@ -241,6 +288,17 @@ class Job(JobInfo):
     def checkpoints(self) -> JobCheckpoints:
         return self._client.checkpoints(self.id)
 
+    def outputs(self, rank: int | None = None) -> list[OutputFile]:
+        """Every output file, sorted by path (see `Client.outputs`)."""
+        return self._client.outputs(self.id, rank=rank)
+
+    def download(
+        self, path: str | None = None, to: str | Path = ".", rank: int | None = None
+    ) -> list[Path]:
+        """The output `path`, or every output file, written under `to` (see
+        `Client.download`)."""
+        return self._client.download(self.id, path, to, rank=rank)
+
     @overload
     def logs(
         self, *, rank: int | None = None, tail: int = 200, follow: Literal[False] = False
@@ -272,6 +330,11 @@ def read_answer(call: Call[T], response: httpx.Response) -> T:
     if response.is_error:
         raise api_error(response)
     return call.read(response.json() if response.content else None)
+
+
+def listed(files: list[OutputFile]) -> list[tuple[str, int | None]]:
+    """What to download for a listing: each file from the very rank it was listed from."""
+    return [(f.path, f.rank) for f in files]
 
 
 def has_ended(job: JobInfo, deadline: float, timeout_s: float) -> bool:

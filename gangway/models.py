@@ -516,6 +516,37 @@ class JobCheckpoints(BaseModel):
     checkpoints: list[CheckpointInfo] = Field(description="complete ones, oldest first")
 
 
+class OutputFile(BaseModel):
+    """A file a job's rank wrote to its OUTPUTS_DIR, as the service stored it."""
+
+    path: str = Field(description="relative to the job's outputs, '/'-separated")
+    bytes: int
+    rank: int = Field(description="whose copy this is; merged view: the lowest rank that has it")
+    modified_at: datetime
+
+
+class OutputsUsage(BaseModel):
+    """What the job's owner holds in outputs over all their jobs, against their quota."""
+
+    user: str
+    used_bytes: int
+    quota_bytes: int = Field(description="GANGWAY_OUTPUTS_QUOTA_BYTES")
+
+
+class OutputsPage(BaseModel):
+    files: list[OutputFile] = Field(description="sorted by path, component by component")
+    next_cursor: str | None = Field(
+        description="the last path of this page when more follow: pass it as `cursor`"
+    )
+    total_bytes: int = Field(
+        description="what the job's outputs hold in storage, every rank's copies included"
+    )
+    usage: OutputsUsage | None = Field(
+        description="the owner's use of their quota, on the first page (no cursor) only: "
+        "it sums every job of theirs"
+    )
+
+
 class QueueInfo(BaseModel):
     """A queue's share of the cluster and what it holds now."""
 

@@ -1,5 +1,6 @@
 """Reads of jobs and their events: single jobs, pages for the API, the loop's working set,
-counts for /metrics and the usage fair share decays."""
+counts for /metrics, the usage fair share decays, and which jobs' stored artifacts count
+against their owner (outputs quota) or have outlived retention."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from scheduler.store.records import EventRecord, JobRecord, event_record, job_re
 from scheduler.store.tables import JobEventRow, JobRow
 
 _CHUNK = 500  # ids per IN (...) list
+_TERMINAL = [s.value for s in JobState if s.is_terminal]
 
 
 class JobReads(Repository):
@@ -114,3 +116,25 @@ class JobReads(Repository):
                 select(JobEventRow).where(JobEventRow.job_id == job_id).order_by(JobEventRow.id)
             )
             return [event_record(r) for r in rows]
+
+    def user_job_ends(self, user: str) -> dict[int, datetime | None]:
+        """Each of `user`'s jobs -> when it ended (None: not yet): whose outputs count
+        against the user's quota, and which of them can still change. Two columns over
+        the `user` index."""
+        query = select(JobRow.id, JobRow.finished_at).where(JobRow.user == user)
+        with self._engine.connect() as connection:
+            return {job_id: ended for job_id, ended in connection.execute(query)}
+
+    def ended_between(self, start: datetime | None, end: datetime) -> list[int]:
+        """Jobs that ended (a terminal state) at or after `start` (None: ever) and before
+        `end`, by id: those whose artifacts a retention sweep deletes next. A job that is
+        still active never appears."""
+        query = select(JobRow.id).where(
+            JobRow.state.in_(_TERMINAL),
+            JobRow.finished_at.is_not(None),
+            JobRow.finished_at < end,
+        )
+        if start is not None:
+            query = query.where(JobRow.finished_at >= start)
+        with self._engine.connect() as connection:
+            return list(connection.scalars(query.order_by(JobRow.id)))

@@ -38,6 +38,8 @@ from scheduler.store.base import utcnow
 from scheduler.store.output_usage import remaining_outputs_bytes
 from scheduler.store.packages import PackageStore
 from scheduler.store.retention import TelemetrySweeper
+from workers.launch import SandboxMode
+from workers.supervisor import sandbox
 
 log = logging.getLogger("gangway")
 
@@ -254,9 +256,38 @@ def check_bind(settings: Settings) -> None:
         )
 
 
+class NoSandbox(SystemExit):
+    """Auth on (strangers share the service) on a host that cannot sandbox their jobs."""
+
+
+def check_sandbox(settings: Settings) -> None:
+    """Say how rank programs will be confined, and refuse a multi-user service whose own
+    (embedded) Ray cannot confine them, unless the admin chose that explicitly. With an
+    external Ray each node checks for itself: a rank that cannot be sandboxed fails."""
+    mode = settings.sandbox_mode()
+    if mode is SandboxMode.OFF:
+        log.warning("rank sandbox: off (GANGWAY_SANDBOX=off): jobs run as this service's user")
+        return
+    if settings.ray_address:
+        log.info("rank sandbox: %s, checked by each node of the Ray cluster", mode.value)
+        return
+    support = sandbox.detect()
+    if support.sandboxed:
+        log.info("rank sandbox: %s (%s)", support.kind, support.detail)
+    elif mode is SandboxMode.REQUIRED:
+        raise NoSandbox(
+            f"refusing to start: auth is on, so jobs must run sandboxed, but this host cannot "
+            f"({support.detail}). Install bubblewrap, or set GANGWAY_SANDBOX=preferred to run "
+            "every user's jobs as this service's user"
+        )
+    else:
+        log.warning("rank sandbox: none on this host (%s): jobs run as this user", support.detail)
+
+
 def serve(settings: Settings) -> None:
     check_bind(settings)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    check_sandbox(settings)
     uvicorn.run(build_app(settings), host=settings.host, port=settings.port, log_level="info")

@@ -31,3 +31,19 @@ ensure_chromium() {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null
 }
+
+# Rank programs run in a bubblewrap sandbox (workers/supervisor/sandbox.py). Installed here,
+# as root, when missing; elsewhere the service runs ranks unsandboxed and says so (and,
+# with auth on, refuses to start unless GANGWAY_SANDBOX=preferred or off).
+ensure_bubblewrap() {
+    if command -v bwrap > /dev/null; then
+        return
+    fi
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get > /dev/null; then
+        echo "no bubblewrap, and no root apt-get to install it: ranks will not be sandboxed" >&2
+        return
+    fi
+    echo "installing Debian's bubblewrap for the rank sandbox ..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap > /dev/null
+}

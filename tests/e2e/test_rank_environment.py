@@ -21,7 +21,8 @@ pytestmark = pytest.mark.ray
 @pytest.mark.timeout(600)
 def test_a_script_rank_sees_no_service_secret(tmp_path: Path) -> None:
     scripts = tmp_path / "scripts"
-    scripts.mkdir()
+    scripts.mkdir(mode=0o755)
+    tmp_path.chmod(0o755)  # the rank runs as an unprivileged uid: the scripts must be readable
     (scripts / "show_env.py").write_text(
         "import os\nfor name, value in sorted(os.environ.items()):\n    print('ENV', name, value)\n"
     )

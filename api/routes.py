@@ -24,8 +24,9 @@ from api.convert import (
 )
 from api.errors import FieldError
 from api.estimate import Estimator
+from api.limits import Limits
 from api.pages import page_response
-from api.validation import validate_submission
+from api.validation import check_requirements, validate_submission
 from gangway.models import (
     ClusterInfo,
     ErrorBody,
@@ -115,8 +116,7 @@ def submit_job(
         ),
     ] = None,
 ) -> JobInfo:
-    submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
-    request.app.state.submit_policy.check(submit, caller)
+    submit = _admissible(submit, caller, request)
     # Of the body as sent: a retry of an "auto" job matches even if the plan would differ.
     sent = json.dumps(submit.model_dump(mode="json"), sort_keys=True)
     digest = hashlib.sha256(sent.encode()).hexdigest()
@@ -162,8 +162,7 @@ def estimator(request: Request) -> Estimator:
 def estimate_job(submit: JobSubmit, caller: Caller, request: Request) -> Estimate:
     """What the job would get if submitted now: predicted step time (built-in trainer),
     run time, earliest start on this cluster; with `"parallelism": "auto"` the plan."""
-    submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
-    request.app.state.submit_policy.check(submit, caller)
+    submit = _admissible(submit, caller, request)
     return estimator(request).estimate(submit, request.app.state.queue_store.quotas())
 
 
@@ -189,6 +188,16 @@ def _who(caller: Principal, request: Request) -> str:
     """Who to name in a job's timeline: the key's user with auth on; "user" without it,
     where every caller is the same anonymous admin."""
     return caller.name if request.app.state.auth.required else "user"
+
+
+def _admissible(submit: JobSubmit, caller: Principal, request: Request) -> JobSubmit:
+    """What submit and estimate check first: whose job it is, the admins' policy on
+    entrypoints, and the requirement lines pip would get."""
+    submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
+    request.app.state.submit_policy.check(submit, caller)
+    limits: Limits = request.app.state.limits
+    check_requirements(submit.requirements, allow_pip_options=limits.requirements_allow_pip_options)
+    return submit
 
 
 def _on_behalf_of(submit: JobSubmit, caller: Principal, auth_required: bool) -> JobSubmit:

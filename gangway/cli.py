@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +27,9 @@ from gangway.models import (
     JobSubmit,
     LogLine,
 )
+from gangway.requirement_lines import first_refused
+
+_COMMENT = re.compile(r"(^|\s)#.*$")
 
 app = typer.Typer(
     help="Gangway: schedule and run distributed PyTorch training.", no_args_is_help=True
@@ -89,6 +93,14 @@ def submit(
     env: Annotated[
         list[str] | None, typer.Option(help="K=V for the ranks' environment; repeatable")
     ] = None,
+    pip_options: Annotated[
+        bool,
+        typer.Option(
+            "--pip-options",
+            help="send requirement lines with pip options, URLs or paths (only a service "
+            "whose admin allows them takes them)",
+        ),
+    ] = False,
     command: Annotated[
         list[str] | None,
         typer.Argument(help="after --: the command every rank runs (torchrun-style)"),
@@ -101,6 +113,8 @@ def submit(
     ships the directory and runs the command on every rank."""
     spec = job_spec(flags, command=command, workdir=workdir)
     spec = _with_fields(spec, _code_fields(spec, requirements, env or []))
+    if not pip_options:
+        _check_requirements(spec.requirements)
     with cli_shared.connect(url) as client:
         if workdir is not None:
             shipped = run(lambda: client.ship(workdir))
@@ -133,8 +147,9 @@ def _code_fields(spec: JobSubmit, requirements: Path | None, env: list[str]) -> 
     """--requirements and --env on top of what a job file says."""
     fields: dict[str, Any] = {}
     if requirements is not None:
-        lines = [line.strip() for line in requirements.read_text().splitlines()]
-        fields["requirements"] = [line for line in lines if line and not line.startswith("#")]
+        # As pip reads the file: a '#' at the start or after whitespace begins a comment.
+        lines = [_COMMENT.sub("", line).strip() for line in requirements.read_text().splitlines()]
+        fields["requirements"] = [line for line in lines if line]
     if env:
         pairs = [item.partition("=") for item in env]
         bad = [item for item, (_, sep, _) in zip(env, pairs, strict=True) if not sep]
@@ -143,6 +158,20 @@ def _code_fields(spec: JobSubmit, requirements: Path | None, env: list[str]) -> 
             raise typer.Exit(2)
         fields["env"] = {**spec.env, **{k: v for k, _, v in pairs}}
     return fields
+
+
+def _check_requirements(lines: list[str]) -> None:
+    """The service refuses requirement lines that are not plain requirements unless its
+    admin allows them: say so before a working directory is uploaded for nothing."""
+    refused = first_refused(lines)
+    if refused is not None:
+        index, why = refused
+        typer.echo(
+            f"error: requirements.{index} {lines[index]!r}: {why} (--pip-options sends it "
+            "anyway, for a service whose admin allows pip options)",
+            err=True,
+        )
+        raise typer.Exit(2)
 
 
 def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:

@@ -22,6 +22,9 @@ import pathspec
 
 # Determined caps a context directory at 95 MiB and Ray's job upload is 100 MiB.
 DEFAULT_MAX_BYTES = 95 * 1024 * 1024
+# What a package may unpack to on a node: its entries' declared sizes and their number.
+DEFAULT_MAX_UNPACKED_BYTES = 1024 * 1024 * 1024
+DEFAULT_MAX_FILES = 20_000
 IGNORE_FILES = (".gitignore", ".gangwayignore")
 TOP_LEVEL = "workdir"
 # 1980-01-01, the earliest time a zip entry can hold.

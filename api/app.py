@@ -78,7 +78,12 @@ def create_app(
     app.state.estimator = Estimator(repo, policy or PolicyConfig())  # the loop's policy
     app.state.submit_policy = submit_policy or SubmitPolicy()
     root = packages_root or Path(tempfile.mkdtemp(prefix="gangway-packages-"))
-    app.state.packages = PackageStore(repo.engine, root)
+    app.state.packages = PackageStore(
+        repo.engine,
+        root,
+        max_unpacked_bytes=app.state.limits.package_max_unpacked_bytes,
+        max_files=app.state.limits.package_max_files,
+    )
     app.state.package_max_bytes = package_max_bytes
     if not app.state.auth.required:
         app.add_middleware(CrossSiteGuard, hosts=allowed_hosts)

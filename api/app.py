@@ -64,6 +64,9 @@ def create_app(
         version="0.1.0",
         description="Schedule and run distributed PyTorch training on GPU clusters.",
         lifespan=lifespan,
+        # One schema per model: a job body is the same `JobSubmit` sent and read back,
+        # its `secrets` marked writeOnly (sent, never returned), not a second copy.
+        separate_input_output_schemas=False,
     )
     app.state.repo = repo
     app.state.on_change = on_change

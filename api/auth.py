@@ -87,3 +87,9 @@ def require_owner(caller: Principal, owner: str, what: str) -> None:
     who owns a key, say, is not the caller's to learn."""
     if not caller.is_admin and caller.name != owner:
         raise Forbidden(f"{what} is not {caller.name}'s; only its owner or an admin may change it")
+
+
+def sees_env(caller: Principal, owner: str) -> bool:
+    """A job's env values (API keys, tokens put there) are its owner's and the admins' to
+    read; others see the names only."""
+    return caller.is_admin or caller.name == owner

@@ -48,7 +48,8 @@ RESPONSES: dict[int | str, dict[str, object]] = {
     422: {
         "model": ErrorBody,
         "description": "the body's sha256 is not the one in the path, or the body is not a "
-        "zip whose entries stay inside its directory (no absolute path, '..' or symlink)",
+        "zip whose entries stay inside its directory (no absolute path, '..', backslash or "
+        "symlink)",
     },
 }
 

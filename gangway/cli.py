@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable
 from datetime import datetime
@@ -26,6 +27,7 @@ from gangway.models import (
     JobState,
     JobSubmit,
     LogLine,
+    submit_body,
 )
 from gangway.requirement_lines import first_refused
 
@@ -93,6 +95,13 @@ def submit(
     env: Annotated[
         list[str] | None, typer.Option(help="K=V for the ranks' environment; repeatable")
     ] = None,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME: a variable for the ranks whose value is read from this environment's "
+            "NAME (NAME=VALUE: taken as given) and never shown back; repeatable",
+        ),
+    ] = None,
     pip_options: Annotated[
         bool,
         typer.Option(
@@ -112,7 +121,8 @@ def submit(
     --name then overrides its name). `gangway submit --workdir . -- python train.py`
     ships the directory and runs the command on every rank."""
     spec = job_spec(flags, command=command, workdir=workdir)
-    spec = _with_fields(spec, _code_fields(spec, requirements, env or []))
+    fields = _code_fields(spec, requirements, env or []) | _secret_fields(spec, secret or [])
+    spec = _with_fields(spec, fields)
     if not pip_options:
         _check_requirements(spec.requirements)
     with cli_shared.connect(url) as client:
@@ -134,7 +144,7 @@ def _with_fields(spec: JobSubmit, fields: dict[str, Any]) -> JobSubmit:
     if not fields:
         return spec
     try:
-        body = spec.model_dump()
+        body = submit_body(spec, mode="python")
         if "user" not in spec.model_fields_set:
             del body["user"]  # the server fills in the caller
         return JobSubmit.model_validate({**body, **fields})
@@ -158,6 +168,23 @@ def _code_fields(spec: JobSubmit, requirements: Path | None, env: list[str]) -> 
             raise typer.Exit(2)
         fields["env"] = {**spec.env, **{k: v for k, _, v in pairs}}
     return fields
+
+
+def _secret_fields(spec: JobSubmit, secrets: list[str]) -> dict[str, Any]:
+    """--secret NAME takes NAME's value from this process's environment (so it appears in
+    no shell history or process list), --secret NAME=VALUE the value given."""
+    if not secrets:
+        return {}
+    found = dict(spec.secrets)
+    for item in secrets:
+        name, sep, value = item.partition("=")
+        if not sep:
+            if name not in os.environ:
+                typer.echo(f"error: --secret {name}: no {name} in this environment", err=True)
+                raise typer.Exit(2)
+            value = os.environ[name]
+        found[name] = value
+    return {"secrets": found}
 
 
 def _check_requirements(lines: list[str]) -> None:
@@ -500,5 +527,7 @@ def _print_job(job: JobInfo, as_json: bool) -> None:
     if job.placement:
         ranks = ", ".join(f"{p.rank}->{p.node_name}" for p in job.placement)
         typer.echo(f"  placement: {ranks}")
+    if job.secret_names:
+        typer.echo(f"  secrets: {', '.join(job.secret_names)} (values never shown)")
     if job.error:
         typer.echo(f"  error: {job.error.strip().splitlines()[-1]}")

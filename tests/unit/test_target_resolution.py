@@ -4,12 +4,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from workers.program.entrypoints import (
     EntrypointError,
@@ -184,3 +188,20 @@ def test_a_cycle_of_imports_ends_at_the_bound(
     importlib.invalidate_caches()
     with pytest.raises(UnresolvedTarget, match="imports deep"):
         defining_module(f"{name}.a:fn")
+
+
+def test_a_loaded_module_without_a_spec_is_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`__main__` of a console script (`gangway serve`) has no spec: a 422, not a crash."""
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", None)
+    for check in (check_function_target, defining_module):
+        with pytest.raises(EntrypointError, match="cannot find module '__main__'"):
+            check("__main__:main")
+
+
+@given(
+    st.text(alphabet="abjsonos._:", max_size=24)
+    | st.sampled_from(["json:dumps", "os:path.join", "workers.examples:torch.nn.Module"])
+)
+def test_any_target_resolves_or_is_refused_never_crashes(target: str) -> None:
+    with contextlib.suppress(EntrypointError):
+        assert isinstance(defining_module(target), str)

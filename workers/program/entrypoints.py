@@ -64,7 +64,10 @@ def _find_module(name: str) -> ModuleSpec | None:
     """`importlib.util.find_spec` imports a dotted name's parents; this walks the path
     one package at a time instead, so no `__init__` runs."""
     parts = name.split(".")
-    spec = importlib.util.find_spec(parts[0])  # a top-level lookup imports nothing
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level lookup imports nothing
+    except ValueError:  # a loaded module without a spec: `__main__` of a console script
+        return None
     for depth in range(1, len(parts)):
         locations = spec.submodule_search_locations if spec is not None else None
         if locations is None:

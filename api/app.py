@@ -70,6 +70,9 @@ def create_app(
         version="0.1.0",
         description="Schedule and run distributed PyTorch training on GPU clusters.",
         lifespan=lifespan,
+        # One schema per model: a job body is the same `JobSubmit` sent and read back,
+        # its `secrets` marked writeOnly (sent, never returned), not a second copy.
+        separate_input_output_schemas=False,
     )
     app.state.repo = repo
     app.state.on_change = on_change
@@ -86,7 +89,12 @@ def create_app(
     app.state.estimator = Estimator(repo, policy or PolicyConfig())  # the loop's policy
     app.state.submit_policy = submit_policy or SubmitPolicy()
     root = packages_root or Path(tempfile.mkdtemp(prefix="gangway-packages-"))
-    app.state.packages = PackageStore(repo.engine, root)
+    app.state.packages = PackageStore(
+        repo.engine,
+        root,
+        max_unpacked_bytes=app.state.limits.package_max_unpacked_bytes,
+        max_files=app.state.limits.package_max_files,
+    )
     app.state.package_max_bytes = package_max_bytes
     if not app.state.auth.required:
         app.add_middleware(CrossSiteGuard, hosts=allowed_hosts)

@@ -93,3 +93,9 @@ def require_owner(
         raise Forbidden(
             f"{what} is not {caller.name}'s; only its owner or an admin may {may}", field=field
         )
+
+
+def sees_env(caller: Principal, owner: str) -> bool:
+    """A job's env values (API keys, tokens put there) are its owner's and the admins' to
+    read; others see the names only."""
+    return caller.is_admin or caller.name == owner

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gangway.models import (
+    REDACTED,
     STORED,
     CheckpointInfo,
     ClusterInfo,
@@ -139,9 +140,15 @@ def runtime_prediction(p: JobPrediction) -> RuntimePrediction:
 
 
 def job_info(
-    job: JobRecord, node_names: dict[str, str], prediction: JobPrediction | None = None
+    job: JobRecord,
+    node_names: dict[str, str],
+    prediction: JobPrediction | None = None,
+    *,
+    shows_env: bool,
 ) -> JobInfo:
-    """`prediction`: the service's latest for the job (the end only while it is active)."""
+    """`prediction`: the service's latest for the job (the end only while it is active).
+    `shows_env`: whether the caller may read the env values (see `api.auth.sees_env`);
+    the spec never carries the secrets, only `secret_names` does."""
     placement = None
     if job.placement is not None:
         mesh = placed_mesh(job)
@@ -174,7 +181,8 @@ def job_info(
         admitted_at=job.admitted_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
-        spec=submitted_spec(job),
+        spec=shown_spec(submitted_spec(job), shows_env=shows_env),
+        secret_names=sorted(job.spec.code.secrets),
         placement=placement,
         estimated_start_at=job.estimated_start_at,
         explanation=WaitExplanation.model_validate(job.explanation) if job.explanation else None,
@@ -250,6 +258,16 @@ def submitted_spec(job: JobRecord) -> JobSubmit:
     again on its first read here (so a field added since takes its default), then
     served from `_SPECS` while it is unchanged. Callers must not mutate it."""
     return _SPECS.get(job)
+
+
+def shown_spec(spec: JobSubmit, *, shows_env: bool) -> JobSubmit:
+    """The spec as a response shows it: never the secrets' values (the field is also left
+    out of every dump, this keeps them out of the object too), and env values only for
+    those who may read them."""
+    if not spec.secrets and (shows_env or not spec.env):
+        return spec
+    env = spec.env if shows_env else dict.fromkeys(spec.env, REDACTED)
+    return spec.model_copy(update={"env": env, "secrets": {}})
 
 
 def job_event(event: EventRecord) -> JobEvent:

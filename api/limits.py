@@ -25,11 +25,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_response
 from gangway.models import ErrorDetail
+from gangway.packaging import DEFAULT_MAX_FILES, DEFAULT_MAX_UNPACKED_BYTES
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Sizes the service accepts and returns (see Settings for the GANGWAY_* names)."""
+    """What the service accepts and returns (see Settings for the GANGWAY_* names): sizes,
+    and whether requirement lines may carry pip options, URLs and paths."""
 
     max_body_bytes: int = 1024 * 1024
     max_json_depth: int = 64  # arrays and objects; room for kwargs around a job body
@@ -37,6 +39,10 @@ class Limits:
     max_page_bytes: int = 2 * 1024 * 1024
     streams_per_caller: int = 4
     stream_poll_s: float = 1.0
+    # What an uploaded zip may unpack to, on every node that runs its job.
+    package_max_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES
+    package_max_files: int = DEFAULT_MAX_FILES
+    requirements_allow_pip_options: bool = False
 
 
 class _BodyTooLarge(Exception):

@@ -4,6 +4,9 @@ body, `GET`/`HEAD` to ask whether the service has one.
 A package is named by the sha256 of its bytes, so an upload is idempotent and a client
 that finds its hash already stored sends nothing. The body is streamed to disk and hashed
 on the way; past the size limit it is a 413, a body that does not hash to its name a 422.
+Before it is kept its zip directory is read (`gangway.packaging.check_zip`): more bytes
+unpacked or more entries than allowed is a 413, an entry that would land outside the
+directory or as a symlink, or a body that is no zip, a 422.
 These routes are exempt from the request-size limit of the rest of the API: this is the
 one place that takes large bodies, with its own limit.
 """
@@ -18,6 +21,7 @@ from fastapi import Path as PathParam
 from api.auth import Caller, current_caller
 from api.errors import error_response
 from gangway.models import PACKAGE_ID, ErrorBody, ErrorDetail, PackageInfo
+from gangway.packaging import ZipInvalid, ZipTooLarge
 from scheduler.store.packages import (
     DigestMismatch,
     PackageRecord,
@@ -26,13 +30,27 @@ from scheduler.store.packages import (
 )
 
 PREFIX = "/v1/packages/"
+# The setting that raises each of check_zip's limits, named in a refusal.
+_SETTINGS = {
+    "unpacked_bytes": "GANGWAY_PACKAGE_MAX_UNPACKED_BYTES",
+    "files": "GANGWAY_PACKAGE_MAX_FILES",
+}
 router = APIRouter(dependencies=[Depends(current_caller)])
 Sha256 = Annotated[str, PathParam(pattern=PACKAGE_ID, description="sha256 of the zip, hex")]
 RESPONSES: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorBody, "description": "auth is on and the API key is missing or wrong"},
     404: {"model": ErrorBody, "description": "no package with this hash"},
-    413: {"model": ErrorBody, "description": "the package is over the size limit"},
-    422: {"model": ErrorBody, "description": "the body's sha256 is not the one in the path"},
+    413: {
+        "model": ErrorBody,
+        "description": "the package is over the size limit, or declares more bytes "
+        "unpacked or more entries than allowed",
+    },
+    422: {
+        "model": ErrorBody,
+        "description": "the body's sha256 is not the one in the path, or the body is not a "
+        "zip whose entries stay inside its directory (no absolute path, '..', backslash or "
+        "symlink)",
+    },
 }
 
 
@@ -87,6 +105,13 @@ async def put_package(
         return _too_large(limit)
     except DigestMismatch as exc:
         detail = ErrorDetail(code="validation_error", message=str(exc), field="sha256")
+        return error_response(422, [detail])
+    except ZipTooLarge as exc:
+        setting = _SETTINGS[exc.limit]
+        detail = ErrorDetail(code="too_large", message=f"{exc} ({setting})", field="body")
+        return error_response(413, [detail])
+    except ZipInvalid as exc:
+        detail = ErrorDetail(code="validation_error", message=str(exc), field="body")
         return error_response(422, [detail])
     response.status_code = 201 if created else 200
     return _info(record)

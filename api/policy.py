@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from api.auth import Forbidden, Principal
+from api.errors import FieldError
 from gangway.models import Command, Function, JobSubmit, Script
+from workers.program.entrypoints import EntrypointError, UnresolvedTarget, defining_module
 
 KINDS = frozenset({"builtin", "function", "script", "command"})
 # Function modules a plain user may name with auth on when the admin set nothing.
@@ -74,18 +76,44 @@ class SubmitPolicy:
             )
 
     def _check_module(self, target: str) -> None:
+        """The module named before the colon runs when imported, and the object the path
+        after it reaches may be defined anywhere that module imports from: both must lie
+        in the allowed modules. Where the object is defined is read from source
+        (`defining_module`), never by importing it."""
         if self.function_modules is None:
             return
         module = target.partition(":")[0]
-        if not any(
-            module == prefix or module.startswith(prefix.rstrip(".") + ".")
-            for prefix in self.function_modules
-        ):
-            allowed = ", ".join(self.function_modules) or "none: ship it with --workdir"
+        if not self._allowed_module(module):
             raise Forbidden(
-                f"module {module!r} is not among the allowed function modules ({allowed})",
+                f"module {module!r} is not among the allowed function modules "
+                f"({self._allowed_list()})",
                 field="entrypoint.target",
             )
+        try:
+            home = defining_module(target)
+        except UnresolvedTarget as exc:
+            raise Forbidden(
+                f"cannot tell which module {target!r} is defined in: {exc}; only functions "
+                f"defined in the allowed function modules ({self._allowed_list()}) may run",
+                field="entrypoint.target",
+            ) from exc
+        except EntrypointError as exc:  # no such module or name: the same 422 as validation
+            raise FieldError("entrypoint.target", str(exc)) from exc
+        if not self._allowed_module(home):
+            raise Forbidden(
+                f"{target!r} is defined in module {home!r}, which is not among the allowed "
+                f"function modules ({self._allowed_list()})",
+                field="entrypoint.target",
+            )
+
+    def _allowed_module(self, module: str) -> bool:
+        return any(
+            module == prefix or module.startswith(prefix.rstrip(".") + ".")
+            for prefix in self.function_modules or ()
+        )
+
+    def _allowed_list(self) -> str:
+        return ", ".join(self.function_modules or ()) or "none: ship it with --workdir"
 
 
 def policy_from_settings(

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi import Path as PathParam
 
-from api.auth import Caller, Forbidden, Principal, current_caller, require_owner
+from api.auth import Caller, Forbidden, Principal, current_caller, require_owner, sees_env
 from api.convert import (
     cluster_info,
     job_checkpoints,
@@ -24,8 +24,9 @@ from api.convert import (
 )
 from api.errors import FieldError
 from api.estimate import Estimator
+from api.limits import Limits
 from api.pages import page_response
-from api.validation import validate_submission
+from api.validation import check_requirements, validate_submission
 from gangway.models import (
     ClusterInfo,
     ErrorBody,
@@ -45,6 +46,7 @@ from gangway.models import (
     PredictionAccuracy,
     QueueInfo,
     Script,
+    submit_body,
 )
 from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.store import JobRepository, NewJob, QueueRepository
@@ -115,15 +117,15 @@ def submit_job(
         ),
     ] = None,
 ) -> JobInfo:
-    submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
-    request.app.state.submit_policy.check(submit, caller)
-    # Of the body as sent: a retry of an "auto" job matches even if the plan would differ.
-    sent = json.dumps(submit.model_dump(mode="json"), sort_keys=True)
+    submit = _admissible(submit, caller, request)
+    # Of the body as sent: a retry of an "auto" job matches even if the plan would differ;
+    # its secrets count too (other secrets are another job).
+    sent = json.dumps(submit_body(submit), sort_keys=True)
     digest = hashlib.sha256(sent.encode()).hexdigest()
     resolved = estimator(request).resolve(submit)
     submit = resolved.submit
     nodes = repo.nodes()
-    spec = submit.model_dump(mode="json")
+    spec = submit_body(submit)  # stored with its secrets, which the ranks get
     job_spec = spec_from_json(spec)
     validate_submission(submit, job_spec, nodes)
     if submit.package is not None:
@@ -150,7 +152,8 @@ def submit_job(
         on_change()
     else:
         response.headers["Idempotent-Replayed"] = "true"
-    return job_info(record, {n.id: n.name for n in nodes})
+    names = {n.id: n.name for n in nodes}
+    return job_info(record, names, shows_env=sees_env(caller, record.user))
 
 
 def estimator(request: Request) -> Estimator:
@@ -162,8 +165,7 @@ def estimator(request: Request) -> Estimator:
 def estimate_job(submit: JobSubmit, caller: Caller, request: Request) -> Estimate:
     """What the job would get if submitted now: predicted step time (built-in trainer),
     run time, earliest start on this cluster; with `"parallelism": "auto"` the plan."""
-    submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
-    request.app.state.submit_policy.check(submit, caller)
+    submit = _admissible(submit, caller, request)
     return estimator(request).estimate(submit, request.app.state.queue_store.quotas())
 
 
@@ -191,6 +193,16 @@ def _who(caller: Principal, request: Request) -> str:
     return caller.name if request.app.state.auth.required else "user"
 
 
+def _admissible(submit: JobSubmit, caller: Principal, request: Request) -> JobSubmit:
+    """What submit and estimate check first: whose job it is, the admins' policy on
+    entrypoints, and the requirement lines pip would get."""
+    submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
+    request.app.state.submit_policy.check(submit, caller)
+    limits: Limits = request.app.state.limits
+    check_requirements(submit.requirements, allow_pip_options=limits.requirements_allow_pip_options)
+    return submit
+
+
 def _on_behalf_of(submit: JobSubmit, caller: Principal, auth_required: bool) -> JobSubmit:
     """With auth, a job counts against the key's user; an admin may name someone else."""
     if not auth_required:
@@ -206,6 +218,7 @@ def _on_behalf_of(submit: JobSubmit, caller: Principal, auth_required: bool) -> 
 def list_jobs(
     repo: Repo,
     request: Request,
+    caller: Caller,
     *,
     state: Annotated[list[JobState] | None, Query(description="filter; repeat for several")] = None,
     queue: Annotated[str | None, Query(max_length=100, description="only this queue")] = None,
@@ -231,14 +244,20 @@ def list_jobs(
     names = _node_names(repo)
     shown = records[:limit]
     predicted = repo.predictions(r.id for r in shown)
-    items = (job_info(r, names, predicted.get(r.id)) for r in shown)
+    items = (
+        job_info(r, names, predicted.get(r.id), shows_env=sees_env(caller, r.user)) for r in shown
+    )
     budget: int = request.app.state.limits.max_page_bytes
     return page_response(items, more=len(records) > limit, max_bytes=budget)
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobInfo, responses=ERROR_RESPONSES)
-def get_job(job_id: JobId, repo: Repo) -> JobInfo:
-    return job_info(repo.get(job_id), _node_names(repo), repo.predictions([job_id]).get(job_id))
+def get_job(job_id: JobId, caller: Caller, repo: Repo) -> JobInfo:
+    """The job as submitted (env values only for its owner and admins, secrets never),
+    its state, placement and progress."""
+    record = repo.get(job_id)
+    predicted = repo.predictions([job_id]).get(job_id)
+    return job_info(record, _node_names(repo), predicted, shows_env=sees_env(caller, record.user))
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, responses=ERROR_RESPONSES)
@@ -253,7 +272,7 @@ def cancel_job(
     reason = f"cancelled by {_who(caller, request)}"
     record = repo.transition(job_id, JobState.CANCELLED, reason=reason)
     on_change()
-    return job_info(record, _node_names(repo))
+    return job_info(record, _node_names(repo), shows_env=sees_env(caller, record.user))
 
 
 @router.patch("/v1/jobs/{job_id}", response_model=JobInfo, responses=ERROR_RESPONSES)
@@ -275,7 +294,7 @@ def change_job(
         reason += f" by {caller.name}"
     record = repo.annotate(job_id, reason, priority=patch.priority)
     on_change()
-    return job_info(record, _node_names(repo))
+    return job_info(record, _node_names(repo), shows_env=sees_env(caller, record.user))
 
 
 @router.get("/v1/jobs/{job_id}/explain", response_model=JobExplanation, responses=ERROR_RESPONSES)

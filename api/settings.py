@@ -91,6 +91,19 @@ class Settings(BaseSettings):
     package_max_bytes: int = Field(
         95 * 1024 * 1024, ge=1, description="largest working directory a client may upload"
     )
+    package_max_unpacked_bytes: int = Field(
+        _LIMITS.package_max_unpacked_bytes,
+        ge=1,
+        description="an uploaded working directory's zip may declare at most this many "
+        "bytes unpacked (its entries' sizes added up; 413 above): every node that runs "
+        "the job unpacks it",
+    )
+    package_max_files: int = Field(
+        _LIMITS.package_max_files,
+        ge=1,
+        description="an uploaded working directory's zip may hold at most this many "
+        "entries (413 above)",
+    )
     package_grace_s: float = Field(
         3600.0, gt=0, description="an unreferenced package is deleted after this long unused"
     )
@@ -116,11 +129,11 @@ class Settings(BaseSettings):
     rank_memory_bytes: int | None = Field(
         None, ge=1 << 26, description="address space of a rank program (RLIMIT_AS; not with CUDA)"
     )
-    package_max_unpacked_bytes: int = Field(
-        1 << 30, ge=1, description="what a working directory may unpack to on a node"
-    )
-    package_max_files: int = Field(
-        20_000, ge=1, description="files and folders a working directory may hold"
+    requirements_allow_pip_options: bool = Field(
+        False,
+        description="take requirement lines as pip reads them (options such as -e, -r or "
+        "--index-url, URLs, paths); off: only 'name[extras] specifier ; marker' lines, "
+        "others are a 422 naming requirements.N",
     )
     port: int = Field(8000, ge=0, le=65535)
     schedule_interval_s: float = Field(1.0, gt=0, le=60)
@@ -279,12 +292,17 @@ class Settings(BaseSettings):
         return self.data_dir.expanduser() / "packages"
 
     def limits(self) -> Limits:
+        """Everything the app bounds a caller by, the package and requirement rules too:
+        the app factory takes them as one value."""
         return Limits(
             max_body_bytes=self.max_body_bytes,
             max_json_depth=self.max_json_depth,
             max_page_bytes=self.max_page_bytes,
             streams_per_caller=self.streams_per_caller,
             stream_poll_s=self.stream_poll_s,
+            package_max_unpacked_bytes=self.package_max_unpacked_bytes,
+            package_max_files=self.package_max_files,
+            requirements_allow_pip_options=self.requirements_allow_pip_options,
         )
 
     def retention(self) -> Retention:

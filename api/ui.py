@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from api.auth import current_caller
+from api.auth import Caller, current_caller, sees_env
 from api.charts import Series, line_chart, sparkline
 from api.convert import (
     cluster_info,
@@ -208,10 +208,11 @@ def jobs_fragment(
 
 
 @fragments.get("/ui/jobs/{job_id}/summary", response_class=HTMLResponse)
-def job_summary(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
+def job_summary(request: Request, job_id: JobId, caller: Caller, repo: Repo) -> HTMLResponse:
     record = repo.get(job_id)
     predicted = repo.predictions([job_id]).get(job_id)
-    info = job_info(record, {n.id: n.name for n in repo.nodes()}, predicted)
+    names = {n.id: n.name for n in repo.nodes()}
+    info = job_info(record, names, predicted, shows_env=sees_env(caller, record.user))
     now = repo.now()
     return _render(
         request,

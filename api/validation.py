@@ -8,6 +8,7 @@ from typing import Any
 
 from api.errors import FieldError
 from gangway.models import Builtin, Function, JobSubmit, Script
+from gangway.requirement_lines import first_refused
 from scheduler.core import never_fits_reason
 from scheduler.model import JobSpec, Node
 from scheduler.predict.steptime import StepPlan
@@ -23,6 +24,22 @@ def validate_submission(submit: JobSubmit, spec: JobSpec, nodes: Sequence[Node])
     reason = never_fits_reason(spec.shape, nodes)
     if reason is not None:
         raise FieldError("parallelism", f"this job can never run on this cluster: {reason}")
+
+
+def check_requirements(lines: Sequence[str], *, allow_pip_options: bool) -> None:
+    """Requirement lines go to pip on every node as lines of a requirements file, where an
+    option, URL or path installs code from wherever the submitter points: only plain
+    requirements pass unless the admin allows pip's whole syntax."""
+    if allow_pip_options:
+        return
+    refused = first_refused(lines)
+    if refused is not None:
+        index, why = refused
+        raise FieldError(
+            f"requirements.{index}",
+            f"{why}; pip options, URLs and paths are taken only where the service's admin "
+            "allows them (GANGWAY_REQUIREMENTS_ALLOW_PIP_OPTIONS)",
+        )
 
 
 def _check_plan(entrypoint: Builtin, spec: JobSpec) -> None:

@@ -40,6 +40,7 @@ from gangway.models import (
     UserCreate,
     UserInfo,
     WhoAmI,
+    submit_body,
     wire_default,
 )
 from gangway.paths import BadPath, path_parts
@@ -98,12 +99,13 @@ def submit(
 
     With an `idempotency_key` a submission is safe to retry (after a `TransportError`,
     say): the same key returns the job the first attempt made, never a second one.
-    Without a `user`, the job is the API key's user's."""
+    Without a `user`, the job is the API key's user's. `secrets={"NAME": "value"}` are
+    variables for the ranks that no response ever shows (the job lists their names)."""
     if spec is None:
         spec = _checked(JobSubmit, **fields, **_optional(package=package))
     elif package is not None:
         spec = spec.model_copy(update={"package": package})
-    body = spec.model_dump(mode="json")
+    body = submit_body(spec)  # with its secrets: the one place they travel
     if "user" not in spec.model_fields_set:
         del body["user"]  # the server fills in the caller
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -26,7 +28,11 @@ from gangway.models import (
     JobState,
     JobSubmit,
     LogLine,
+    submit_body,
 )
+from gangway.requirement_lines import first_refused
+
+_COMMENT = re.compile(r"(^|\s)#.*$")
 
 app = typer.Typer(
     help="Gangway: schedule and run distributed PyTorch training.", no_args_is_help=True
@@ -92,6 +98,21 @@ def submit(
     env: Annotated[
         list[str] | None, typer.Option(help="K=V for the ranks' environment; repeatable")
     ] = None,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME: a variable for the ranks whose value is read from this environment's "
+            "NAME (NAME=VALUE: taken as given) and never shown back; repeatable",
+        ),
+    ] = None,
+    pip_options: Annotated[
+        bool,
+        typer.Option(
+            "--pip-options",
+            help="send requirement lines with pip options, URLs or paths (only a service "
+            "whose admin allows them takes them)",
+        ),
+    ] = False,
     command: Annotated[
         list[str] | None,
         typer.Argument(help="after --: the command every rank runs (torchrun-style)"),
@@ -103,7 +124,10 @@ def submit(
     --name then overrides its name). `gangway submit --workdir . -- python train.py`
     ships the directory and runs the command on every rank."""
     spec = job_spec(flags, command=command, workdir=workdir)
-    spec = _with_fields(spec, _code_fields(spec, requirements, env or []))
+    fields = _code_fields(spec, requirements, env or []) | _secret_fields(spec, secret or [])
+    spec = _with_fields(spec, fields)
+    if not pip_options:
+        _check_requirements(spec.requirements)
     with cli_shared.connect(url) as client:
         if workdir is not None:
             shipped = run(lambda: client.ship(workdir))
@@ -123,7 +147,7 @@ def _with_fields(spec: JobSubmit, fields: dict[str, Any]) -> JobSubmit:
     if not fields:
         return spec
     try:
-        body = spec.model_dump()
+        body = submit_body(spec, mode="python")
         if "user" not in spec.model_fields_set:
             del body["user"]  # the server fills in the caller
         return JobSubmit.model_validate({**body, **fields})
@@ -136,8 +160,9 @@ def _code_fields(spec: JobSubmit, requirements: Path | None, env: list[str]) -> 
     """--requirements and --env on top of what a job file says."""
     fields: dict[str, Any] = {}
     if requirements is not None:
-        lines = [line.strip() for line in requirements.read_text().splitlines()]
-        fields["requirements"] = [line for line in lines if line and not line.startswith("#")]
+        # As pip reads the file: a '#' at the start or after whitespace begins a comment.
+        lines = [_COMMENT.sub("", line).strip() for line in requirements.read_text().splitlines()]
+        fields["requirements"] = [line for line in lines if line]
     if env:
         pairs = [item.partition("=") for item in env]
         bad = [item for item, (_, sep, _) in zip(env, pairs, strict=True) if not sep]
@@ -146,6 +171,37 @@ def _code_fields(spec: JobSubmit, requirements: Path | None, env: list[str]) -> 
             raise typer.Exit(2)
         fields["env"] = {**spec.env, **{k: v for k, _, v in pairs}}
     return fields
+
+
+def _secret_fields(spec: JobSubmit, secrets: list[str]) -> dict[str, Any]:
+    """--secret NAME takes NAME's value from this process's environment (so it appears in
+    no shell history or process list), --secret NAME=VALUE the value given."""
+    if not secrets:
+        return {}
+    found = dict(spec.secrets)
+    for item in secrets:
+        name, sep, value = item.partition("=")
+        if not sep:
+            if name not in os.environ:
+                typer.echo(f"error: --secret {name}: no {name} in this environment", err=True)
+                raise typer.Exit(2)
+            value = os.environ[name]
+        found[name] = value
+    return {"secrets": found}
+
+
+def _check_requirements(lines: list[str]) -> None:
+    """The service refuses requirement lines that are not plain requirements unless its
+    admin allows them: say so before a working directory is uploaded for nothing."""
+    refused = first_refused(lines)
+    if refused is not None:
+        index, why = refused
+        typer.echo(
+            f"error: requirements.{index} {lines[index]!r}: {why} (--pip-options sends it "
+            "anyway, for a service whose admin allows pip options)",
+            err=True,
+        )
+        raise typer.Exit(2)
 
 
 def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:
@@ -470,5 +526,7 @@ def _print_job(job: JobInfo, as_json: bool) -> None:
     if job.placement:
         ranks = ", ".join(f"{p.rank}->{p.node_name}" for p in job.placement)
         echo(f"  placement: {ranks}")
+    if job.secret_names:
+        echo(f"  secrets: {', '.join(job.secret_names)} (values never shown)")
     if job.error:
         echo(f"  error: {job.error.strip().splitlines()[-1]}")

@@ -104,8 +104,9 @@ class Client:
     ) -> Job:
         """Submit a job: `submit(JobSubmit(...))` or `submit(name=..., entrypoint=...)`.
         With `working_dir` the directory is shipped first (see `ship`) and the ranks run
-        in it on every node; `requirements=[...]` and `env={...}` are job fields. With
-        an `idempotency_key` a submission is safe to retry."""
+        in it on every node; `requirements=[...]`, `env={...}` and `secrets={...}` (for
+        the ranks; no response shows their values, a job lists their names) are job
+        fields. With an `idempotency_key` a submission is safe to retry."""
         package = self.ship(working_dir).sha256 if working_dir is not None else None
         call = calls.submit(spec, idempotency_key=idempotency_key, package=package, **fields)
         return Job.bind(self.send(call), self)

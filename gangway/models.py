@@ -252,6 +252,13 @@ Entrypoint = Annotated[
 PACKAGE_ID = r"^[0-9a-f]{64}$"
 # What a process environment takes as a name.
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,255}$"
+# Environment variables for the ranks: `env` and `secrets` take the same names and values.
+EnvVars = dict[
+    Annotated[str, Field(pattern=ENV_NAME)],
+    Annotated[str, Field(max_length=32_768, pattern=NO_NUL)],
+]
+# What a job's `env` values read as for a caller who is neither its owner nor an admin.
+REDACTED = "***"
 
 
 class CheckpointPolicy(_Strict):
@@ -310,17 +317,47 @@ class JobSubmit(_Strict):
         Field(
             default_factory=list,
             max_length=500,
-            description="pip requirement lines, installed in a virtualenv per node",
+            description="requirements installed by pip in a virtualenv per node, each "
+            "'name[extras] specifier ; marker'; pip options, URLs and paths only where the "
+            "service's admin allows them (else a 422 naming requirements.N)",
         )
     )
-    env: dict[
-        Annotated[str, Field(pattern=ENV_NAME)],
-        Annotated[str, Field(max_length=32_768, pattern=NO_NUL)],
-    ] = Field(
+    env: EnvVars = Field(
         default_factory=dict,
         max_length=500,
-        description="environment variables for the ranks; they see nothing of the service's",
+        description="environment variables for the ranks; they see nothing of the service's. "
+        f"Read back by the job's owner and admins; others read each value as {REDACTED!r}",
     )
+    secrets: EnvVars = Field(
+        default_factory=dict,
+        max_length=500,
+        exclude=True,  # no dump writes them: no response can carry them (see submit_body)
+        json_schema_extra={"writeOnly": True},
+        description="environment variables for the ranks whose values are never returned, "
+        "to anyone: a job shows only their names (`secret_names`); a name is in env or "
+        "here, not both",
+    )
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets_apart_from_env(
+        cls, secrets: dict[str, str], info: ValidationInfo
+    ) -> dict[str, str]:
+        """One name, one value: a rank's variable must not depend on which one wins."""
+        both = sorted(set(secrets) & set(info.data.get("env", {})))
+        if both and not _stored(info):
+            raise ValueError(f"{', '.join(both)} also in env: a name is in one of the two")
+        return secrets
+
+
+def submit_body(spec: JobSubmit, *, mode: Literal["json", "python"] = "json") -> dict[str, Any]:
+    """The body to send or store: every field, the write-only `secrets` too when there are
+    any (a plain dump leaves them out, so that nothing which shows a job can show them;
+    without any, the body is what it was before secrets existed)."""
+    body = spec.model_dump(mode=mode)
+    if spec.secrets:
+        body["secrets"] = dict(spec.secrets)
+    return body
 
 
 class RankPlacement(BaseModel):
@@ -396,7 +433,13 @@ class JobInfo(BaseModel):
     admitted_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
-    spec: JobSubmit
+    spec: JobSubmit = Field(
+        description=f"as submitted, without its secrets; env values read as {REDACTED!r} "
+        "for callers who are neither the job's owner nor an admin"
+    )
+    secret_names: list[str] = Field(
+        default_factory=list, description="names of the job's secrets (values never shown)"
+    )
     placement: list[RankPlacement] | None
     progress: Progress
     estimated_start_at: datetime | None = Field(

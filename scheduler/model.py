@@ -172,11 +172,14 @@ EntrypointSpec = BuiltinEntrypoint | FunctionEntrypoint | ScriptEntrypoint | Com
 @dataclass(frozen=True, slots=True)
 class CodeSpec:
     """The job's own code and environment: a shipped working directory (its package's
-    sha256), pip requirement lines, environment variables for the ranks."""
+    sha256), pip requirement lines, environment variables for the ranks, and `secrets`:
+    more variables for the ranks, whose values the API never shows (kept out of repr so
+    no log line does either)."""
 
     package: str | None = None
     requirements: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,7 +90,7 @@ def job_launch(
         attempt=attempt,
         user=user,
         run=_run(spec),
-        env={**code.env, **_secrets(spec)},
+        env={**code.env, **code.secrets},
         package=package,
         requirements=list(code.requirements),
         checkpoint_dir=checkpoints,
@@ -120,10 +120,6 @@ def _run(spec: JobSpec) -> Run:
     if isinstance(entry, CommandEntrypoint):
         return CommandRun(argv=list(entry.argv))
     raise TypeError(f"unknown entrypoint {entry!r}")
-
-
-def _secrets(spec: JobSpec) -> Mapping[str, str]:
-    return getattr(spec.code, "secrets", {})
 
 
 def _data_files(spec: JobSpec) -> list[str]:

@@ -8,6 +8,7 @@ uploaded a moment ago for a job not yet submitted.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import tempfile
@@ -20,6 +21,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from gangway.packaging import DEFAULT_MAX_FILES, DEFAULT_MAX_UNPACKED_BYTES, check_zip
 from gangway.states import JobState
 from scheduler.store.specs import spec_from_json
 from scheduler.store.tables import JobRow, PackageRow
@@ -45,9 +47,22 @@ class PackageRecord:
 
 
 class PackageStore:
-    def __init__(self, engine: Engine, root: Path) -> None:
+    """`max_unpacked_bytes` and `max_files` bound what a stored zip declares it unpacks
+    to: every node that runs a job unpacks its package, so a small zip must not become
+    gigabytes or millions of files there (see `gangway.packaging.check_zip`)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        root: Path,
+        *,
+        max_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES,
+        max_files: int = DEFAULT_MAX_FILES,
+    ) -> None:
         self._engine = engine
         self.root = root
+        self.max_unpacked_bytes = max_unpacked_bytes
+        self.max_files = max_files
 
     def path(self, sha256: str) -> Path:
         return self.root / f"{sha256}.zip"
@@ -61,7 +76,8 @@ class PackageStore:
         self, sha256: str, chunks: AsyncIterator[bytes], *, owner: str, max_bytes: int
     ) -> tuple[PackageRecord, bool]:
         """Store the upload under its hash; (record, created). One already stored is kept
-        (the same name is the same bytes) and the upload is not read."""
+        (the same name is the same bytes) and the upload is not read. PackageTooLarge,
+        DigestMismatch and `check_zip`'s ZipRefused leave nothing behind."""
         found = self.get(sha256)
         if found is not None:
             return found, False
@@ -98,6 +114,12 @@ class PackageStore:
                 raise DigestMismatch(
                     f"the body's sha256 is {digest.hexdigest()}, not the {sha256} in the path"
                 )
+            await asyncio.to_thread(  # listing a large directory should not stall the API
+                check_zip,
+                Path(temporary),
+                max_unpacked_bytes=self.max_unpacked_bytes,
+                max_files=self.max_files,
+            )
             os.replace(temporary, self.path(sha256))
         finally:
             Path(temporary).unlink(missing_ok=True)

@@ -55,6 +55,7 @@ def spec_from_json(stored: Mapping[str, Any]) -> JobSpec:
             package=data["package"],
             requirements=tuple(data["requirements"]),
             env=dict(data["env"]),
+            secrets=dict(data["secrets"]),
         ),
     )
 
@@ -73,8 +74,13 @@ def _entrypoint(stored: Mapping[str, Any]) -> EntrypointSpec:
     raise ValueError(f"unknown entrypoint kind {kind!r}")
 
 
-# Every default, as the wire model writes it (the entrypoint's come with its kind).
-_DEFAULTS = {**JobSubmit(name="-", entrypoint=Builtin()).model_dump(mode="json"), "entrypoint": {}}
+# Every default, as the wire model writes it (the entrypoint's come with its kind; the
+# write-only secrets, which no dump writes, are stored only when a job has some).
+_DEFAULTS = {
+    **JobSubmit(name="-", entrypoint=Builtin()).model_dump(mode="json"),
+    "secrets": {},
+    "entrypoint": {},
+}
 
 
 def _optional_fields(model: type[BaseModel]) -> dict[str, Any]:

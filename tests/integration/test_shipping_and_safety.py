@@ -4,6 +4,8 @@ per-user hygiene, through the real app and database (no Ray)."""
 from __future__ import annotations
 
 import hashlib
+import io
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,14 @@ def _workdir(root: Path) -> Path:
     return root
 
 
+def _zip(entries: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
 # -- packing --------------------------------------------------------------------------
 
 
@@ -98,7 +108,7 @@ def test_a_package_over_the_limit_is_refused_naming_the_limit(tmp_path: Path) ->
 def test_upload_is_content_addressed_verified_and_capped(
     repo: JobRepository, tmp_path: Path
 ) -> None:
-    data = b"PK not really a zip but bytes"
+    data = _zip({})  # an empty zip: 22 bytes
     sha = hashlib.sha256(data).hexdigest()
     with _app(repo, tmp_path, package_max_bytes=64) as api:
         assert api.get(f"/v1/packages/{sha}").status_code == 404
@@ -194,10 +204,11 @@ def test_unused_packages_are_collected_after_the_grace_period(
             yield data
 
         sha = hashlib.sha256(data).hexdigest()
-        await store.put(sha, chunks(), owner="u", max_bytes=100)
+        await store.put(sha, chunks(), owner="u", max_bytes=1000)
         return sha
 
-    kept, dropped = asyncio.run(upload(b"kept")), asyncio.run(upload(b"dropped"))
+    kept = asyncio.run(upload(_zip({"workdir/kept": b"1"})))
+    dropped = asyncio.run(upload(_zip({"workdir/dropped": b"2"})))
     with _app(repo, tmp_path) as api:
         api.app.state.packages = store  # type: ignore[attr-defined]
         command = {"kind": "command", "argv": ["true"]}

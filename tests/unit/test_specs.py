@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gangway.models import Builtin, ElasticDP, JobSubmit, Parallelism
+from gangway.models import Builtin, ElasticDP, JobSubmit, Parallelism, submit_body
 from scheduler.model import BuiltinEntrypoint, FunctionEntrypoint, JobSpec
 from scheduler.runtime.launch import LaunchPolicy, job_launch
 from scheduler.store.specs import spec_from_json
@@ -42,6 +42,16 @@ def test_a_row_stored_before_a_field_existed_takes_the_wire_default() -> None:
     spec = spec_from_json(old)
     assert spec.entrypoint == FunctionEntrypoint(target="m:f", kwargs={})
     assert spec.checkpoint.keep_last == 2 and spec.time_limit_s is None
+
+
+def test_secrets_are_stored_by_submit_body_only_and_read_back_for_the_ranks() -> None:
+    submit = JobSubmit(name="j", entrypoint=Builtin(), env={"A": "1"}, secrets={"T": "s3"})
+    assert "secrets" not in submit.model_dump(mode="json")  # no response can carry them
+    spec = spec_from_json(submit_body(submit))
+    assert (dict(spec.code.env), dict(spec.code.secrets)) == ({"A": "1"}, {"T": "s3"})
+    assert "s3" not in repr(spec)
+    assert stored(JobSubmit(name="j", entrypoint=Builtin())).code.secrets == {}
+    assert "secrets" not in submit_body(JobSubmit(name="j", entrypoint=Builtin()))
 
 
 def test_the_ranks_receive_the_trainer_settings_and_the_services_part() -> None:

@@ -112,8 +112,8 @@ def test_the_wire_spec_is_the_validated_one_and_read_once(
 
 def test_job_info_lists_the_same_bytes_as_validating_each_row() -> None:
     spec_json = stored(BODIES[1])
-    info = job_info(record(spec_json), {})
-    again = job_info(record(spec_json), {})
+    info = job_info(record(spec_json), {}, shows_env=True)
+    again = job_info(record(spec_json), {}, shows_env=True)
     assert again.spec is info.spec  # the second read came from the cache
     assert info.spec.model_dump_json() == JobSubmit.model_validate(spec_json).model_dump_json()
     assert convert.submitted_spec(record(spec_json)) is info.spec

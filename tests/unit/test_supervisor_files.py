@@ -107,7 +107,9 @@ def test_outputs_are_copied_with_links_and_special_files_left_behind(tmp_path: P
     done = collect(source, target, max_bytes=1 << 20)
     kept = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
     assert kept == ["model.pt", "sub/log.txt"]
-    assert done.files == 2 and done.skipped >= 3  # the links (a dir link is not walked), FIFO, partial
+    assert (
+        done.files == 2 and done.skipped >= 3
+    )  # the links (a dir link is not walked), FIFO, partial
     assert (target / "model.pt").read_bytes() == b"weights"
     again = collect(source, target, max_bytes=1 << 20)
     assert (again.files, again.unchanged) == (0, 2)

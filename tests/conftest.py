@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -44,9 +45,9 @@ def postgres_available() -> None:
     pytest.skip(f"PostgreSQL not reachable at {POSTGRES_URL}: {problem}")
 
 
-@pytest.fixture
-def postgres_url(postgres_available: None) -> Iterator[str]:
-    """A fresh schema per test, so tests never see each other's rows."""
+@contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A URL of a fresh schema of its own, dropped afterwards."""
     schema = f"gw_test_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(POSTGRES_URL)
     with admin.begin() as conn:
@@ -57,6 +58,13 @@ def postgres_url(postgres_available: None) -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_url(postgres_available: None) -> Iterator[str]:
+    """A fresh schema per test, so tests never see each other's rows."""
+    with postgres_schema() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -1,7 +1,7 @@
 """The two channels between a rank supervisor and its rank program, and what crosses them.
 
 Reports (program -> supervisor) are datagrams on a Unix socket pair whose program end the
-program inherits (its number in `GANGWAY_REPORT_FD`): one JSON object per datagram, so
+program inherits (its number in `RANK_REPORT_FD`): one JSON object per datagram, so
 no framing can be forged by output and several processes of the rank may write to it.
 Nothing else reaches that socket: it has no name on any filesystem or network. Control
 messages (supervisor -> program) are JSON lines on the program's stdin: the start signal
@@ -21,7 +21,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-REPORT_FD_ENV = "GANGWAY_REPORT_FD"
+# Not GANGWAY_*: that prefix is the service's, and a rank holds none of its variables.
+REPORT_FD_ENV = "RANK_REPORT_FD"
 MAX_REPORT_BYTES = 64 * 1024
 MAX_TEXT = 60_000
 MAX_METRICS = 64

@@ -37,9 +37,9 @@ from scheduler.runtime.cluster import NODE_NAME_LABEL
 from workers.supervisor.environment import scrubbed_process
 
 LOOPBACK = "127.0.0.1"
-# Ray's socket paths (`<dir>/session_<time>_<pid>/sockets/plasma_store`) must fit in the
-# 107 bytes of a Unix socket address; a longer data directory gets a short private one.
-_MAX_RAY_DIR = 40
+# Ray's socket paths (`<dir>/ray/session_<time>_<pid>/sockets/plasma_store`) must fit in
+# the 107 bytes of a Unix socket address; a longer data directory gets a short private one.
+_MAX_RAY_DIR = 36
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,11 @@ class LocalClusterShape:
 
 
 def ray_directory(data_dir: Path) -> Path:
-    """The embedded Ray's own directory (sessions, address file, token): `<data_dir>/ray`,
-    or, when that path is too long for Ray's sockets, a private folder named after the
-    data directory in the system's tmp (mode 0700, refused if another user owns it)."""
+    """The embedded Ray's own directory: `<data_dir>/ray`, or, when that path is too long
+    for Ray's sockets, a private folder named after the data directory in the system's
+    tmp (mode 0700, refused if another user owns it or may write it). It holds the token
+    and Ray's temp dir (`ray/`, sessions and the address file), which Ray makes
+    world-writable: this folder's mode is what keeps others out."""
     data_dir = data_dir.expanduser().resolve()
     preferred = data_dir / "ray"
     if len(str(preferred)) <= _MAX_RAY_DIR:
@@ -70,7 +72,7 @@ def ray_directory(data_dir: Path) -> Path:
 def private_ray_environment(directory: Path) -> dict[str, str]:
     """The variables that make this process and the Ray it starts private (see the module
     docstring), with a token made once per directory."""
-    (directory / "ray").mkdir(mode=0o700, exist_ok=True)  # Ray's default dir under RAY_TMPDIR
+    (directory / "ray").mkdir(mode=0o700, exist_ok=True)  # Ray's temp dir, as RAY_TMPDIR says
     token = directory / "auth_token"
     if not token.is_file():
         token.write_text(secrets.token_hex(32))
@@ -105,7 +107,7 @@ def start_local_cluster(shape: LocalClusterShape, directory: Path) -> object:
 
     private = private_ray_environment(directory)
     use_in_this_process(private)
-    common = {"node_ip_address": LOOPBACK, "temp_dir": str(directory)}
+    common = {"node_ip_address": LOOPBACK, "temp_dir": str(directory / "ray")}
     with scrubbed_process(private):
         cluster = Cluster(
             initialize_head=True,

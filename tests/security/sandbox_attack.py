@@ -1,7 +1,8 @@
 """One attack as a hostile plain user runs it, on whatever deployment a test gives: alice
 runs a long job with a secret in its environment and files in its checkpoint and outputs
 directories; bob ships `attacker/attack.py` and runs it as a command job while alice's
-job runs. The report comes back through the public API (bob's logs, and his outputs).
+job runs. The report comes back through the public API: bob downloads it from his job's
+outputs.
 """
 
 from __future__ import annotations
@@ -97,19 +98,19 @@ def attack(admin: Client, url: str, target: Target, scratch: Path) -> Outcome:
         "gcs_address": target.gcs_address,
         "victim_actor": f"gangway-job{victim_job}-attempt1-rank0",
     }
+    (work / "config.json").write_text(json.dumps(config))  # not argv: bob's own cmdline
     job = bob.submit(
         name="attack",
-        entrypoint=Command(argv=["python", "attack.py", json.dumps(config)]),
+        entrypoint=Command(argv=["python", "attack.py", "config.json"]),
         working_dir=work,
     )
     done = bob.wait(job.id, timeout_s=300, poll_s=0.5)
     assert done.state is JobState.SUCCEEDED, done.error
-    text = "\n".join(line.line for line in bob.logs(job.id, tail=5000))
-    line = next(x for x in text.splitlines() if x.startswith("ATTACK-REPORT "))
+    (written,) = bob.download(job.id, "report.json", scratch / "report")
     after = alice.get(victim_job)
     alice.cancel(victim_job)
     return Outcome(
-        report=json.loads(line.removeprefix("ATTACK-REPORT ")),
+        report=json.loads(written.read_text()),
         attacker=bob,
         attack_job=job.id,
         victim_job=victim_job,

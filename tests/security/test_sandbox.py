@@ -17,6 +17,7 @@ import pytest
 
 from gangway import Client
 from scheduler.runtime.local_ray import ray_directory
+from tests.conftest import postgres_schema
 from tests.e2e.service import ADMIN_KEY, Service
 from tests.e2e.test_cluster import cluster_command, running_in
 from tests.security.sandbox_attack import Outcome, Target, attack
@@ -50,7 +51,8 @@ def cluster(scratch: Path, database_url: str) -> Iterator[Attacked]:
     try:
         up = cluster_command("up", env)
         assert up.returncode == 0, up.stdout + up.stderr
-        admin = Client(up.stdout.strip().splitlines()[-1], api_key=ADMIN_KEY)
+        url = up.stdout.strip().splitlines()[-1]
+        admin = Client(url, api_key=ADMIN_KEY)
         password_host = database_url.rsplit("@", maxsplit=1)[-1]
         target = Target(
             state / "service",
@@ -58,7 +60,7 @@ def cluster(scratch: Path, database_url: str) -> Iterator[Attacked]:
             (state / "address").read_text().strip(),
             (ADMIN_KEY, password_host, (state / "ray_token").read_text().strip()),
         )
-        yield attack(admin, admin.url, target, scratch), target
+        yield attack(admin, url, target, scratch), target
     finally:
         down = cluster_command("down", env)
         assert down.returncode == 0, down.stdout + down.stderr
@@ -79,8 +81,10 @@ def attacked(
     scratch = tmp_path_factory.mktemp("attack")
     if request.param == "embedded":
         yield from embedded(scratch)
-    else:
-        yield from cluster(scratch, request.getfixturevalue("postgres_url"))
+        return
+    request.getfixturevalue("postgres_available")
+    with postgres_schema() as database_url:
+        yield from cluster(scratch, database_url)
 
 
 def test_a_job_reads_no_secret_from_another_process(attacked: Attacked) -> None:

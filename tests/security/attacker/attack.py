@@ -1,9 +1,9 @@
 """What a hostile user's job tries, run as an ordinary command rank (`python attack.py
-CONFIG`): each probe records what happened instead of stopping, and the job prints one
-`ATTACK-REPORT {json}` line (and writes the same JSON to its outputs directory), which
-the tests read back through the public API.
+CONFIG_FILE`): each probe records what happened instead of stopping, and the job prints one
+`ATTACK-REPORT` line and writes the report as JSON to its outputs directory, which the
+tests download through the public API.
 
-CONFIG (JSON) names what the attacker is assumed to know or guess: the service's data
+CONFIG_FILE (JSON) names what the attacker is assumed to know or guess: the service's data
 directory and database, Ray's directory, the GCS address, another job's rank actor, and
 the secret strings it hunts for. Nothing here imports Gangway.
 """
@@ -170,9 +170,6 @@ def main(config: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    result = main(json.loads(sys.argv[1]))
-    text = json.dumps(result, sort_keys=True)
-    print("ATTACK-REPORT " + text, flush=True)
-    outputs = os.environ.get("OUTPUTS_DIR")
-    if outputs:
-        Path(outputs, "report.json").write_text(text)
+    result = main(json.loads(Path(sys.argv[1]).read_text()))
+    Path(os.environ["OUTPUTS_DIR"], "report.json").write_text(json.dumps(result, sort_keys=True))
+    print("ATTACK-REPORT written", flush=True)

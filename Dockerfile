@@ -1,5 +1,6 @@
 # One image for the Gangway service and the Ray nodes: ranks import the same `workers`
-# package the service submits, so both must run the same code.
+# package the service submits, so both must run the same code. bubblewrap (and util-linux's
+# setpriv) sandbox every rank program on a node (workers/supervisor/sandbox.py).
 #   docker build -t gangway:latest .                                   (CPU torch)
 #   docker build -t gangway:gpu --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
 FROM python:3.11-slim
@@ -14,7 +15,9 @@ COPY api ./api
 COPY scheduler ./scheduler
 COPY workers ./workers
 COPY migrations ./migrations
-RUN pip install --index-url "${TORCH_INDEX_URL}" torch==2.13.0 \
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap util-linux \
+    && rm -rf /var/lib/apt/lists/* \
+    && pip install --index-url "${TORCH_INDEX_URL}" torch==2.13.0 \
     && pip install . \
     && useradd --create-home --uid 1000 gangway \
     && mkdir -p /data && chown gangway /data

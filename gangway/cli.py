@@ -13,13 +13,13 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gangway import cli_shared
 from gangway.cli_admin import queues_app, users_app, whoami
 from gangway.cli_outputs import download, outputs
 from gangway.cli_predict import accuracy, describe, estimate, when
-from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run
+from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run, terminal_safe
 from gangway.cli_spec import SpecFlags, job_spec, with_spec_flags
 from gangway.client import Client
 from gangway.errors import validation_failed
@@ -209,13 +209,16 @@ def _wait(client: Client, job: JobInfo, *, show_progress: bool) -> JobInfo:
     if not show_progress:
         ended: JobInfo = run(lambda: client.wait(job.id, timeout_s=24 * 3600))
         return ended
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[step]}"))
     with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True)) as bar:
-        task = bar.add_task(f"job {job.id}", total=job.progress.total_steps)
+        task = bar.add_task(f"job {job.id}", total=job.progress.total_steps, step="")
 
         def show(seen: JobInfo) -> None:
             bar.update(
-                task, completed=seen.progress.step, description=f"job {seen.id} {seen.state}"
+                task,
+                completed=seen.progress.step,
+                description=f"job {seen.id} {seen.state}",
+                step=terminal_safe(progress_text(seen)),
             )
 
         done: JobInfo = run(lambda: client.wait(job.id, timeout_s=24 * 3600, on_poll=show))
@@ -271,8 +274,7 @@ def jobs(
         return
     rows = []
     for job in page.items:
-        total = job.progress.total_steps
-        step = f"{job.progress.step}/{total}" if total else str(job.progress.step)
+        step = progress_text(job).removeprefix("step ")
         ends = when(job.estimated_end_at) if job.estimated_end_at else "-"
         rows.append([job.id, job.state.value, job.num_gpus, job.priority, step, ends, job.name])
     cli_shared.print_table([">ID", "STATE", ">GPUS", ">PRI", ">STEP", "EXPECTED END", "NAME"], rows)
@@ -519,7 +521,7 @@ def _print_job(job: JobInfo, as_json: bool) -> None:
     echo(f"job {job.id} {job.name!r}: {job.state.value}  ({job.status_reason})")
     progress = job.progress
     loss = f"{progress.loss:.4f}" if progress.loss is not None else "-"
-    echo(f"  step {progress.step}/{progress.total_steps or '?'}  loss {loss}")
+    echo(f"  {progress_text(job)}  loss {loss}")
     echo(f"  predicted run time: {describe(job.prediction)}")
     if job.estimated_end_at is not None:
         echo(f"  expected end: {when(job.estimated_end_at)}")
@@ -529,4 +531,19 @@ def _print_job(job: JobInfo, as_json: bool) -> None:
     if job.secret_names:
         echo(f"  secrets: {', '.join(job.secret_names)} (values never shown)")
     if job.error:
-        echo(f"  error: {job.error.strip().splitlines()[-1]}")
+        lines = job.error.strip().splitlines()
+        echo("  error: " + "\n    ".join([lines[0], *lines[1:][-ERROR_LINES:]]))
+
+
+ERROR_LINES = 12  # of a failed job's error, after its first line (which rank, how it ended)
+
+
+def progress_text(job: JobInfo) -> str:
+    """Where a job is: its step (of its total, when it has one); a script or command that
+    reports no steps is just running."""
+    progress = job.progress
+    if progress.total_steps:
+        return f"step {progress.step}/{progress.total_steps}"
+    if progress.step:
+        return f"step {progress.step}"
+    return "running" if job.state is JobState.RUNNING else "-"

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import ray
+import torch
 
 from gangway import Builtin, Client, Command, Function, JobState, Parallelism, Resources
 from scheduler.runtime.cluster import NODE_NAME_LABEL
@@ -189,8 +190,49 @@ def test_embedded_default_starts_its_own_ray_and_requeues_after_restart(tmp_path
         requeue = [e for e in client.events(job.id) if e.from_state is JobState.RUNNING]
         assert requeue[0].to_state is JobState.PENDING
         assert "service restarted" in requeue[0].reason
+        readme_example_runs_and_its_outputs_come_back(service.url, tmp_path)
     finally:
         service.stop()
+
+
+def readme_example_runs_and_its_outputs_come_back(url: str, tmp_path: Path) -> None:
+    """The README's own example after `./scripts/serve`: `python train.py` in a shipped
+    directory finds torch (the ranks' interpreter is the training stack's, whatever PATH
+    the service has), and what it saves to OUTPUTS_DIR is downloadable once it ended."""
+    work = tmp_path / "wp"
+    work.mkdir()
+    (work / "train.py").write_text(
+        "import os, torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    torch.save(model.state_dict(), os.path.join(os.environ['OUTPUTS_DIR'], 'model.pt'))\n"
+        "print('trained on rank', os.environ['RANK'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GANGWAY_API_KEY"}
+    env["PATH"] = "/usr/bin:/bin"  # not the venv's: the ranks must not depend on it
+    cli = [sys.executable, "-m", "gangway"]
+    submit = ["submit", "--url", url, "--workdir", str(work), "--dp", "2", "--wait", "--json"]
+    submitted = subprocess.run(
+        [*cli, *submit, "--", "python", "train.py"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = str(json.loads(submitted.stdout)["id"])
+    fetched = subprocess.run(
+        [*cli, "download", "--url", url, job_id, "--to", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert fetched.returncode == 0, fetched.stderr
+    weights = torch.load(tmp_path / "out" / "model.pt", weights_only=True)
+    assert set(weights) == {"weight", "bias"}
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

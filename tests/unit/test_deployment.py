@@ -83,3 +83,17 @@ def test_the_production_shape_is_secure_by_default() -> None:
     for name in ("ray-worker", "gangway"):
         assert "shared:/data" in services[name]["volumes"], name
     assert gangway["GANGWAY_DATA_DIR"] == "/data"
+
+
+def test_ray_containers_get_no_service_secret_and_workers_can_sandbox() -> None:
+    """Only the service holds GANGWAY_ secrets; a worker can run bubblewrap (root with
+    SYS_ADMIN and no seccomp profile in the way), and the image installs it."""
+    services = compose()["services"]
+    for name in ("ray-head", "ray-worker"):
+        env = services[name]["environment"]
+        assert not [key for key in env if key.startswith(("GANGWAY_ADMIN", "GANGWAY_DATABASE"))]
+        assert env["RAY_AUTH_MODE"] == "token"
+    worker = services["ray-worker"]
+    assert worker["user"] == "root" and "SYS_ADMIN" in worker["cap_add"]
+    assert "seccomp=unconfined" in worker["security_opt"]
+    assert "bubblewrap" in (ROOT / "Dockerfile").read_text()

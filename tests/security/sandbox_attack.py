@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gangway import Client, Command, JobState
+from gangway import Builtin, Client, Command, JobState
 
 ATTACKER = Path(__file__).parent / "attacker"
 ALICE_SECRET = "alice-wandb-key-0b5e3f"
@@ -38,6 +38,8 @@ class Outcome:
     victim_job: int
     alice_state_after: JobState
     alice_attempt_after: int
+    builtin_state: JobState  # bob's builtin job shipped with a sitecustomize.py
+    builtin_logs: str
 
 
 def users(admin: Client, url: str) -> tuple[Client, Client]:
@@ -68,9 +70,22 @@ def alice_job(alice: Client, scratch: Path) -> int:
     return job.id
 
 
+def builtin_with_sitecustomize(bob: Client, scratch: Path) -> int:
+    """A builtin job whose shipped directory holds a sitecustomize.py: Python imports one
+    at start from its path, which once made every rank run it."""
+    work = scratch / "site"
+    work.mkdir()
+    (work / "sitecustomize.py").write_text("print('SITECUSTOMIZE-RAN', flush=True)\n")
+    job = bob.submit(
+        name="builtin-site", entrypoint=Builtin(steps=2, batch_size=2), working_dir=work
+    )
+    return job.id
+
+
 def attack(admin: Client, url: str, target: Target, scratch: Path) -> Outcome:
     alice, bob = users(admin, url)
     victim_job = alice_job(alice, scratch)
+    builtin_job = builtin_with_sitecustomize(bob, scratch)
     time.sleep(2)  # alice's script has written its files
     work = scratch / "bob"
     shutil.copytree(ATTACKER, work)
@@ -109,7 +124,10 @@ def attack(admin: Client, url: str, target: Target, scratch: Path) -> Outcome:
     (written,) = bob.download(job.id, "report.json", scratch / "report")
     after = alice.get(victim_job)
     alice.cancel(victim_job)
+    builtin = bob.wait(builtin_job, timeout_s=300, poll_s=0.5)
     return Outcome(
+        builtin_state=builtin.state,
+        builtin_logs="\n".join(line.line for line in bob.logs(builtin_job, tail=2000)),
         report=json.loads(written.read_text()),
         attacker=bob,
         attack_job=job.id,

@@ -150,3 +150,17 @@ def test_what_a_job_wrote_to_its_outputs_is_its_owners_to_download(
     assert {"report.json", "mine.txt"} <= files
     written = outcome.attacker.download(outcome.attack_job, "report.json", tmp_path)
     assert written[0].read_text().startswith("{")
+
+
+def test_a_builtin_job_runs_no_shipped_code(attacked: Attacked) -> None:
+    outcome = attacked[0]
+    assert outcome.builtin_state.value == "SUCCEEDED"
+    assert "SITECUSTOMIZE-RAN" not in outcome.builtin_logs
+
+
+def test_output_that_is_not_text_or_never_ends_reaches_the_logs_cut(attacked: Attacked) -> None:
+    outcome = attacked[0]
+    lines = [line.line for line in outcome.attacker.logs(outcome.attack_job, tail=100)]
+    assert "\ufffd\ufffd not utf-8" in lines
+    assert max(len(line) for line in lines) == 4000
+    assert "after the endless line" in lines

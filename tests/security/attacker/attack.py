@@ -173,3 +173,7 @@ if __name__ == "__main__":
     result = main(json.loads(Path(sys.argv[1]).read_text()))
     Path(os.environ["OUTPUTS_DIR"], "report.json").write_text(json.dumps(result, sort_keys=True))
     print("ATTACK-REPORT written", flush=True)
+    # Output no pump expects: bytes that are not UTF-8, a line that never ends.
+    sys.stdout.buffer.write(b"\xff\xfe not utf-8\n" + b"x" * 1_000_000 + b"\n")
+    sys.stdout.buffer.write(b"after the endless line\n")
+    sys.stdout.flush()

@@ -121,7 +121,7 @@ class ProgramProcess:
     def _receive(self, on_report: Callable[[Report], None]) -> None:
         """Parse reports until the program has exited and none is left (a datagram
         socket has no end of its own: its program end may live on in a grandchild)."""
-        self._reports.settimeout(0.2)
+        self._reports.settimeout(0.05)
         try:
             while True:
                 try:

@@ -122,7 +122,7 @@ class RankSupervisor:
         self._address: tuple[str, int] | None = None
         self._go = threading.Event()
         self._started: _Started | None = None
-        self._ready = threading.Event()  # `_started` is set, or starting failed
+        self._loaded = threading.Event()  # the program said it is ready, or it ended
         self._collecting = threading.Lock()
         self._collected_step = -1
         self._store: Any = None  # rank 0 of a script gang: the process-group store
@@ -146,8 +146,9 @@ class RankSupervisor:
         return address, int(port)
 
     def start(self, *, master_addr: str, master_port: int) -> str:
-        """Hand the program the rendezvous address (once it is loaded); returns this
-        rank's Ray node id."""
+        """Hand the program the rendezvous address; returns this rank's Ray node id once
+        the program has loaded what it runs (or has failed), so a gang is RUNNING when its
+        ranks are, not while they still import torch or install requirements."""
         if self._address is not None:
             raise RuntimeError("this rank was already started")
         self._address = (master_addr, master_port)
@@ -155,6 +156,7 @@ class RankSupervisor:
             if self._phase == IDLE:
                 self._phase = RUNNING
         self._go.set()
+        self._loaded.wait()
         return self._node_id
 
     def status(self, log_after: int = 0) -> dict[str, Any]:
@@ -227,10 +229,9 @@ class RankSupervisor:
         try:
             self._started = self._start_program()
         except Exception as exc:
-            self._ready.set()
             self._fail(f"could not be started: {exc}", "")
+            self._loaded.set()
             return
-        self._ready.set()
         started = self._started
         self._go.wait()
         if self._stop_at is not None or self._address is None:
@@ -240,6 +241,7 @@ class RankSupervisor:
         else:
             started.program.send(go_message(*self._address))
         code = started.program.wait()
+        self._loaded.set()
         self._collect_outputs(final=True)
         self._finish(code, started.sandboxed)
         shutil.rmtree(started.dirs.root, ignore_errors=True)
@@ -380,6 +382,7 @@ class RankSupervisor:
                 progress.stop_seen = True
             elif isinstance(report, ReadyReport):
                 progress.ready = True
+                self._loaded.set()
             elif isinstance(report, ErrorReport):
                 progress.error_report = report.text
                 progress.error_at = time.time()

@@ -121,13 +121,19 @@ class Settings(BaseSettings):
     )
     rank_open_files: int = Field(65536, ge=64, description="RLIMIT_NOFILE of a rank program")
     rank_processes: int | None = Field(
-        4096, ge=16, description="RLIMIT_NPROC of a rank program (counted per uid)"
+        4096,
+        ge=16,
+        description="processes and threads of a rank program: its cgroup's pids.max where "
+        "the node lets the supervisor make one, else RLIMIT_NPROC (counted per uid)",
     )
     rank_file_bytes: int | None = Field(
         None, ge=1, description="largest file a rank program may write (RLIMIT_FSIZE)"
     )
     rank_memory_bytes: int | None = Field(
-        None, ge=1 << 26, description="address space of a rank program (RLIMIT_AS; not with CUDA)"
+        None,
+        ge=1 << 26,
+        description="memory of a rank program: its cgroup's limit (the OOM killer ends the "
+        "rank), else RLIMIT_AS (address space: not with CUDA)",
     )
     requirements_allow_pip_options: bool = Field(
         False,

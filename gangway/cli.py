@@ -183,7 +183,7 @@ def _secret_fields(spec: JobSubmit, secrets: list[str]) -> dict[str, Any]:
         name, sep, value = item.partition("=")
         if not sep:
             if name not in os.environ:
-                typer.echo(f"error: --secret {name}: no {name} in this environment", err=True)
+                echo(f"error: --secret {name}: no {name} in this environment", err=True)
                 raise typer.Exit(2)
             value = os.environ[name]
         found[name] = value
@@ -196,7 +196,7 @@ def _check_requirements(lines: list[str]) -> None:
     refused = first_refused(lines)
     if refused is not None:
         index, why = refused
-        typer.echo(
+        echo(
             f"error: requirements.{index} {lines[index]!r}: {why} (--pip-options sends it "
             "anyway, for a service whose admin allows pip options)",
             err=True,

@@ -90,9 +90,11 @@ class RankLimits(_Frozen):
     """Limits the admin sets on every rank program (`None`: not limited)."""
 
     open_files: int = 65536
+    # Processes and threads: the rank's cgroup's pids.max, else RLIMIT_NPROC (per uid).
     processes: int | None = 4096
     file_bytes: int | None = None  # the largest file the program may write
-    memory_bytes: int | None = None  # address space (RLIMIT_AS): breaks CUDA; off by default
+    # The rank's cgroup's memory limit, else RLIMIT_AS (address space: breaks CUDA).
+    memory_bytes: int | None = None
     unpacked_bytes: int = 1 << 30  # what a shipped working directory may unpack to
     unpacked_files: int = 20_000
 

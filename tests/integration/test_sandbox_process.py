@@ -13,6 +13,7 @@ import pytest
 
 from workers.launch import SandboxIdentity
 from workers.supervisor import sandbox
+from workers.supervisor.cgroups import rank_group
 from workers.supervisor.output import LineBuffer
 from workers.supervisor.process import ProgramProcess, descendants
 
@@ -105,3 +106,51 @@ def _is_our_sleep(pid: int) -> bool:
     except OSError:
         return False
     return cmdline == b"sleep\x00300\x00" and owner == NOBODY.uid
+
+
+def test_a_fork_bomb_stays_inside_its_rank_and_memory_past_the_limit_ends_it(
+    tmp_path: Path,
+) -> None:
+    """The rank's control group bounds its processes (whatever uid other jobs share with
+    it) and its memory; where this host has no cgroup a supervisor can make, the rank
+    falls back to RLIMIT_NPROC and RLIMIT_AS (not tested here)."""
+    group = rank_group(f"test-{os.getpid()}-bomb", pids_max=24, memory_bytes=None)
+    if group is None:
+        pytest.skip("no writable cgroup on this host")
+    logs = LineBuffer()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(mode=0o777)
+    scratch.chmod(0o777)
+    bomb = "n=0; while [ $n -lt 500 ]; do sleep 30 & n=$((n+1)); done; echo made; wait"
+    program = ProgramProcess(
+        ["sh", "-c", bomb],
+        support=SUPPORT,
+        mounts=[sandbox.Mount(scratch, "/tmp", writable=True)],
+        cwd="/tmp",
+        identity=NOBODY,
+        env=ENV,
+        logs=logs,
+        group=group,
+    )
+    program.wait(60)  # the shell gives up ("Cannot fork") at the group's limit
+    (leaf,) = group.leaves
+    events = dict(line.split() for line in (leaf / "pids.events").read_text().splitlines())
+    assert int(events["max"]) > 0  # forks were refused at the limit
+    assert not any("made" in line for _, line in logs.since(0))
+    group.remove()
+
+    hog = rank_group(f"test-{os.getpid()}-hog", pids_max=None, memory_bytes=64 << 20)
+    assert hog is not None
+    program = ProgramProcess(
+        ["python3", "-c", "x = b'1' * (256 << 20); print('survived')"],
+        support=SUPPORT,
+        mounts=[],
+        cwd="/",
+        identity=NOBODY,
+        env=ENV,
+        logs=LineBuffer(),
+        group=hog,
+    )
+    assert program.wait(60) != 0
+    assert hog.out_of_memory()
+    hog.remove()

@@ -57,6 +57,7 @@ from workers.launch import (
     ScriptRun,
 )
 from workers.supervisor import sandbox
+from workers.supervisor.cgroups import RankGroup, rank_group
 from workers.supervisor.environment import program_environment
 from workers.supervisor.output import LineBuffer
 from workers.supervisor.outputs import collect
@@ -99,6 +100,7 @@ class _Started:
     program: ProgramProcess
     dirs: RankDirs
     sandboxed: bool
+    group: RankGroup | None
 
 
 class RankSupervisor:
@@ -243,8 +245,10 @@ class RankSupervisor:
         code = started.program.wait()
         self._loaded.set()
         self._collect_outputs(final=True)
-        self._finish(code, started.sandboxed)
+        self._finish(code, started)
         shutil.rmtree(started.dirs.root, ignore_errors=True)
+        if started.group is not None:
+            started.group.remove()
 
     def _start_program(self) -> _Started:
         job, info = self._job, self._info
@@ -296,8 +300,15 @@ class RankSupervisor:
             trusted_env["PATH"] = f"{venv}/bin:{trusted_env['PATH']}"
             trusted_env["VIRTUAL_ENV"] = str(venv)
 
+        group = rank_group(
+            dirs.root.name, pids_max=job.limits.processes, memory_bytes=job.limits.memory_bytes
+        )
+        # What the group bounds for the rank alone, the program need not bound per uid.
+        limits = job.limits.model_copy(update={"processes": None, "memory_bytes": None})
+
         def write_launch(report_fd: int) -> None:
             launch = self._program_launch(layout, trusted_env, report_fd)
+            launch = launch.model_copy(update={"limits": limits if group else job.limits})
             (dirs.run / "launch.json").write_text(launch.model_dump_json())
 
         program = ProgramProcess(
@@ -310,8 +321,9 @@ class RankSupervisor:
             logs=self._logs,
             on_report=self._on_report,
             report_fd_env=write_launch,
+            group=group,
         )
-        return _Started(program, dirs, support.sandboxed)
+        return _Started(program, dirs, support.sandboxed, group)
 
     def _working_directory(self, base: Path) -> Path | None:
         """The shipped working directory, unpacked on this node; the built-in trainer
@@ -431,7 +443,7 @@ class RankSupervisor:
             )
             started.program.kill()
 
-    def _finish(self, code: int, sandboxed: bool) -> None:
+    def _finish(self, code: int, started: _Started) -> None:
         with self._lock:
             self._ended_at = time.time()
             stopped = self._stop_at is not None
@@ -439,7 +451,9 @@ class RankSupervisor:
             with self._lock:
                 self._phase = SUCCEEDED
             return
-        headline = f"{self._subject()} {describe_exit(code, sandboxed)}"
+        headline = f"{self._subject()} {describe_exit(code, started.sandboxed)}"
+        if started.group is not None and started.group.out_of_memory():
+            headline += f": out of memory (its limit is {self._job.limits.memory_bytes} bytes)"
         with self._lock:
             error_report = self._progress.error_report
         if error_report:

@@ -23,6 +23,7 @@ from pathlib import Path
 from workers.channel import MAX_REPORT_BYTES, Report, parse_report, report_socket_pair
 from workers.launch import SandboxIdentity
 from workers.supervisor import sandbox
+from workers.supervisor.cgroups import RankGroup
 from workers.supervisor.output import LineBuffer, pump
 
 
@@ -39,10 +40,12 @@ class ProgramProcess:
         logs: LineBuffer,
         on_report: Callable[[Report], None] | None = None,
         report_fd_env: Callable[[int], None] | None = None,
+        group: RankGroup | None = None,
     ) -> None:
-        """Start `argv` in the sandbox. `env` is the environment bubblewrap and setpriv
-        start with (nothing of the job's); `report_fd_env` is told the number of the
-        report channel's program end before the child starts."""
+        """Start `argv` in the sandbox, inside the control `group` when there is one.
+        `env` is the environment bubblewrap and setpriv start with (nothing of the
+        job's); `report_fd_env` is told the number of the report channel's program end
+        before the child starts."""
         ours, theirs = report_socket_pair()
         self._reports = ours
         if report_fd_env is not None:
@@ -51,6 +54,8 @@ class ProgramProcess:
         command = sandbox.command(
             support, argv, mounts=mounts, cwd=cwd, identity=identity, info_fd=info_write
         )
+        if group is not None:
+            command = group.enter_command(command)
         try:
             self._popen = subprocess.Popen(
                 command,

@@ -245,10 +245,12 @@ class RankSupervisor:
         code = started.program.wait()
         self._loaded.set()
         self._collect_outputs(final=True)
-        self._finish(code, started)
+        out_of_memory = started.group is not None and started.group.out_of_memory()
+        # Cleaned up before the phase says so: the runtime kills this actor once it does.
         shutil.rmtree(started.dirs.root, ignore_errors=True)
         if started.group is not None:
             started.group.remove()
+        self._finish(code, started.sandboxed, out_of_memory)
 
     def _start_program(self) -> _Started:
         job, info = self._job, self._info
@@ -443,7 +445,7 @@ class RankSupervisor:
             )
             started.program.kill()
 
-    def _finish(self, code: int, started: _Started) -> None:
+    def _finish(self, code: int, sandboxed: bool, out_of_memory: bool) -> None:
         with self._lock:
             self._ended_at = time.time()
             stopped = self._stop_at is not None
@@ -451,8 +453,8 @@ class RankSupervisor:
             with self._lock:
                 self._phase = SUCCEEDED
             return
-        headline = f"{self._subject()} {describe_exit(code, started.sandboxed)}"
-        if started.group is not None and started.group.out_of_memory():
+        headline = f"{self._subject()} {describe_exit(code, sandboxed)}"
+        if out_of_memory:
             headline += f": out of memory (its limit is {self._job.limits.memory_bytes} bytes)"
         with self._lock:
             error_report = self._progress.error_report

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 GROUP = "gangway"
+STALE_AFTER_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,13 @@ def _own_v1_groups() -> dict[str, str]:
 
 
 def _fresh(leaf: Path) -> Path:
-    """The leaf, made anew (one a killed supervisor left behind is empty: removed)."""
-    with contextlib.suppress(FileNotFoundError):
-        leaf.rmdir()
-    leaf.mkdir(parents=True)
+    """The leaf, made anew. Leaves that supervisors killed by Ray left behind are removed
+    once they are a minute old and empty (a live rank's is not empty: rmdir refuses)."""
+    leaf.parent.mkdir(parents=True, exist_ok=True)
+    stale_before = time.time() - STALE_AFTER_S
+    for sibling in leaf.parent.iterdir():
+        if sibling.is_dir() and (sibling == leaf or sibling.stat().st_mtime < stale_before):
+            with contextlib.suppress(OSError):
+                sibling.rmdir()
+    leaf.mkdir()
     return leaf

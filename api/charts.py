@@ -18,10 +18,12 @@ from markupsafe import Markup, escape
 
 @dataclass(frozen=True)
 class Series:
-    """Points (x, y) in x order; `breaks` are x values where a new attempt began."""
+    """Points (x, y) in x order; `breaks` are x values where a new attempt began,
+    `marks` those of events to point at (a bad step the trainer acted on)."""
 
     points: Sequence[tuple[float, float]]
     breaks: Sequence[float] = ()
+    marks: Sequence[float] = ()
 
 
 def _scale(value: float, low: float, high: float, size: float) -> float:
@@ -60,6 +62,28 @@ def sparkline(values: Sequence[float], *, width: int = 120, height: int = 28) ->
     )
 
 
+def _verticals(
+    kind: str,
+    xs: Sequence[float],
+    *,
+    span: tuple[float, float],
+    pad: float,
+    plot_w: float,
+    plot_h: float,
+) -> str:
+    """A vertical line of class `kind` at each x within the plotted span."""
+    x0, x1 = span
+    lines = []
+    for x in xs:
+        if x0 <= x <= x1:
+            at = pad + _scale(x, x0, x1, plot_w)
+            lines.append(
+                f'<line class="{kind}" x1="{at:.1f}" y1="{pad:.0f}" x2="{at:.1f}" '
+                f'y2="{pad + plot_h:.0f}"/>'
+            )
+    return "".join(lines)
+
+
 def line_chart(series: Series, *, title: str, width: int = 560, height: int = 220) -> Markup:
     """A chart with its range on the axes and a dashed line where each attempt resumed."""
     points = series.points
@@ -68,11 +92,9 @@ def line_chart(series: Series, *, title: str, width: int = 560, height: int = 22
     pad = 48.0
     coords, (x0, x1, y0, y1) = _polyline(points, width, height, pad)
     plot_w, plot_h = width - 2 * pad, height - 2 * pad
-    breaks = "".join(
-        f'<line class="break" x1="{pad + _scale(x, x0, x1, plot_w):.1f}" y1="{pad:.0f}" '
-        f'x2="{pad + _scale(x, x0, x1, plot_w):.1f}" y2="{pad + plot_h:.0f}"/>'
-        for x in series.breaks
-        if x0 <= x <= x1
+    breaks, marks = (
+        _verticals(kind, xs, span=(x0, x1), pad=pad, plot_w=plot_w, plot_h=plot_h)
+        for kind, xs in (("break", series.breaks), ("mark", series.marks))
     )
     latest = points[-1][1]
     return Markup(
@@ -88,5 +110,5 @@ def line_chart(series: Series, *, title: str, width: int = 560, height: int = 22
         f"{x1:.0f}</text>"
         f'<text class="tick" x="{pad + plot_w / 2}" y="{height - 6}" text-anchor="middle">'
         "step</text>"
-        f'{breaks}<polyline class="line" points="{coords}"/></svg>'
+        f'{breaks}{marks}<polyline class="line" points="{coords}"/></svg>'
     )

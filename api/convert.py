@@ -6,6 +6,7 @@ import json
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from gangway.models import (
     JobInfo,
     JobSubmit,
     NodeInfo,
+    ObjectiveValue,
     PredictionAccuracy,
     Progress,
     QueueInfo,
@@ -37,6 +39,7 @@ from scheduler.predict.runtime import accuracy
 from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
 from scheduler.store.predictions import AccuracyPair, JobPrediction
+from scheduler.store.reported import ObjectiveBest
 from workers.engine.checkpoint_layout import ListingCache, job_directory
 
 # The status page polls a job's checkpoints: listed again only when they change.
@@ -139,12 +142,17 @@ def runtime_prediction(p: JobPrediction) -> RuntimePrediction:
     )
 
 
+def objective_value(best: ObjectiveBest) -> ObjectiveValue:
+    return ObjectiveValue.model_validate(asdict(best))
+
+
 def job_info(
     job: JobRecord,
     node_names: dict[str, str],
     prediction: JobPrediction | None = None,
     *,
     shows_env: bool,
+    objective: ObjectiveBest | None = None,
 ) -> JobInfo:
     """`prediction`: the service's latest for the job (the end only while it is active).
     `shows_env`: whether the caller may read the env values (see `api.auth.sees_env`);
@@ -197,6 +205,7 @@ def job_info(
             first_loss=job.first_loss,
             tokens_per_s=job.tokens_per_s,
             updated_at=job.progress_at,
+            objective=objective_value(objective) if objective is not None else None,
             stragglers=[
                 Straggler(
                     rank=s["rank"],

@@ -19,6 +19,7 @@ from api.convert import (
     job_event,
     job_explanation,
     job_info,
+    objective_value,
     prediction_accuracy,
     queue_infos,
 )
@@ -28,6 +29,7 @@ from api.limits import Limits
 from api.pages import page_response
 from api.validation import check_requirements, validate_submission
 from gangway.models import (
+    METRIC_NAME,
     ClusterInfo,
     ErrorBody,
     Estimate,
@@ -45,12 +47,14 @@ from gangway.models import (
     MetricPoint,
     PredictionAccuracy,
     QueueInfo,
+    ReportedValues,
     Script,
     submit_body,
 )
 from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.store import JobRepository, NewJob, QueueRepository
 from scheduler.store.packages import PackageStore
+from scheduler.store.reported import MAX_PAGE
 from scheduler.store.specs import spec_from_json
 
 # Every /v1 route needs a caller (auth on) or lets everyone in (auth off): see api.auth.
@@ -244,8 +248,16 @@ def list_jobs(
     names = _node_names(repo)
     shown = records[:limit]
     predicted = repo.predictions(r.id for r in shown)
+    best = repo.objectives(r.id for r in shown)
     items = (
-        job_info(r, names, predicted.get(r.id), shows_env=sees_env(caller, r.user)) for r in shown
+        job_info(
+            r,
+            names,
+            predicted.get(r.id),
+            shows_env=sees_env(caller, r.user),
+            objective=best.get(r.id),
+        )
+        for r in shown
     )
     budget: int = request.app.state.limits.max_page_bytes
     return page_response(items, more=len(records) > limit, max_bytes=budget)
@@ -257,7 +269,13 @@ def get_job(job_id: JobId, caller: Caller, repo: Repo) -> JobInfo:
     its state, placement and progress."""
     record = repo.get(job_id)
     predicted = repo.predictions([job_id]).get(job_id)
-    return job_info(record, _node_names(repo), predicted, shows_env=sees_env(caller, record.user))
+    return job_info(
+        record,
+        _node_names(repo),
+        predicted,
+        shows_env=sees_env(caller, record.user),
+        objective=repo.objectives([job_id]).get(job_id),
+    )
 
 
 @router.post("/v1/jobs/{job_id}/cancel", response_model=JobInfo, responses=ERROR_RESPONSES)
@@ -331,13 +349,34 @@ def job_logs(
 def job_metrics(
     job_id: JobId,
     repo: Repo,
+    *,
     max_points: Annotated[
-        int, Query(ge=2, le=10_000, description="thin the series to at most this many")
+        int, Query(ge=2, le=10_000, description="thin the samples to at most this many")
     ] = 500,
+    name: Annotated[
+        list[Annotated[str, Query(pattern=METRIC_NAME)]],
+        Query(max_length=64, description="only reported points carrying one of these"),
+    ] = [],  # noqa: B006 (FastAPI copies a query list's default)
+    after: Annotated[
+        int | None, Query(ge=0, le=2**63 - 1, description="a reported point's id: read on")
+    ] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_PAGE, description="reported points read in this page")
+    ] = 10_000,
 ) -> JobMetrics:
-    """Loss, tokens/s, step time and memory over steps, every attempt (a chart's data)."""
-    points = repo.metrics(job_id, max_points=max_points)
-    return JobMetrics(points=[MetricPoint(**asdict(point)) for point in points])
+    """What the job reported (every point, any name, every attempt: a page at a time),
+    the names it has reported, its objective's best value, and the service's samples of
+    loss, tokens/s, step time and memory."""
+    reported, next_cursor = repo.reported_points(job_id, names=name, after=after, limit=limit)
+    samples = repo.metrics(job_id, max_points=max_points)
+    best = repo.objectives([job_id]).get(job_id)
+    return JobMetrics(
+        points=[MetricPoint(**asdict(point)) for point in samples],
+        names=repo.metric_names(job_id),
+        reported=[ReportedValues(**asdict(point)) for point in reported],
+        next_cursor=next_cursor,
+        objective=objective_value(best) if best is not None else None,
+    )
 
 
 @router.get(

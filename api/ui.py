@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +20,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 
 from api.auth import Caller, current_caller, sees_env
 from api.charts import Series, line_chart, sparkline
@@ -30,12 +33,17 @@ from api.convert import (
     prediction_accuracy,
 )
 from api.routes import MAX_ID, JobId, Repo
-from gangway.models import JobState
+from gangway.models import JobState, metric_order
 from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.store import JobRecord, JobRepository, MetricPoint
 from scheduler.store.predictions import JobPrediction
+from scheduler.store.reported import StoredPoint
 
 PAGE_SIZE = 20
+MAX_CHART_POINTS = 20_000  # reports drawn per job page (every one, up to this)
+MAX_CHARTS = 32
+# How the built-in trainer's events name a bad step it acted on (workers.engine.health).
+_INSTABILITY = re.compile(r"instability at step (\d+)")
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 shells = APIRouter(include_in_schema=False)
@@ -212,7 +220,13 @@ def job_summary(request: Request, job_id: JobId, caller: Caller, repo: Repo) -> 
     record = repo.get(job_id)
     predicted = repo.predictions([job_id]).get(job_id)
     names = {n.id: n.name for n in repo.nodes()}
-    info = job_info(record, names, predicted, shows_env=sees_env(caller, record.user))
+    info = job_info(
+        record,
+        names,
+        predicted,
+        shows_env=sees_env(caller, record.user),
+        objective=repo.objectives([job_id]).get(job_id),
+    )
     now = repo.now()
     return _render(
         request,
@@ -236,14 +250,38 @@ def _series(points: list[MetricPoint], field: str) -> Series:
 
 @fragments.get("/ui/jobs/{job_id}/charts", response_class=HTMLResponse)
 def job_charts(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
-    points = repo.metrics(job_id, max_points=300)
+    """A chart per metric the job reported, every point of it (the first
+    `MAX_CHART_POINTS` reports), with each resume and each bad step the trainer acted on
+    marked; a job that reported nothing by name shows the service's samples."""
+    reported, more = repo.reported_points(job_id, limit=MAX_CHART_POINTS)
+    if not reported:
+        return _render(request, "_job_charts.html", charts=_sampled_charts(repo, job_id))
+    record = repo.get(job_id)
+    objective = record.spec.objective.metric if record.spec.objective else None
+    marks = instability_steps(e.reason for e in repo.events(job_id))
+    names = metric_order(repo.metric_names(job_id), objective)[:MAX_CHARTS]
+    cut = f" (first {len(reported):,} reports)" if more is not None else ""
     charts = [
+        line_chart(_reported_series(reported, name, marks), title=name + cut) for name in names
+    ]
+    return _render(request, "_job_charts.html", charts=charts)
+
+
+def _reported_series(points: list[StoredPoint], name: str, marks: Sequence[int]) -> Series:
+    carrying = [p for p in points if name in p.values]
+    breaks = [b.step for a, b in itertools.pairwise(carrying) if b.attempt != a.attempt]
+    values = [(float(p.step), float(p.values[name])) for p in carrying]
+    return Series(points=values, breaks=breaks, marks=[float(step) for step in marks])
+
+
+def _sampled_charts(repo: JobRepository, job_id: int) -> list[Markup]:
+    points = repo.metrics(job_id, max_points=300)
+    return [
         line_chart(_series(points, "loss"), title="loss"),
         line_chart(_series(points, "tokens_per_s"), title="tokens/s"),
         line_chart(_series(points, "step_time_s"), title="step time (s)"),
         line_chart(_series(points, "comm_s"), title=_comm_title(points)),
     ]
-    return _render(request, "_job_charts.html", charts=charts)
 
 
 def _comm_title(points: list[MetricPoint]) -> str:
@@ -262,3 +300,8 @@ def job_events(request: Request, job_id: JobId, repo: Repo) -> HTMLResponse:
     repo.get(job_id)
     events = [job_event(e) for e in repo.events(job_id)]
     return _render(request, "_job_events.html", events=list(reversed(events)))
+
+
+def instability_steps(reasons: Iterable[str]) -> list[int]:
+    """The steps the job's events name as bad steps the trainer acted on."""
+    return [int(m.group(1)) for reason in reasons if (m := _INSTABILITY.search(reason))]

@@ -4,6 +4,8 @@ from gangway import Client, Builtin, Parallelism
 job = Client().submit(name="demo", parallelism=Parallelism(dp=2), entrypoint=Builtin(steps=50))
 job.wait()
 
+Inside a job, `from gangway import report; report(step=..., val_acc=...)` reports metrics.
+
 `AsyncClient` (gangway.aio) offers the same calls to asyncio code.
 
 
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
         Script,
         Straggler,
     )
+    from gangway.reporting import report
 
 _SOURCES = {
     "APIError": "gangway.errors",
@@ -79,6 +82,7 @@ _SOURCES = {
     "OutputsPage": "gangway.models",
     "Parallelism": "gangway.models",
     "Resources": "gangway.models",
+    "report": "gangway.reporting",
     "Script": "gangway.models",
     "Straggler": "gangway.models",
     "TransportError": "gangway.errors",
@@ -130,4 +134,5 @@ __all__ = [
     "Unauthorized",
     "ValidationFailed",
     "WaitTimeout",
+    "report",
 ]

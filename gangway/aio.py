@@ -14,7 +14,7 @@ import asyncio
 import builtins
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -37,6 +37,7 @@ from gangway.models import (
     LogLine,
     MetricPoint,
     OutputFile,
+    ReportedValues,
 )
 from gangway.packaging import DEFAULT_MAX_BYTES, Shipped, pack
 
@@ -120,6 +121,7 @@ class AsyncClient:
     events = _sends(calls.events)
     logs = _sends(calls.logs)
     metrics = _sends(calls.metrics)
+    metric_page = _sends(calls.metric_page)
     checkpoints = _sends(calls.checkpoints)
     outputs_page = _sends(calls.outputs)
     cluster = _sends(calls.cluster)
@@ -188,6 +190,20 @@ class AsyncClient:
             if has_ended(job, deadline, timeout_s):
                 return job
             await asyncio.sleep(poll_s)
+
+    async def metric_points(
+        self, job_id: int, names: Sequence[str] = ()
+    ) -> builtins.list[ReportedValues]:
+        """Every point the job reported (all pages), in order of arrival; with `names`,
+        the points carrying one of them, with only those values."""
+        points: list[ReportedValues] = []
+        after: int | None = None
+        while True:
+            page = await self.metric_page(job_id, names=names, after=after)
+            points.extend(page.reported)
+            if page.next_cursor is None:
+                return points
+            after = page.next_cursor
 
     async def outputs(self, job_id: int, *, rank: int | None = None) -> builtins.list[OutputFile]:
         """`Client.outputs`: every page, awaited."""
@@ -285,6 +301,10 @@ class AsyncJob(JobInfo):
 
     async def metrics(self, *, max_points: int = 500) -> list[MetricPoint]:
         return await self._client.metrics(self.id, max_points=max_points)
+
+    async def metric_points(self, *names: str) -> list[ReportedValues]:
+        """Every point the job reported (see `Client.metric_points`)."""
+        return await self._client.metric_points(self.id, names)
 
     async def checkpoints(self) -> JobCheckpoints:
         return await self._client.checkpoints(self.id)

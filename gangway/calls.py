@@ -206,9 +206,19 @@ def _points(answer: Any) -> list[MetricPoint]:
 
 
 def metrics(job_id: int, *, max_points: int = 500) -> Call[list[MetricPoint]]:
-    """Loss, tokens/s, step time and memory over steps, thinned to `max_points`."""
+    """The service's samples of loss, tokens/s, step time and memory over steps, thinned
+    to `max_points` (what the job itself reported: `metric_page`)."""
     params = {"max_points": max_points}
     return Call("GET", f"/v1/jobs/{job_id}/metrics", _points, params=params)
+
+
+def metric_page(
+    job_id: int, *, names: Sequence[str] = (), after: int | None = None, limit: int = 10_000
+) -> Call[JobMetrics]:
+    """A page of what the job reported (see `JobMetrics.reported`), its names and its
+    objective's best value; with `names`, only the points carrying one of them."""
+    params = _optional(name=list(names) or None, after=after, limit=limit, max_points=2)
+    return Call("GET", f"/v1/jobs/{job_id}/metrics", _reader(JobMetrics), params=params)
 
 
 def checkpoints(job_id: int) -> Call[JobCheckpoints]:

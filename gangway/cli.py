@@ -17,6 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gangway import cli_shared
 from gangway.cli_admin import queues_app, users_app, whoami
+from gangway.cli_metrics import metrics
 from gangway.cli_outputs import download, outputs
 from gangway.cli_predict import accuracy, describe, estimate, when
 from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run, terminal_safe
@@ -43,6 +44,7 @@ app.command()(whoami)
 app.command()(estimate)
 app.command()(accuracy)
 app.command()(outputs)
+app.command()(metrics)
 app.command()(download)
 
 
@@ -362,37 +364,6 @@ def _when(at: datetime | None) -> str:
 
 
 @app.command()
-def metrics(
-    job_id: int,
-    max_points: Annotated[int, typer.Option(min=2, max=10_000, help="thin to this many")] = 20,
-    url: Url = DEFAULT_URL,
-    as_json: AsJson = False,
-) -> None:
-    """A job's loss, tokens/s, step time, memory and communication over its steps."""
-    with cli_shared.connect(url) as client:
-        points = run(lambda: client.metrics(job_id, max_points=max_points))
-    if as_json:
-        echo_json(json.dumps([p.model_dump(mode="json") for p in points], indent=2))
-        return
-    cli_shared.print_table(
-        [">STEP", ">ATT", ">LOSS", ">TOKENS/S", ">STEP MS", ">MEM MB", ">COMM MS", ">COMM MB"],
-        (
-            [
-                p.step,
-                p.attempt,
-                _num(p.loss, ".4f"),
-                _num(p.tokens_per_s, ",.0f"),
-                _num(p.step_time_s * 1000 if p.step_time_s is not None else None, ".0f"),
-                _num(p.memory_mb, ".0f"),
-                _num(p.comm_s * 1000 if p.comm_s is not None else None, ".0f"),
-                _num(p.comm_bytes / 2**20 if p.comm_bytes is not None else None, ".2f"),
-            ]
-            for p in points
-        ),
-    )
-
-
-@app.command()
 def events(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
     """A job's timeline: every state change and note, with its reason, oldest first."""
     with cli_shared.connect(url) as client:
@@ -421,10 +392,6 @@ def checkpoints(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) ->
         [">STEP", ">BYTES", "SAVED AT"],
         ([c.step, f"{c.bytes:,}", f"{c.saved_at:%Y-%m-%d %H:%M:%S}"] for c in saved.checkpoints),
     )
-
-
-def _num(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 @app.command()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import builtins
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
@@ -31,6 +31,7 @@ from gangway.models import (
     LogLine,
     MetricPoint,
     OutputFile,
+    ReportedValues,
 )
 from gangway.packaging import DEFAULT_MAX_BYTES, Shipped, pack
 
@@ -121,6 +122,7 @@ class Client:
     events = _sends(calls.events)
     logs = _sends(calls.logs)
     metrics = _sends(calls.metrics)
+    metric_page = _sends(calls.metric_page)
     checkpoints = _sends(calls.checkpoints)
     outputs_page = _sends(calls.outputs)
     cluster = _sends(calls.cluster)
@@ -190,6 +192,20 @@ class Client:
             if has_ended(job, deadline, timeout_s):
                 return job
             time.sleep(poll_s)
+
+    def metric_points(
+        self, job_id: int, names: Sequence[str] = ()
+    ) -> builtins.list[ReportedValues]:
+        """Every point the job reported (all pages), in order of arrival; with `names`,
+        the points carrying one of them, with only those values."""
+        points: list[ReportedValues] = []
+        after: int | None = None
+        while True:
+            page = self.metric_page(job_id, names=names, after=after)
+            points.extend(page.reported)
+            if page.next_cursor is None:
+                return points
+            after = page.next_cursor
 
     def outputs(self, job_id: int, *, rank: int | None = None) -> builtins.list[OutputFile]:
         """Every file the job's ranks wrote to their OUTPUTS_DIR (all pages), sorted by
@@ -285,6 +301,10 @@ class Job(JobInfo):
 
     def metrics(self, *, max_points: int = 500) -> list[MetricPoint]:
         return self._client.metrics(self.id, max_points=max_points)
+
+    def metric_points(self, *names: str) -> list[ReportedValues]:
+        """Every point the job reported (see `Client.metric_points`)."""
+        return self._client.metric_points(self.id, names)
 
     def checkpoints(self) -> JobCheckpoints:
         return self._client.checkpoints(self.id)

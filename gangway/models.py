@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from gangway.reporting import METRIC_NAME as METRIC_NAME  # re-exported: part of this contract
 from gangway.states import JobState as JobState  # re-exported: part of this contract
 
 
@@ -114,6 +115,24 @@ UpdateMode = Literal["sync", "local-sgd", "diloco", "adaptive", "async"]
 Optimizer = Literal["adamw", "sgd"]
 
 
+class Instability(_Strict):
+    """What the built-in trainer does on a bad step: a loss or gradient norm that is NaN
+    or infinite, or a loss spike (above `spike_factor` x the median loss of the last
+    `spike_window` good steps). `fail` ends the job naming the step and the value;
+    `skip` drops the step's update; `rollback` restores the newest checkpoint, skips the
+    data from there to the end of the bad step's batch, multiplies the learning rate by
+    `lr_scale`, and fails once `max_rollbacks` have not helped (with no checkpoint yet, it
+    drops the update as `skip` does). Every action is an event of the job."""
+
+    action: Literal["fail", "skip", "rollback"] = "rollback"
+    spike_factor: float | None = Field(
+        3.0, gt=1, le=1e6, description="null: only NaN and Inf are bad steps"
+    )
+    spike_window: Int = Field(50, ge=5, le=100_000, description="good steps the median spans")
+    max_rollbacks: Int = Field(3, ge=0, le=1000, description="per job, across its attempts")
+    lr_scale: float = Field(1.0, gt=0, le=1, description="learning rate x this per rollback")
+
+
 class Builtin(_Strict):
     """The built-in trainer: a GPT-style model on synthetic tokens."""
 
@@ -161,6 +180,17 @@ class Builtin(_Strict):
         False, description="pipeline stages by measured cost (may cut inside a block)"
     )
     balance_batch: bool = Field(False, description="smaller batch shares for slower dp ranks")
+    eval_every: Int | None = Field(
+        50,
+        ge=1,
+        le=10_000_000,
+        description="steps between validation passes on the held-out split (and one at the "
+        "end): val_loss, val_perplexity, val_token_accuracy; null: none",
+    )
+    eval_batches: Int = Field(
+        4, ge=1, le=100_000, description="batches of batch_size per dp rank in one pass"
+    )
+    on_instability: Instability = Field(default_factory=Instability)
 
 
 # A function's kwargs travel in the job's stored spec and in every listing of it.
@@ -269,6 +299,13 @@ class CheckpointPolicy(_Strict):
     keep_last: Int = Field(2, ge=1, le=100)
 
 
+class Objective(_Strict):
+    """A metric the job reports and which way is better."""
+
+    metric: str = Field(pattern=METRIC_NAME)
+    mode: Literal["min", "max"] = "min"
+
+
 def _plan_kind(value: Any) -> str:
     return "auto" if value == "auto" else "plan"
 
@@ -307,6 +344,11 @@ class JobSubmit(_Strict):
     )
     preemptible: bool = Field(True, description="may be stopped for a higher-priority job")
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    objective: Objective | None = Field(
+        None,
+        description="the reported metric whose best value the job keeps; null: val_loss, "
+        "lowest best, for the built-in trainer, none for other jobs",
+    )
     package: str | None = Field(
         None,
         pattern=PACKAGE_ID,
@@ -378,6 +420,17 @@ class Straggler(BaseModel):
     ratio: float = Field(description="that over the gang's median")
 
 
+class ObjectiveValue(BaseModel):
+    """The best value of the job's objective so far, and where it was reported."""
+
+    metric: str
+    mode: Literal["min", "max"]
+    value: float
+    step: int
+    attempt: int
+    at: datetime
+
+
 class Progress(BaseModel):
     step: int
     total_steps: int | None
@@ -385,6 +438,9 @@ class Progress(BaseModel):
     first_loss: float | None
     tokens_per_s: float | None
     updated_at: datetime | None
+    objective: ObjectiveValue | None = Field(
+        None, description="the best value of the job's objective so far"
+    )
     stragglers: list[Straggler] = Field(
         default_factory=list, description="ranks of this attempt flagged as slow"
     )
@@ -517,8 +573,45 @@ class MetricPoint(BaseModel):
     )
 
 
+class ReportedValues(BaseModel):
+    """One report of the job's rank 0 (every step of the built-in trainer, each
+    `ctx.report` or `gangway.report` call): the values it carried, by name."""
+
+    id: int = Field(description="the order of arrival: pass as `after` to read on")
+    attempt: int
+    step: int
+    at: datetime
+    values: dict[str, float]
+
+
+# Shown first, in this order, after the job's objective; the rest by name.
+_USUAL_METRICS = ("loss", "val_loss", "val_token_accuracy", "grad_norm", "lr", "tokens_per_s")
+
+
+def metric_order(names: Sequence[str], objective: str | None) -> list[str]:
+    """The job's metric names as a reader wants them: the objective, the usual training
+    curves, then the rest by name."""
+    first = [n for n in (objective, *_USUAL_METRICS) if n is not None and n in names]
+    return list(dict.fromkeys(first)) + sorted(n for n in names if n not in first)
+
+
 class JobMetrics(BaseModel):
-    points: list[MetricPoint] = Field(description="oldest first, evenly thinned")
+    points: list[MetricPoint] = Field(
+        description="the service's samples (loss, tokens/s, step time, memory, "
+        "communication): oldest first, evenly thinned to max_points"
+    )
+    names: list[str] = Field(
+        default_factory=list, description="every metric name the job has reported"
+    )
+    reported: list[ReportedValues] = Field(
+        default_factory=list,
+        description="what the job reported, every point, in order of arrival (a page: see "
+        "next_cursor); with `name`, only the points carrying one of those names",
+    )
+    next_cursor: int | None = Field(
+        None, description="pass as `after` for the next page of `reported`; null: no more"
+    )
+    objective: ObjectiveValue | None = None
 
 
 class JobLogs(BaseModel):

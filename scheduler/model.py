@@ -189,6 +189,23 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectiveSpec:
+    """The reported metric whose best value a job keeps, and which way is better."""
+
+    metric: str
+    mode: str  # "min" | "max"
+
+    def better(self, value: float, than: float | None) -> bool:
+        if than is None:
+            return True
+        return value < than if self.mode == "min" else value > than
+
+
+# What a built-in trainer job keeps when it declares no objective of its own.
+BUILTIN_OBJECTIVE = ObjectiveSpec("val_loss", "min")
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """What a job asked for, typed, as the service reads it below the API. Built by one
     function from the stored JSON (`scheduler.store.specs.spec_from_json`); the wire model
@@ -202,6 +219,7 @@ class JobSpec:
     preemptible: bool
     checkpoint: CheckpointSpec
     code: CodeSpec = CodeSpec()
+    objective: ObjectiveSpec | None = None  # the declared one, or the built-in default
 
     def placed(self, placement: Sequence[str] | None) -> GangShape:
         """The gang as placed: an elastic job runs at the dp its placement shows."""

@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-# Not GANGWAY_*: that prefix is the service's, and a rank holds none of its variables.
-REPORT_FD_ENV = "RANK_REPORT_FD"
-MAX_REPORT_BYTES = 64 * 1024
+from gangway.reporting import MAX_METRICS, METRIC_NAME
+from gangway.reporting import MAX_REPORT_BYTES as MAX_REPORT_BYTES
+from gangway.reporting import REPORT_FD_ENV as REPORT_FD_ENV
+
+# The variable (not GANGWAY_*: that prefix is the service's, and a rank holds none of its
+# variables), the bounds and the names are those of `gangway.report`, the job's own helper.
 MAX_TEXT = 60_000
-MAX_METRICS = 64
 
 
 class _Message(BaseModel):
@@ -37,7 +40,7 @@ class ProgressReport(_Message):
     step: int = Field(ge=0)
     loss: float | None = None
     tokens_per_s: float | None = None
-    metrics: dict[Annotated[str, Field(max_length=100)], float] = Field(
+    metrics: dict[Annotated[str, Field(pattern=METRIC_NAME)], float] = Field(
         default_factory=dict, max_length=MAX_METRICS
     )
 
@@ -80,6 +83,14 @@ Report = Annotated[
 
 
 _REPORTS: TypeAdapter[Report] = TypeAdapter(Report)
+
+
+def metric_point(report: ProgressReport, at: float) -> dict[str, Any]:
+    """A progress report as one point of the job's metric series: its step, when it came,
+    and every finite value it carries by name (`loss` and `tokens_per_s` among them)."""
+    values = {"loss": report.loss, "tokens_per_s": report.tokens_per_s, **report.metrics}
+    finite = {k: v for k, v in values.items() if v is not None and math.isfinite(v)}
+    return {"step": report.step, "at": at, "values": finite}
 
 
 def parse_report(data: bytes) -> Report | None:

@@ -1,4 +1,5 @@
-"""Ingest what a gang reports: progress points, log lines and straggler flags."""
+"""Ingest what a gang reports: progress, reported metric points, log lines and straggler
+flags."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class ProgressIngest:
         """Store new log lines and straggler flags; the progress point to store when the
         step moved (the loop stores a pass's points in one transaction)."""
         self._repo.append_logs(job.id, job.attempt, status.logs)
+        self._repo.append_points(job.id, job.attempt, status.points, job.spec.objective)
         self._record_events(job, status.events)
         if status.step == job.step:
             return None

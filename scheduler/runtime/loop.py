@@ -231,12 +231,14 @@ class SchedulerLoop:
         return busy
 
     def _still_quiet(self, job: JobRecord, status: GroupStatus, now: datetime) -> bool:
-        """The same row, the same report with no new lines, as when the lifecycle last
-        found nothing in it, and none of its clock rules due yet: nothing to do."""
+        """The same row, the same report with no new lines or points, as when the
+        lifecycle last found nothing in it, and none of its clock rules due yet: nothing
+        to do."""
         quiet = self._quiet.get(job.id)
         return (
             quiet is not None
             and not status.logs
+            and not status.points
             and quiet[0] == job.version
             and quiet[1] == status
             and (quiet[2] is None or now < quiet[2])

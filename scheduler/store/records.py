@@ -155,6 +155,22 @@ class MetricPoint:
 
 
 @dataclass(frozen=True)
+class ReportedPoint:
+    """One progress report of rank 0: its number in the rank's series (the store drops
+    numbers it has, so a reattached group may send them again), step, time, values."""
+
+    seq: int
+    step: int
+    at: float  # seconds since the epoch, the rank's clock
+    values: dict[str, float]
+
+    @classmethod
+    def from_wire(cls, seq: int, point: dict[str, Any]) -> ReportedPoint:
+        values = {str(k): float(v) for k, v in dict(point.get("values", {})).items()}
+        return cls(seq, int(point["step"]), float(point["at"]), values)
+
+
+@dataclass(frozen=True)
 class LogLine:
     attempt: int
     rank: int

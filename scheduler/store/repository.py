@@ -1,7 +1,8 @@
 """`JobRepository`: the jobs database as one object, made of one store per aggregate.
 
 Each aggregate lives in its own module (jobs.py: jobs, events, idempotency; telemetry.py:
-logs and metrics; nodes.py; leases.py); callers that need the whole database take this.
+logs and metrics; reported.py: what jobs report; nodes.py; leases.py); callers that need
+the whole database take this.
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ from scheduler.store.jobs import JobStore
 from scheduler.store.leases import LeaseStore
 from scheduler.store.nodes import NodeStore
 from scheduler.store.predictions import PredictionStore
+from scheduler.store.reported import ReportedMetricStore
 from scheduler.store.telemetry import TelemetryStore
 
 
-class JobRepository(JobStore, TelemetryStore, NodeStore, LeaseStore, PredictionStore):
-    """Every read and write of jobs, events, logs, metrics, nodes, leases and predictions."""
+class JobRepository(
+    JobStore, TelemetryStore, ReportedMetricStore, NodeStore, LeaseStore, PredictionStore
+):
+    """Every read and write of jobs, events, logs, metrics (sampled and reported), nodes,
+    leases and predictions."""

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from gangway.models import Builtin, Command, Function, JobSubmit, Script
 from scheduler.model import (
+    BUILTIN_OBJECTIVE,
     BuiltinEntrypoint,
     CheckpointSpec,
     CodeSpec,
@@ -22,6 +23,7 @@ from scheduler.model import (
     FunctionEntrypoint,
     GangShape,
     JobSpec,
+    ObjectiveSpec,
     Parallelism,
     ScriptEntrypoint,
 )
@@ -41,10 +43,11 @@ def spec_from_json(stored: Mapping[str, Any]) -> JobSpec:
     )
     limit = data["time_limit_s"]
     checkpoint = data["checkpoint"]
+    entrypoint = _entrypoint(data["entrypoint"])
     return JobSpec(
         shape=shape,
         fsdp=bool(parallelism["fsdp"]),
-        entrypoint=_entrypoint(data["entrypoint"]),
+        entrypoint=entrypoint,
         max_restarts=int(data["max_restarts"]),
         time_limit_s=float(limit) if limit is not None else None,
         preemptible=bool(data["preemptible"]),
@@ -57,7 +60,18 @@ def spec_from_json(stored: Mapping[str, Any]) -> JobSpec:
             env=dict(data["env"]),
             secrets=dict(data["secrets"]),
         ),
+        objective=_objective(data["objective"], entrypoint),
     )
+
+
+def _objective(
+    stored: Mapping[str, Any] | None, entrypoint: EntrypointSpec
+) -> ObjectiveSpec | None:
+    """The declared objective; a built-in trainer job without one keeps its validation
+    loss (the metric its trainer reports on the held-out split)."""
+    if stored is not None:
+        return ObjectiveSpec(metric=str(stored["metric"]), mode=str(stored.get("mode", "min")))
+    return BUILTIN_OBJECTIVE if isinstance(entrypoint, BuiltinEntrypoint) else None
 
 
 def _entrypoint(stored: Mapping[str, Any]) -> EntrypointSpec:
@@ -84,10 +98,15 @@ _DEFAULTS = {
 
 
 def _optional_fields(model: type[BaseModel]) -> dict[str, Any]:
-    return {
+    """Each optional field's default as JSON would hold it (a nested model as a dict)."""
+    defaults = {
         name: field.get_default(call_default_factory=True)
         for name, field in model.model_fields.items()
         if not field.is_required()
+    }
+    return {
+        name: value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+        for name, value in defaults.items()
     }
 
 

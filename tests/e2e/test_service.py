@@ -92,6 +92,37 @@ def test_cancel_stops_the_ranks_and_frees_the_gpus(service: Service) -> None:
     assert client.get(job.id).state is JobState.CANCELLED
 
 
+REPORTING_SCRIPT = """
+from gangway import report
+for step in range(1, 41):
+    report(step=step, loss=1.0 / step, **({"val_acc": step / 40} if step % 10 == 0 else {}))
+"""
+
+
+def test_a_command_job_reports_metrics_with_the_helper(service: Service, tmp_path: Path) -> None:
+    """`gangway.report` in a user's own script: every point stored, the best kept."""
+    client = service.start()
+    workdir = tmp_path / "wp"
+    workdir.mkdir()
+    (workdir / "train.py").write_text(REPORTING_SCRIPT)
+    job = client.submit(
+        name="reporter",
+        entrypoint=Command(argv=["python", "train.py"]),
+        working_dir=workdir,
+        objective={"metric": "val_acc", "mode": "max"},
+    )
+    done = client.wait(job.id, timeout_s=120, poll_s=0.3)
+    assert done.state is JobState.SUCCEEDED, done.error
+    assert [p.step for p in client.metric_points(job.id)] == list(range(1, 41))
+    assert [p.values for p in client.metric_points(job.id, ["val_acc"])] == [
+        {"val_acc": v} for v in (0.25, 0.5, 0.75, 1.0)
+    ]
+    best = done.progress.objective
+    assert best is not None and (best.metric, best.value, best.step) == ("val_acc", 1.0, 40)
+    shown = gangway_cli("metrics", str(job.id), "--name", "val_acc", "--url", service.url)
+    assert "best val_acc (highest): 1 at step 40, attempt 1" in shown
+
+
 def test_a_user_error_fails_the_job_with_the_traceback(service: Service) -> None:
     client = service.start()
     job = client.submit(

@@ -40,6 +40,7 @@ from workers.channel import (
     StacksReport,
     StopSeenReport,
     go_message,
+    metric_point,
 )
 from workers.launch import (
     INSIDE_CHECKPOINTS,
@@ -59,7 +60,7 @@ from workers.launch import (
 from workers.supervisor import sandbox
 from workers.supervisor.cgroups import RankGroup, rank_group
 from workers.supervisor.environment import program_environment
-from workers.supervisor.output import LineBuffer
+from workers.supervisor.output import LineBuffer, Numbered
 from workers.supervisor.outputs import collect
 from workers.supervisor.process import ProgramProcess
 from workers.supervisor.venvs import VenvBuild, job_venv
@@ -75,6 +76,8 @@ from workers.supervisor.workspace import (
 # Phases a rank reports; the group aggregates them.
 IDLE, RUNNING, SUCCEEDED, FAILED = "idle", "running", "succeeded", "failed"
 MAX_EVENTS = 50
+MAX_POINTS = 10_000  # reported metric points kept until the runtime reads them
+POINTS_PER_POLL = 2_000
 TAIL_LINES = 30
 STACKS_TIMEOUT_S = 4.0
 
@@ -110,6 +113,9 @@ class RankSupervisor:
         self._job, self._info = job, info
         self._node_id = str(ray.get_runtime_context().get_node_id())
         self._logs = LineBuffer()
+        # Every progress report, numbered: the job's metrics, step by step (rank 0's are
+        # stored). Bounded: a service that does not poll for long loses the oldest.
+        self._points: Numbered[dict[str, Any]] = Numbered(maxlen=MAX_POINTS)
         self._lock = threading.Lock()
         self._progress = _Progress()
         self._stacks: queue.Queue[str] = queue.Queue()
@@ -161,14 +167,19 @@ class RankSupervisor:
         self._loaded.wait()
         return self._node_id
 
-    def status(self, log_after: int = 0) -> dict[str, Any]:
-        """Phase, progress, and the output lines numbered above `log_after`."""
+    def status(self, log_after: int = 0, points_after: int | None = None) -> dict[str, Any]:
+        """Phase, progress, the output lines numbered above `log_after` and, when asked
+        (`points_after`), the reported metric points numbered above it."""
+        points = (
+            self._points.since(points_after, POINTS_PER_POLL) if points_after is not None else []
+        )
         with self._lock:
             progress = self._progress
             latest = progress.latest
             metrics = latest.metrics
             return {
                 "logs": self._logs.since(log_after),
+                "points": points,
                 "phase": self._phase,
                 "error": self._error,
                 "summary": self._summary,
@@ -387,6 +398,7 @@ class RankSupervisor:
             if isinstance(report, ProgressReport):
                 progress.latest = report
                 progress.reported_at = time.time()
+                self._points.append(metric_point(report, progress.reported_at))
                 if progress.first_loss is None:
                     progress.first_loss = report.loss
                 checkpoint_step = report.metrics.get("checkpoint_step")

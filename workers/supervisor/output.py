@@ -18,36 +18,46 @@ import collections
 import itertools
 import os
 import threading
+from typing import Generic, TypeVar
 
 MAX_LINE = 4000  # characters kept of one line
 _CHUNK = 65536
+T = TypeVar("T")
 
 
-class LineBuffer:
-    """The newest `maxlen` lines, numbered from 1, safe across threads."""
+class Numbered(Generic[T]):
+    """The newest `maxlen` items, numbered from 1, safe across threads: a reader asks
+    for those above the last number it has, so each is handed out once per reader."""
 
     def __init__(self, maxlen: int = 10_000) -> None:
-        self._lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=maxlen)
+        self._items: collections.deque[tuple[int, T]] = collections.deque(maxlen=maxlen)
         self._next = 1
         self._lock = threading.Lock()
 
-    def append(self, line: str) -> None:
+    def append(self, item: T) -> None:
         with self._lock:
-            self._lines.append((self._next, line[:MAX_LINE]))
+            self._items.append((self._next, item))
             self._next += 1
 
-    def since(self, after: int, limit: int = 1000) -> list[tuple[int, str]]:
-        """Up to `limit` lines numbered above `after`, oldest first."""
+    def since(self, after: int, limit: int = 1000) -> list[tuple[int, T]]:
+        """Up to `limit` items numbered above `after`, oldest first."""
         with self._lock:
-            if not self._lines:
+            if not self._items:
                 return []
-            start = max(0, after + 1 - self._lines[0][0])  # numbers are consecutive
-            return list(itertools.islice(self._lines, start, start + limit))
+            start = max(0, after + 1 - self._items[0][0])  # numbers are consecutive
+            return list(itertools.islice(self._items, start, start + limit))
 
-    def tail(self, count: int) -> list[str]:
-        """The newest `count` lines."""
+    def tail(self, count: int) -> list[T]:
+        """The newest `count` items."""
         with self._lock:
-            return [line for _, line in list(self._lines)[-count:]]
+            return [item for _, item in list(self._items)[-count:]]
+
+
+class LineBuffer(Numbered[str]):
+    """Output lines, each cut at `MAX_LINE` characters."""
+
+    def append(self, item: str) -> None:
+        super().append(item[:MAX_LINE])
 
 
 def pump(fd: int, buffer: LineBuffer) -> None:

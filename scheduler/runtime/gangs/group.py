@@ -37,6 +37,7 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus, aggregate
+from scheduler.store.records import ReportedPoint
 from workers.launch import JobLaunch, RankInfo
 from workers.supervisor.actor import IDLE, RankSupervisor
 
@@ -123,6 +124,8 @@ class WorkerGroup:
         # The newest output line fetched per rank. A group attached after a service
         # restart starts at 0: the store drops lines it already has.
         self._log_cursor = [0] * spec.world_size
+        # The same for rank 0's reported metric points (the job's metrics are rank 0's).
+        self._point_cursor = 0
         self._lost_nodes: tuple[str, ...] = ()
         self._last = GroupStatus(self._phase, ranks_started=bool(actors))
         self._error: str | None = None
@@ -255,15 +258,16 @@ class WorkerGroup:
     def _poll_running(self) -> None:
         if self._status_refs is None:
             self._status_refs = [
-                actor.status.remote(self._log_cursor[rank])
-                for rank, actor in enumerate(self._actors)
+                self._ask_status(rank, actor) for rank, actor in enumerate(self._actors)
             ]
         ready, _ = ray.wait(self._status_refs, num_returns=len(self._status_refs), timeout=0)
         if len(ready) < len(self._status_refs):
             return
         statuses = ray.get(self._status_refs)
         self._status_refs = None
-        self._last = replace(aggregate(statuses), logs=self._new_lines(statuses))
+        self._last = replace(
+            aggregate(statuses), logs=self._new_lines(statuses), points=self._new_points(statuses)
+        )
         self._phase = self._last.phase
         self._error = self._last.error
 
@@ -271,12 +275,13 @@ class WorkerGroup:
         """Ask every rank once more (briefly): the nodes of those whose actor is gone. A
         node can die long before Ray's health check calls it dead. The live ranks' last
         output comes back with the answer, so a failing gang's final lines are kept."""
-        answers = self._ask_every_rank(
-            lambda rank, actor: actor.status.remote(self._log_cursor[rank]),
-            timeout_s=self._call_timeout_s,
-        )
+        answers = self._ask_every_rank(self._ask_status, timeout_s=self._call_timeout_s)
         statuses = [a if isinstance(a, dict) else {} for a in answers]
-        self._last = replace(self._last, logs=self._last.logs + self._new_lines(statuses))
+        self._last = replace(
+            self._last,
+            logs=self._last.logs + self._new_lines(statuses),
+            points=self._last.points + self._new_points(statuses),
+        )
         dead = [
             self.spec.node_ids[rank]
             for rank, answer in enumerate(answers)
@@ -298,6 +303,19 @@ class WorkerGroup:
             except RayError as exc:
                 answers.append(exc)
         return answers
+
+    def _ask_status(self, rank: int, actor: Any) -> Any:
+        """A rank's status with its output lines past the cursor; rank 0's also carries
+        its metric points past theirs."""
+        points_after = self._point_cursor if rank == 0 else None
+        return actor.status.remote(self._log_cursor[rank], points_after)
+
+    def _new_points(self, statuses: list[dict[str, Any]]) -> tuple[ReportedPoint, ...]:
+        points = []
+        for number, point in statuses[0].get("points", ()) if statuses else ():
+            points.append(ReportedPoint.from_wire(int(number), point))
+            self._point_cursor = max(self._point_cursor, int(number))
+        return tuple(points)
 
     def _new_lines(self, statuses: list[dict[str, Any]]) -> tuple[tuple[int, int, str], ...]:
         lines = []

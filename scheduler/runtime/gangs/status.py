@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.store.records import ReportedPoint
 from workers.supervisor.actor import FAILED, IDLE, SUCCEEDED
 
 
@@ -39,6 +40,8 @@ class GroupStatus:
     checkpoint_step: int | None = None  # the newest step the ranks have saved
     # Output lines new since the previous poll: (rank, number, line). Handed out once.
     logs: tuple[tuple[int, int, str], ...] = ()
+    # Rank 0's metric points new since the previous poll. Handed out once.
+    points: tuple[ReportedPoint, ...] = ()
     lost_nodes: tuple[str, ...] = ()  # nodes whose rank actors died (a failed gang)
     # Per rank, the latest step's time in work that waits on no peer (None: not reported).
     rank_local_s: tuple[float | None, ...] = ()

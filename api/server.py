@@ -179,8 +179,11 @@ def _sweep_telemetry(sweeper: TelemetrySweeper, stop: threading.Event, interval_
         except Exception:
             log.exception("telemetry retention sweep failed")
             continue
-        if pruned.log_lines or pruned.metric_points:
-            log.info("retention: deleted %d log lines, %d metric points", *astuple(pruned))
+        if any(astuple(pruned)):
+            log.info(
+                "retention: deleted %d log lines, %d metric samples, %d reported points",
+                *astuple(pruned),
+            )
 
 
 @contextmanager

@@ -202,6 +202,11 @@ class Settings(BaseSettings):
         ge=100,
         description="older lines of a job are deleted past this many",
     )
+    reported_points_per_job: int = Field(
+        _RETENTION.reported_points_per_job,
+        ge=1000,
+        description="older metric points a job reported are deleted past this many",
+    )
     telemetry_retention_days: float = Field(
         _RETENTION.telemetry_age / timedelta(days=1),
         gt=0,
@@ -314,6 +319,7 @@ class Settings(BaseSettings):
     def retention(self) -> Retention:
         return Retention(
             log_lines_per_job=self.log_lines_per_job,
+            reported_points_per_job=self.reported_points_per_job,
             telemetry_age=timedelta(days=self.telemetry_retention_days),
         )
 

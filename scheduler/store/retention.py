@@ -2,9 +2,10 @@
 deletes the rest.
 
 Logs and metrics grow with every poll of every running job; without a bound a chatty job
-fills the database. Two settings bound them: lines kept per job (the newest) and an age
-(metric points older than it; all lines of jobs that ended longer ago). Jobs and their
-events are never deleted here: they are the record of what ran.
+fills the database. Settings bound them: lines kept per job (the newest), an age (the
+service's metric samples older than it; all lines of jobs that ended longer ago), and the
+points a job reported kept per job (the newest; never by age: they are its results).
+Jobs and their events are never deleted here: they are the record of what ran.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine, delete, func, or_, select
 from sqlalchemy.orm import Session
 
+from scheduler.store.reported import JobMetricPointRow
 from scheduler.store.tables import JobLogRow, JobMetricRow, JobRow
 
 
@@ -23,10 +25,15 @@ from scheduler.store.tables import JobLogRow, JobMetricRow, JobRow
 class Retention:
     log_lines_per_job: int = 100_000
     telemetry_age: timedelta = timedelta(days=30)
+    # What a job reports is its result: kept as long as the job, but no more than this
+    # many points (the newest), so no job's code can fill the database.
+    reported_points_per_job: int = 1_000_000
 
     def __post_init__(self) -> None:
         if self.log_lines_per_job < 1:
             raise ValueError("log_lines_per_job must be >= 1")
+        if self.reported_points_per_job < 1:
+            raise ValueError("reported_points_per_job must be >= 1")
         if self.telemetry_age <= timedelta(0):
             raise ValueError("telemetry_age must be positive")
 
@@ -35,6 +42,7 @@ class Retention:
 class Pruned:
     log_lines: int
     metric_points: int
+    reported_points: int = 0
 
 
 def newest_log_seqs(
@@ -70,30 +78,34 @@ class TelemetrySweeper:
         now = self._clock()
         cutoff = now - self._retention.telemetry_age
         with Session(self._engine) as session, session.begin():
-            lines = self._cap_lines(session) + self._expire_lines(session, cutoff)
+            lines = self._cap(session, JobLogRow, self._retention.log_lines_per_job)
+            lines += self._expire_lines(session, cutoff)
             points = session.execute(delete(JobMetricRow).where(JobMetricRow.at < cutoff))
+            reported = self._cap(
+                session, JobMetricPointRow, self._retention.reported_points_per_job
+            )
         self._last_sweep, self._last_cutoff = now, cutoff
-        return Pruned(log_lines=lines, metric_points=_count(points))
+        return Pruned(log_lines=lines, metric_points=_count(points), reported_points=reported)
 
-    def _cap_lines(self, session: Session) -> int:
-        keep = self._retention.log_lines_per_job
-        over_cap = select(JobLogRow.job_id).group_by(JobLogRow.job_id).having(func.count() > keep)
+    def _cap(self, session: Session, table: type[JobLogRow | JobMetricPointRow], keep: int) -> int:
+        """Delete all but each job's newest `keep` rows of `table`."""
+        over_cap = select(table.job_id).group_by(table.job_id).having(func.count() > keep)
         if self._last_sweep is not None:  # the first sweep looks at every job
             changed = or_(JobRow.finished_at.is_(None), JobRow.finished_at >= self._last_sweep)
-            over_cap = over_cap.where(JobLogRow.job_id.in_(select(JobRow.id).where(changed)))
+            over_cap = over_cap.where(table.job_id.in_(select(JobRow.id).where(changed)))
         over = session.scalars(over_cap).all()
         deleted = 0
         for job_id in over:
             oldest_kept = (
-                select(JobLogRow.id)
-                .where(JobLogRow.job_id == job_id)
-                .order_by(JobLogRow.id.desc())
+                select(table.id)
+                .where(table.job_id == job_id)
+                .order_by(table.id.desc())
                 .offset(keep - 1)
                 .limit(1)
                 .scalar_subquery()
             )
             result = session.execute(
-                delete(JobLogRow).where(JobLogRow.job_id == job_id, JobLogRow.id < oldest_kept)
+                delete(table).where(table.job_id == job_id, table.id < oldest_kept)
             )
             deleted += _count(result)
         return deleted

@@ -16,6 +16,7 @@ from api.app import create_app
 from api.limits import Limits
 from scheduler.model import JobState, Node
 from scheduler.store import JobRepository, NewJob, ProgressPoint
+from scheduler.store.records import ReportedPoint
 from scheduler.store.retention import Retention, TelemetrySweeper
 from scheduler.store.text_limits import CUT_MARK, MAX_ERROR_CHARS, MAX_REASON_CHARS
 
@@ -181,7 +182,12 @@ def test_retention_keeps_the_newest_lines_and_drops_old_telemetry(repo: JobRepos
     clocked.transition(old.id, JobState.CANCELLED, reason="done")
     now[0] += timedelta(days=40)
     clocked.record_progress(live.id, 1, ProgressPoint(step=2, loss=1.0))
-    retention = Retention(log_lines_per_job=10, telemetry_age=timedelta(days=30))
+    reported = [ReportedPoint(seq, seq, 0.0, {"acc": 1.0}) for seq in range(1, 8)]
+    clocked.append_points(old.id, 1, reported, None)  # months old, yet results: kept
+    clocked.append_points(chatty.id, 1, reported, None)
+    retention = Retention(
+        log_lines_per_job=10, telemetry_age=timedelta(days=30), reported_points_per_job=5
+    )
     sweeper = TelemetrySweeper(repo.engine, retention, lambda: now[0])
 
     pruned = sweeper.sweep()
@@ -193,7 +199,9 @@ def test_retention_keeps_the_newest_lines_and_drops_old_telemetry(repo: JobRepos
     assert repo.get(old.id).state is JobState.CANCELLED
     assert [x.line for x in repo.logs(live.id)] == ["still running"]
     assert [p.step for p in repo.metrics(live.id)] == [2]  # the 40-day-old point went
-    assert (pruned.log_lines, pruned.metric_points) == (41, 1)
+    assert (pruned.log_lines, pruned.metric_points, pruned.reported_points) == (41, 1, 4)
+    for job_id in (old.id, chatty.id):  # the newest 5 of each job's reports stay
+        assert [p.step for p in repo.reported_points(job_id)[0]] == [3, 4, 5, 6, 7]
     # a rank resending lines after a reattach does not bring pruned ones back
     assert clocked.append_logs(chatty.id, 1, [(0, 50, "line 50"), (0, 51, "line 51")]) == 1
     # the next sweep only looks at jobs that changed since

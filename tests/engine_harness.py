@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.e2e.service import free_port
+from workers import faults
 from workers.engine import item_costs
 from workers.engine.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.engine.plan import ParallelPlan
@@ -49,24 +50,28 @@ def run_engine(
     models: dict[str, GPTConfig] | None = None,
     slowdown: dict[int, float] | None = None,
     item_times: list[float] | None = None,
+    rank_faults: dict[int, str] | None = None,
 ) -> dict[str, Any]:
     """Train on plan.world_size processes; rank 0's result: losses, resumed_from, step,
     and the metrics it reported last (`history`: every step's). `models`: sizes to
     register by name in each rank besides the built-in ones. `slowdown`: rank -> how many
     times slower its compute is made. `item_times`: what every rank's stage balancer
-    measures for [embeddings, block pieces..., head], to force a split."""
+    measures for [embeddings, block pieces..., head], to force a split. `rank_faults`:
+    rank -> its `GANGWAY_FAULTS` text (`workers.faults`). A rank that raises fails the
+    call with `torch.multiprocessing.ProcessRaisedException`, its traceback the text."""
     out.mkdir(parents=True, exist_ok=True)
     job = {
         "world": plan.world_size,
         "port": free_port(),
         "plan": asdict(plan),
-        "spec": asdict(spec),
+        "spec": spec,
         "out": str(out),
         "checkpoint_dir": checkpoint_dir,
         "stop_at": stop_at,
         "models": {name: asdict(config) for name, config in (models or {}).items()},
         "slowdown": slowdown or {},
         "item_times": item_times,
+        "faults": rank_faults or {},
     }
     mp.start_processes(_rank_main, args=(job,), nprocs=plan.world_size, start_method="spawn")
     result: dict[str, Any] = json.loads((out / "rank0.json").read_text())
@@ -80,6 +85,7 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
     if job["item_times"] is not None:
         forced = [item_costs.ItemCost(t, 1) for t in job["item_times"]]
         item_costs.measure_costs = lambda *args, **kwargs: forced  # type: ignore[assignment]
+    faults.configure(job["faults"].get(rank, ""))
     url = f"tcp://127.0.0.1:{job['port']}"
     dist.init_process_group("gloo", init_method=url, rank=rank, world_size=job["world"])
     try:
@@ -87,7 +93,7 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
         result = train(
             reporter,
             ParallelPlan(**job["plan"]),
-            TrainSpec(**job["spec"]),
+            job["spec"],
             checkpoint_dir=job["checkpoint_dir"],
             slowdown=job["slowdown"].get(rank, 1.0),
         )

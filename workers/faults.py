@@ -4,7 +4,9 @@ crash or kill their process when `GANGWAY_FAULTS` asks.
 `GANGWAY_FAULTS="point:action[@N][,point:action...]"`, actions:
   - `sleep=S`: stall S seconds (a pass stalled past the lease TTL, a paused heartbeat);
   - `kill`: SIGKILL this process (a rank that dies in the middle of a checkpoint save);
-  - `raise`: raise `InjectedFault`.
+  - `raise`: raise `InjectedFault`;
+  - `nan`: make a value NaN where the code asks `poison(point)` (the training engine's
+    loss at `engine.loss`, for its numerical-health checks); `inject` ignores it.
 `@N` fires only on the N-th time the point is reached (1-based), else every time.
 
 The service passes the variable on to every rank it starts, so one setting reaches both
@@ -43,7 +45,7 @@ def parse(text: str) -> dict[str, Fault]:
             raise ValueError(f"{ENV}: {entry!r} is not point:action")
         rest, _, nth = rest.partition("@")
         action, _, arg = rest.partition("=")
-        if action not in ("sleep", "kill", "raise"):
+        if action not in ("sleep", "kill", "raise", "nan"):
             raise ValueError(f"{ENV}: unknown action {action!r} in {entry!r}")
         faults[point] = Fault(action, float(arg or 0), int(nth) if nth else None)
     return faults
@@ -54,15 +56,20 @@ _seen: Counter[str] = Counter()
 _lock = threading.Lock()
 
 
+def configure(text: str) -> None:
+    """Replace the configured faults (and their counts) with `text`: for a test that gives
+    each of its processes its own faults after they imported this module."""
+    faults = parse(text)
+    with _lock:
+        _faults.clear()
+        _faults.update(faults)
+        _seen.clear()
+
+
 def inject(point: str) -> None:
     """Act on the fault configured for `point`, if any."""
     fault = _faults.get(point)
-    if fault is None:
-        return
-    with _lock:
-        _seen[point] += 1
-        count = _seen[point]
-    if fault.nth is not None and count != fault.nth:
+    if fault is None or fault.action == "nan" or not _fires(point, fault):
         return
     if fault.action == "sleep":
         time.sleep(fault.arg)
@@ -70,6 +77,20 @@ def inject(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     else:
         raise InjectedFault(f"fault injected at {point}")
+
+
+def poison(point: str) -> bool:
+    """Whether to make the value at `point` NaN (a `nan` fault that fires this time)."""
+    fault = _faults.get(point)
+    return fault is not None and fault.action == "nan" and _fires(point, fault)
+
+
+def _fires(point: str, fault: Fault) -> bool:
+    """Count this pass of `point`; whether its fault acts on it (`@N`)."""
+    with _lock:
+        _seen[point] += 1
+        count = _seen[point]
+    return fault.nth is None or count == fault.nth
 
 
 def passthrough() -> dict[str, str]:

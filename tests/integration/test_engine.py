@@ -3,11 +3,14 @@ resharding checkpoints, compressed gradients. gpt-tiny has 2 heads and 4 layers.
 
 Parity: every run starts from the same seed and reads the same samples per step (the data
 stream is indexed by sample, whatever dp is), so each parallel run must follow the
-single-process loss curve, in fp32, to 1e-5 (measured: within 1e-6).
+single-process loss curve, in fp32, to 1e-5 (measured: within 1e-6). The validation pass
+at the end of each run (`workers.engine.evaluation`) reads the same held-out samples at
+any plan, so its figures match one process's too.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from functools import cache
 from pathlib import Path
@@ -20,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from tests.engine_harness import run_engine
-from workers.engine.data import TokenFile, rank_slice
+from workers.engine.data import VALIDATION_OFFSET, SyntheticTokens, TokenFile, rank_slice
 from workers.engine.model_configs import MODEL_CONFIGS
 from workers.engine.plan import ParallelPlan, PlanError, validate_plan
 from workers.engine.training import TrainSpec
@@ -31,10 +34,22 @@ STEPS = 5
 TOLERANCE = 1e-5
 
 
+# Compared to 1e-5 (val_perplexity, exp(val_loss), is 164 x as far apart: not compared)
+VALIDATION = ("val_loss", "val_token_accuracy")
+
+
 @cache
-def single_process_losses(batch_size: int, out: Path) -> tuple[float, ...]:
+def single_process_run(batch_size: int, out: Path) -> dict[str, Any]:
     spec = TrainSpec(steps=STEPS, batch_size=batch_size)
-    return tuple(run_engine(ParallelPlan(), spec, out / f"single-{batch_size}")["losses"])
+    return run_engine(ParallelPlan(), spec, out / f"single-{batch_size}")
+
+
+def single_process_losses(batch_size: int, out: Path) -> tuple[float, ...]:
+    return tuple(single_process_run(batch_size, out)["losses"])
+
+
+def validation(metrics: dict[str, float]) -> dict[str, float]:
+    return {name: metrics[name] for name in VALIDATION if name in metrics}
 
 
 @pytest.mark.parametrize(
@@ -72,11 +87,33 @@ def test_loss_matches_a_single_process(
     plan: ParallelPlan, batch_size: int, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     out = tmp_path_factory.getbasetemp()
-    expected = single_process_losses(batch_size * plan.dp, out)
+    single = single_process_run(batch_size * plan.dp, out)
     spec = TrainSpec(steps=STEPS, batch_size=batch_size)
-    losses = run_engine(plan, spec, out / f"run-{plan.dp}-{plan.tp}-{plan.pp}")["losses"]
-    assert losses == pytest.approx(expected, abs=TOLERANCE)
+    result = run_engine(plan, spec, out / f"run-{plan.dp}-{plan.tp}-{plan.pp}")
+    losses = result["losses"]
+    assert losses == pytest.approx(single["losses"], abs=TOLERANCE)
     assert losses[-1] < losses[0] - 0.2  # and it learns
+    # ZB-V runs no validation pass (torch's has no forward-only path)
+    evaluated = plan.pp == 1 or plan.pipeline_schedule != "zbv"
+    expected = validation(single["metrics"]) if evaluated else {}
+    assert validation(result["metrics"]) == pytest.approx(expected, abs=TOLERANCE)
+
+
+def test_validation_passes_leave_the_training_curve_alone(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A pipeline switches to its forward-only pass and back every `eval_every` steps."""
+    out = tmp_path_factory.getbasetemp()
+    plan = ParallelPlan(pp=2, microbatches=2, pipeline_schedule="1f1b")
+    spec = TrainSpec(steps=STEPS, batch_size=8, eval_every=2)
+    result = run_engine(plan, spec, out / "evaluated-every-2")
+    single = single_process_run(8, out)
+    assert result["losses"] == pytest.approx(single["losses"], abs=TOLERANCE)
+    evaluated = [step for step, point in enumerate(result["history"], 1) if validation(point)]
+    assert evaluated == [2, 4, 5]
+    last = result["history"][-1]
+    assert validation(last) == pytest.approx(validation(single["metrics"]), abs=TOLERANCE)
+    assert last["val_perplexity"] == pytest.approx(math.exp(last["val_loss"]))
 
 
 def test_gradient_accumulation_equals_the_larger_batch(
@@ -209,6 +246,26 @@ def test_a_token_file_is_read_as_consecutive_windows(tmp_path: Path) -> None:
     assert targets.tolist() == [list(range(17, 25)), list(range(25, 33))]
     with pytest.raises(ValueError, match="fewer than seq_len"):
         TokenFile(path, seq_len=100)
+
+
+def test_a_token_file_holds_out_its_last_windows_for_validation(tmp_path: Path) -> None:
+    """12 windows of 8 tokens (+1): training wraps around the first 11, validation reads
+    the 12th."""
+    path = tmp_path / "train.bin"
+    np.arange(100, dtype=np.uint16).tofile(path)
+    training, _ = TokenFile(path, seq_len=8).samples(10, 2)
+    assert [row[0] for row in training.tolist()] == [80, 0]
+    held_out, targets = TokenFile(path, seq_len=8, validation=True).samples(0, 2)
+    assert held_out.tolist() == [list(range(88, 96))] * 2
+    assert targets.tolist() == [list(range(89, 97))] * 2
+
+
+def test_synthetic_validation_samples_are_not_training_samples() -> None:
+    kwargs: dict[str, Any] = {"vocab_size": 256, "seq_len": 64, "seed": 0}  # noisy enough
+    train_rows = SyntheticTokens(**kwargs).samples(0, 64)[0].tolist()
+    held_out = SyntheticTokens(**kwargs, validation=True).samples(0, 64)[0].tolist()
+    assert not {tuple(row) for row in train_rows} & {tuple(row) for row in held_out}
+    assert held_out == SyntheticTokens(**kwargs).samples(VALIDATION_OFFSET, 64)[0].tolist()
 
 
 def test_function_entrypoints_checkpoint_through_the_context(tmp_path: Path) -> None:

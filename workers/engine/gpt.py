@@ -203,9 +203,10 @@ class GPT(nn.Module):
 
     def _head_slices(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The held vocabulary slices' part of the loss: logits added to the running
-        log-sum-exp. The max is a constant to the gradient (any shift gives the same
-        log-sum-exp), so it is detached. Target ids of other slices, or the garbage the
-        pipeline's shape inference sends, select nothing."""
+        log-sum-exp; the last slice's stage returns each token's loss (in eval mode, with
+        its hit: `token_losses_and_hits`). The max is a constant to the gradient (any
+        shift gives the same log-sum-exp), so it is detached. Target ids of other
+        slices, or the garbage the pipeline's shape inference sends, select nothing."""
         if self.ln_f is not None:  # the first slice
             h = self.ln_f(x)
             stats = torch.zeros(*h.shape[:-1], HEAD_STATS, device=h.device)
@@ -224,9 +225,13 @@ class GPT(nn.Module):
             inside = (local >= 0) & (local < len(rows))
             picked = logits.gather(-1, local.clamp(0, len(rows) - 1))
             target_logit = target_logit + torch.where(inside, picked, 0.0)
-        if self._holds_last_slice:  # each token's loss
-            return (top + torch.log(total) - target_logit).squeeze(-1)
-        return torch.cat([h.float(), top, total, target_logit], dim=-1)
+        if not self._holds_last_slice:
+            return torch.cat([h.float(), top, total, target_logit], dim=-1)
+        loss = (top + torch.log(total) - target_logit).squeeze(-1)  # each token's
+        if self.training:
+            return loss
+        # Evaluation (`model.eval()`): with whether the target's logit is the largest.
+        return torch.stack([loss, (target_logit >= top).squeeze(-1).float()], dim=-1)
 
     def keep_only(self, units: range, *, first: bool) -> None:
         """Make this model one pipeline stage: keep the pieces in `units` and drop the
@@ -325,3 +330,20 @@ def next_token_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     if output.dim() == targets.dim():
         return output.float().mean()
     return F.cross_entropy(output.flatten(0, 1).float(), targets.flatten())
+
+
+def token_losses_and_hits(
+    output: torch.Tensor, targets: torch.Tensor, *, split_head: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's next-token loss, and 1.0 where its target's logit is the largest (the
+    argmax; a tie counts as a hit), for a validation pass. `output`: the logits (batch,
+    seq, vocab), or where the head is split over pipeline stages the last stage's eval-mode
+    (loss, hit) pairs (batch, seq, 2)."""
+    if split_head:
+        losses, hits = output.float().unbind(-1)
+        return losses, hits
+    logits = output.float()
+    losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    target_logits = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    hits = (target_logits >= logits.amax(-1)).float()
+    return losses.view_as(targets), hits

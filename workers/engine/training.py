@@ -1,7 +1,13 @@
 """The hybrid-parallel training loop: one optimizer step is visible end to end.
 
     batch slice -> forward/backward (pipeline schedule, or plain) -> sync grads (when no
-    DDP/FSDP does it) -> clip -> optimizer + LR step -> report -> checkpoint
+    DDP/FSDP does it) -> clip -> global loss -> health check -> optimizer + LR step
+    -> validation pass (every `eval_every` steps) -> report -> checkpoint
+
+The health check (`workers.engine.health`) rides on the step's own collectives: the
+global loss is all-reduced before the optimizer steps, with NaN from any rank whose
+gradient norm is not finite, and every rank judges that same value. A bad step is acted
+on as `on_instability` says (`_Recovery`).
 
 Runs on any process group the caller set up (Ray rank actors, torchrun, tests); a single
 process is the same code with a plan of 1 x 1 x 1, which is what loss parity compares to.
@@ -11,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +35,9 @@ from workers.engine import async_ps, async_worker, balance
 from workers.engine.checkpoint import Checkpointer, is_rank0, stop_agreed
 from workers.engine.data import SyntheticTokens, TokenFile, TokenStream
 from workers.engine.device_stats import peak_flops, peak_memory_mb, rank_device, state_bytes
-from workers.engine.gpt import next_token_loss, parameter_count
+from workers.engine.evaluation import Evaluator, StepLoss
+from workers.engine.gpt import parameter_count
+from workers.engine.health import BadStep, InstabilityError, InstabilityPolicy, LossWatch
 from workers.engine.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.engine.optim import build_optimizer, gradients_of, lr_schedule, parameters_of
 from workers.engine.parallelize import ModelParts, build_mesh, build_parts
@@ -45,6 +55,8 @@ from workers.engine.updates import (
 
 # The checkpoint counter that holds the data position (the next sample index).
 NEXT_SAMPLE = "next_sample"
+# The checkpoint counter of rollbacks so far (`on_instability`), across attempts.
+ROLLBACKS = "rollbacks"
 
 # An injected straggler's backward: twice its forward (two matmuls per forward matmul;
 # measured on CPU: 1.86x gpt-mini, 1.97x gpt-tiny). Not measured in the run, as under DDP
@@ -79,6 +91,9 @@ class TrainSpec:
     data_path: str | None = wire_default(Builtin, "data_path")  # None: synthetic tokens
     checkpoint_interval_steps: int | None = wire_default(CheckpointPolicy, "interval_steps")
     keep_last: int = wire_default(CheckpointPolicy, "keep_last")
+    eval_every: int | None = wire_default(Builtin, "eval_every")  # None: no validation
+    eval_batches: int = wire_default(Builtin, "eval_batches")
+    on_instability: InstabilityPolicy = field(default_factory=InstabilityPolicy)
     # The engine's own knobs, not in the job spec:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
@@ -112,11 +127,7 @@ def train(
     validate_plan(plan, spec.config, batch_size=spec.batch_size)
     device = rank_device()
     mesh = build_mesh(plan, device.type)
-    accumulation = spec.grad_accumulation
-
-    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return next_token_loss(output, target) / accumulation
-
+    loss_fn = StepLoss(spec.grad_accumulation)
     meter = CommMeter()
     dp_group = mesh.get_group("dp")
     parts = build_parts(
@@ -140,11 +151,10 @@ def train(
     checkpointer = Checkpointer(
         checkpoint_dir, parts.parts, optimizers, spec.keep_last, extra=rule.outer_state()
     )
-    step = checkpointer.load_latest(NEXT_SAMPLE, *_RULE_COUNTERS)
+    step = checkpointer.load_latest(NEXT_SAMPLE, ROLLBACKS, *_RULE_COUNTERS)
     _resume_rule(rule, params, checkpointer.counters, step)
-    for scheduler in schedulers:  # the LR follows the restored step
-        for _ in range(step):
-            scheduler.step()
+    rollbacks = checkpointer.counters.get(ROLLBACKS, 0)
+    _schedule_at(schedulers, spec, step, rollbacks)
     loop = _Loop(
         plan=plan,
         spec=spec,
@@ -157,8 +167,8 @@ def train(
         slowdown=slowdown,
         event=reporter.event,
     )
-    # Checkpoints written before the position was saved ran at this plan's batch.
-    loop.next_sample = checkpointer.counters.get(NEXT_SAMPLE, step * loop.samples_per_step)
+    loop.next_sample = _saved_position(checkpointer.counters, step, loop.samples_per_step)
+    loop.rollbacks = rollbacks
     if plan.update_mode == "async" and plan.dp > 1:
         return _train_async(
             reporter,
@@ -168,6 +178,31 @@ def train(
             scheduler=schedulers[0],
             step=step,
         )
+    return _train_sync(
+        reporter,
+        loop,
+        checkpointer=checkpointer,
+        optimizers=optimizers,
+        schedulers=schedulers,
+        step=step,
+    )
+
+
+def _train_sync(
+    reporter: Reporter,
+    loop: _Loop,
+    *,
+    checkpointer: Checkpointer,
+    optimizers: list[torch.optim.Optimizer],
+    schedulers: list[torch.optim.lr_scheduler.LambdaLR],
+    step: int,
+) -> TrainResult:
+    """Every mode but `async`: one step at a time on every rank, each step checked."""
+    spec = loop.spec
+    recovery = _Recovery(loop, checkpointer, schedulers, reporter.event)
+    evaluator = loop.evaluator()
+    if evaluator is None and spec.eval_every is not None:
+        reporter.event("no validation passes: torch's ZB-V schedule has no forward-only pass")
     result = TrainResult(step=step, resumed_from=step)
     # The newest saved step goes out with every report, so the runtime can say how many
     # steps a stop or a crash loses.
@@ -178,11 +213,18 @@ def train(
             result.stopped = True
             break
         step += 1
-        metrics = loop.step(step, optimizers)
+        metrics, bad = loop.step(step, optimizers)
+        if bad is not None and (restored := recovery.act(bad)) is not None:
+            step = restored
+            del result.losses[step - result.resumed_from :]  # one loss per step kept
+            continue
         metrics["lr"] = optimizers[0].param_groups[0]["lr"]
+        metrics |= recovery.counts()
         for scheduler in schedulers:
             scheduler.step()
         result.losses.append(metrics["loss"])
+        if evaluator is not None and _evaluates_at(spec, step):
+            metrics |= evaluator.run()
         interval = spec.checkpoint_interval_steps
         due = interval is not None and step % interval == 0
         if due and loop.save(checkpointer, step):
@@ -209,7 +251,9 @@ def _train_async(
     step: int,
 ) -> TrainResult:
     """`async` (`workers.engine.async_ps`): the built model and optimizer are the master, rank
-    0's serves; every rank computes on a copy. A step is one applied update."""
+    0's serves; every rank computes on a copy. A step is one applied update. Neither
+    health checks nor validation passes: no step has a global loss all ranks see, and
+    the ranks do not step together."""
     spec, model = loop.spec, loop.parts.parts[0]
     worker = async_worker.Worker(
         model=copy.deepcopy(model),
@@ -255,7 +299,7 @@ class _Loop:
         mesh: Any,
         parts: ModelParts,
         device: torch.device,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        loss_fn: StepLoss,
         rule: UpdateRule,
         meter: CommMeter,
         slowdown: float,
@@ -279,9 +323,17 @@ class _Loop:
         self.flops_per_token = 6 * parameter_count(config)
         self.state_mb: float | None = None
         self.local = LocalTimer(device)
+        policy = spec.on_instability
+        self.watch = LossWatch(spike_factor=policy.spike_factor, spike_window=policy.spike_window)
+        self.rollbacks = 0  # checkpointed with the data position
 
-    def step(self, step: int, optimizers: list[torch.optim.Optimizer]) -> dict[str, float]:
+    def step(
+        self, step: int, optimizers: list[torch.optim.Optimizer]
+    ) -> tuple[dict[str, float], BadStep | None]:
+        """One step; a bad one (`workers.engine.health`) is returned without its update
+        applied, for the caller to act on."""
         started = time.perf_counter()
+        self.loss_fn.poison_this_step()
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         loss = torch.zeros((), device=self.device)
@@ -302,10 +354,14 @@ class _Loop:
         synced = time.perf_counter()
         self._sync_grads()
         grad_norm = self._clip()
-        for opt in optimizers:
-            opt.step()
+        loss_value = self._global_loss(loss, grads_finite=math.isfinite(grad_norm))
+        bad = self.watch.check(step, loss_value, grad_norm)
+        if bad is None:
+            for opt in optimizers:
+                opt.step()
+        # On a bad step too: a skipped step keeps the sync schedule; a rollback restores
+        # whatever the rule changed.
         self.rule.after_step(step, self.params)
-        loss_value = self._global_loss(loss)
         sync_s = time.perf_counter() - synced
         elapsed = time.perf_counter() - started
         metrics = self._metrics(loss_value, grad_norm, elapsed, sync_s)
@@ -318,7 +374,7 @@ class _Loop:
         if self.state_mb is None:  # fixed once the optimizer has made its state
             self.state_mb = state_bytes(self.parts.parts, optimizers) / 2**20
         metrics["state_mb"] = self.state_mb
-        return metrics
+        return metrics, bad
 
     def save(self, checkpointer: Checkpointer, step: int) -> bool:
         """Make the replicas equal (periodic modes), then checkpoint; False: no
@@ -326,10 +382,28 @@ class _Loop:
         if checkpointer.directory is None:
             return False
         self.rule.consolidate(self.params)
-        counters = {NEXT_SAMPLE: self.next_sample}
+        counters = {NEXT_SAMPLE: self.next_sample, ROLLBACKS: self.rollbacks}
         if isinstance(self.rule, AdaptivePeriod):
             counters |= self.rule.counters()
         return checkpointer.save(step, **counters) is not None
+
+    def evaluator(self) -> Evaluator | None:
+        """Validation passes for this rank, on the held-out split of the training data.
+        None under ZB-V: torch 2.13's `eval` runs its backward-input actions and fails."""
+        if self.plan.pp > 1 and self.plan.pipeline_schedule == "zbv":
+            return None
+        return Evaluator(
+            plan=self.plan,
+            parts=self.parts,
+            loss=self.loss_fn,
+            stream=_stream(self.spec, validation=True),
+            batch_size=self.spec.batch_size,
+            batches=self.spec.eval_batches,
+            dp_rank=self.dp_rank,
+            counts=self.counts_loss,
+            device=self.device,
+            autocast=self._autocast,
+        )
 
     def _forward_backward(
         self, inputs: torch.Tensor, targets: torch.Tensor, last_micro: bool, weight: float
@@ -405,10 +479,14 @@ class _Loop:
                 grad.mul_(scale)
         return total
 
-    def _global_loss(self, loss: torch.Tensor) -> float:
+    def _global_loss(self, loss: torch.Tensor, *, grads_finite: bool) -> float:
         """The step's loss over the whole global batch: the last stage's tp-rank-0 losses,
-        averaged over data-parallel ranks (one small all-reduce over the world)."""
+        averaged over data-parallel ranks (one small all-reduce over the world). A rank
+        whose gradient norm is not finite adds NaN, so that every rank sees it (under
+        local-sgd, diloco and adaptive the ranks' gradients differ)."""
         value = loss if self.counts_loss else torch.zeros_like(loss)
+        if not grads_finite:
+            value = torch.full_like(loss, math.nan)
         if dist.is_initialized() and dist.get_world_size() > 1:
             value = value.clone()
             dist.all_reduce(value)
@@ -447,11 +525,113 @@ def _progress_line(step: int, steps: int, metrics: dict[str, float]) -> str:
     )
 
 
-def _stream(spec: TrainSpec) -> TokenStream:
+class _Recovery:
+    """Acts on a bad step as `on_instability` says (`gangway.models.Instability`), the
+    same on every rank (they judged the same loss); every action is an event.
+
+    - `fail`: raise, naming the step and the value.
+    - `skip`: the update is dropped (the next step zeroes the gradients). The step still
+      counts: the data position has moved on, the LR schedule steps and the update rule
+      syncs on schedule, as the LR is a function of the step and a resume relies on it.
+    - `rollback`: restore the newest checkpoint in place and go on from its step with
+      the data after the bad step's batch (the window between is skipped, as PaLM does),
+      the learning rate x `lr_scale` per rollback. The count goes into checkpoints
+      (`ROLLBACKS`), so `max_rollbacks` holds across attempts (a rollback after the
+      newest save is counted again by an attempt that resumes from it). With no
+      checkpoint yet, it skips.
+    """
+
+    def __init__(
+        self,
+        loop: _Loop,
+        checkpointer: Checkpointer,
+        schedulers: list[torch.optim.lr_scheduler.LambdaLR],
+        event: Callable[[str], None],
+    ) -> None:
+        self.loop, self.checkpointer = loop, checkpointer
+        self.schedulers, self.event = schedulers, event
+        self.policy = loop.spec.on_instability
+        self.skipped = 0  # this attempt's
+
+    def act(self, bad: BadStep) -> int | None:
+        """The step rolled back to, or None: the step stands without its update."""
+        if self.policy.action == "fail":
+            raise InstabilityError(f"{bad}; on_instability=fail")
+        if self.policy.action == "rollback":
+            used = self.loop.rollbacks
+            if used >= self.policy.max_rollbacks:
+                noun = "rollback" if used == 1 else "rollbacks"
+                raise InstabilityError(f"{bad}; {used} {noun} did not help")
+            restored = self._rollback(bad)
+            if restored is not None:
+                return restored
+            self.event(f"instability at {bad}; no checkpoint to roll back to yet, update skipped")
+        else:
+            self.event(f"instability at {bad}; update skipped")
+        self.skipped += 1
+        return None
+
+    def counts(self) -> dict[str, float]:
+        return {"rollbacks": float(self.loop.rollbacks), "skipped_steps": float(self.skipped)}
+
+    def _rollback(self, bad: BadStep) -> int | None:
+        """Restore the newest checkpoint; its step (None: there is none)."""
+        loop = self.loop
+        step = self.checkpointer.load_latest(NEXT_SAMPLE, *_RULE_COUNTERS)
+        if step == 0:
+            return None
+        loop.rollbacks += 1
+        counters = self.checkpointer.counters
+        _resume_rule(loop.rule, loop.params, counters, step)
+        _schedule_at(self.schedulers, loop.spec, step, loop.rollbacks)
+        loop.watch.clear()
+        skipped_from = _saved_position(counters, step, loop.samples_per_step)
+        self.event(
+            f"instability at {bad}; rolled back to step {step}, skipping samples "
+            f"{skipped_from}-{loop.next_sample - 1}, "
+            f"lr x{self.policy.lr_scale**loop.rollbacks:g} "
+            f"(rollback {loop.rollbacks} of {self.policy.max_rollbacks})"
+        )
+        return step
+
+
+def _evaluates_at(spec: TrainSpec, step: int) -> bool:
+    """Every `eval_every` steps and at the last."""
+    every = spec.eval_every
+    return every is not None and (step % every == 0 or step == spec.steps)
+
+
+def _saved_position(counters: dict[str, int], step: int, samples_per_step: int) -> int:
+    """The data position a checkpoint holds; checkpoints written before the position was
+    saved ran at this plan's batch."""
+    return counters.get(NEXT_SAMPLE, step * samples_per_step)
+
+
+def _schedule_at(
+    schedulers: list[torch.optim.lr_scheduler.LambdaLR], spec: TrainSpec, step: int, rollbacks: int
+) -> None:
+    """Put the LR schedules at `step` after a load (at the start, on a rollback), the peak
+    x `lr_scale` per rollback so far. The schedule is closed-form (LambdaLR), so one
+    step from `step - 1` lands where `step` steps from 0 do."""
+    peak = spec.learning_rate * spec.on_instability.lr_scale**rollbacks
+    for scheduler in schedulers:
+        scheduler.base_lrs = [peak] * len(scheduler.base_lrs)
+        scheduler.last_epoch = step - 1
+        with warnings.catch_warnings():  # placed, not stepped in training
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            scheduler.step()
+
+
+def _stream(spec: TrainSpec, *, validation: bool = False) -> TokenStream:
     config = spec.config
     if spec.data_path:
-        return TokenFile(spec.data_path, seq_len=config.seq_len)
-    return SyntheticTokens(vocab_size=config.vocab_size, seq_len=config.seq_len, seed=spec.seed)
+        return TokenFile(spec.data_path, seq_len=config.seq_len, validation=validation)
+    return SyntheticTokens(
+        vocab_size=config.vocab_size,
+        seq_len=config.seq_len,
+        seed=spec.seed,
+        validation=validation,
+    )
 
 
 _RULE_COUNTERS = ("sync_period", "next_sync")

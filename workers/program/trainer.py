@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+from workers.engine.health import InstabilityPolicy
 from workers.engine.plan import ParallelPlan, plan_from_entrypoint
 from workers.engine.training import TrainSpec, train
 from workers.program.context import RankContext
@@ -24,11 +25,14 @@ def builtin_spec(trainer_fields: Mapping[str, Any]) -> TrainSpec:
     """The training spec from the launch's trainer fields (`BuiltinRun.fields`). A name
     neither the spec nor the plan knows is an error, not dropped: a field added to
     `gangway.models.Builtin` and not plumbed through would otherwise be ignored silently
-    on every rank."""
+    on every rank. `on_instability` arrives as a plain dict."""
     unknown = sorted(set(trainer_fields) - KNOWN_KEYS)
     if unknown:
         raise ValueError(f"the built-in trainer does not know {', '.join(unknown)}")
-    return TrainSpec(**{k: v for k, v in trainer_fields.items() if k in _SPEC_KEYS})
+    values = {k: v for k, v in trainer_fields.items() if k in _SPEC_KEYS}
+    if "on_instability" in values:
+        values["on_instability"] = InstabilityPolicy(**values["on_instability"])
+    return TrainSpec(**values)
 
 
 def train_builtin(ctx: RankContext, trainer_fields: Mapping[str, Any]) -> dict[str, Any]:

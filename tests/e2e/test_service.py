@@ -63,6 +63,13 @@ def test_dp2_builtin_job_trains_to_success(service: Service) -> None:
     assert {p.node_name for p in done.placement} <= {"local-1", "local-2"}
     assert states(client, job.id) == ["PENDING", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
     assert client.cluster().gpus_free == 8
+    # every step's report is kept, not a sample of them; the validation pass at the end
+    # gives the built-in objective
+    assert {p.step for p in client.metric_points(job.id, ["loss"])} == set(range(1, 31))
+    validated = client.metric_points(job.id, ["val_loss"])
+    assert [p.step for p in validated][-1:] == [30]
+    best = done.progress.objective
+    assert best is not None and (best.metric, best.step) == ("val_loss", 30)
     page = httpx.get(f"{service.url}/ui/jobs", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     assert "demo-dp2" in page.text and "SUCCEEDED" in page.text
     logs = client.logs(job.id)  # rank 0's progress lines, kept after the job ended

@@ -24,6 +24,7 @@ from api.metrics import store_registry
 from api.outputs import router as outputs_router
 from api.packages import router as packages_router
 from api.policy import SubmitPolicy
+from api.registry import router as registry_router
 from api.routes import health_router
 from api.routes import router as api_router
 from api.ui import fragments as ui_fragments
@@ -33,6 +34,7 @@ from scheduler.core import PolicyConfig
 from scheduler.store import AccountRepository, JobRepository, QueueRepository
 from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
 from scheduler.store.packages import PackageStore
+from scheduler.store.registry import ModelRegistry
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -52,6 +54,7 @@ def create_app(
     limits: Limits | None = None,
     outputs_root: Path | None = None,
     outputs_quota_bytes: int = DEFAULT_QUOTA_BYTES,
+    models_root: Path | None = None,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
@@ -64,7 +67,8 @@ def create_app(
     a Host header not in `allowed_hosts` when given (see api.browser). `limits` bound what
     a request may send and a response return (see api.limits). `outputs_root` is where
     the rank supervisors copy what jobs wrote to their OUTPUTS_DIR (None: the app stores
-    none), each user's share of it bounded by `outputs_quota_bytes` (see api.outputs)."""
+    none), each user's share of it bounded by `outputs_quota_bytes` (see api.outputs).
+    `models_root` holds the registered model versions' files (None: no registry)."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -82,6 +86,8 @@ def create_app(
     app.state.checkpoint_root = checkpoint_root
     app.state.outputs_root = outputs_root
     app.state.outputs_quota_bytes = outputs_quota_bytes
+    app.state.models_root = models_root
+    app.state.registry = ModelRegistry(repo.engine, clock=repo.now)
     app.state.limits = limits or Limits()
     app.state.streams = StreamSlots(app.state.limits.streams_per_caller)
     app.add_middleware(RequestLimits, limits=app.state.limits)
@@ -104,6 +110,7 @@ def create_app(
     app.include_router(api_router)
     app.include_router(packages_router)
     app.include_router(outputs_router)
+    app.include_router(registry_router)
     app.include_router(admin_router)
     app.include_router(health_router)
     app.include_router(logstream_router)

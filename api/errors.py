@@ -23,6 +23,8 @@ from scheduler.store import (
     UserExists,
     UserNotFound,
 )
+from scheduler.store.model_files import TamperedFile
+from scheduler.store.registry import ModelNotFound, VersionTaken
 
 
 def _allowed_methods(app: FastAPI, path: str) -> list[str]:
@@ -89,6 +91,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(UserNotFound)
     @app.exception_handler(ApiKeyNotFound)
     @app.exception_handler(QueueNotFound)
+    @app.exception_handler(ModelNotFound)
     async def _not_found(_: Request, exc: Exception) -> JSONResponse:
         return error_response(404, [ErrorDetail(code="not_found", message=str(exc))])
 
@@ -96,6 +99,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(JobEnded)
     @app.exception_handler(StaleState)
     @app.exception_handler(UserExists)
+    @app.exception_handler(VersionTaken)
+    @app.exception_handler(TamperedFile)
     async def _conflict(_: Request, exc: Exception) -> JSONResponse:
         return error_response(409, [ErrorDetail(code="conflict", message=str(exc))])
 

@@ -228,6 +228,7 @@ def build_app(settings: Settings) -> FastAPI:
         checkpoint_root=settings.checkpoint_root(),
         outputs_root=settings.outputs_root(),
         outputs_quota_bytes=settings.outputs_quota_bytes,
+        models_root=settings.models_root(),
         auth=auth,
         policy=settings.policy(),
         submit_policy=policy_from_settings(

@@ -254,6 +254,10 @@ class Settings(BaseSettings):
         """Where ranks write checkpoints: shared storage when ranks run on other hosts."""
         return self.data_dir.expanduser() / "checkpoints"
 
+    def models_root(self) -> Path:
+        """The registered model versions' files (`scheduler.store.model_files`)."""
+        return self.data_dir.expanduser() / "models"
+
     def outputs_root(self) -> Path:
         """What jobs' ranks wrote to their OUTPUTS_DIR, copied by the rank supervisors
         (`scheduler.store.outputs`): shared storage when ranks run on other hosts."""

@@ -122,6 +122,14 @@ class AsyncClient:
     logs = _sends(calls.logs)
     metrics = _sends(calls.metrics)
     metric_page = _sends(calls.metric_page)
+    register_model = _sends(calls.register_model)
+    models = _sends(calls.models)
+    model = _sends(calls.model)
+    model_version = _sends(calls.model_version)
+    set_alias = _sends(calls.set_alias)
+    remove_alias = _sends(calls.remove_alias)
+    set_model_readers = _sends(calls.set_model_readers)
+    delete_model_version = _sends(calls.delete_model_version)
     checkpoints = _sends(calls.checkpoints)
     outputs_page = _sends(calls.outputs)
     cluster = _sends(calls.cluster)
@@ -235,7 +243,20 @@ class AsyncClient:
             await self._save(calls.output_file(job_id, p, rank=r), dest) for p, r, dest in targets
         ]
 
-    async def _save(self, call: Call[None], dest: Path) -> Path:
+    async def download_model(
+        self, name: str, ref: str | int, to: str | Path = "."
+    ) -> builtins.list[Path]:
+        """Every file of version `ref` (a number or an alias) of model `name`, written
+        under `to` at its relative path; each checked against its SHA-256 by the server
+        before it is sent and here before it is renamed into place."""
+        version = await self.model_version(name, ref)
+        written = []
+        for f in version.files:
+            call = calls.model_file(name, version.version, f.path)
+            written.append(await self._save(call, destination(to, f.path), sha256=f.sha256))
+        return written
+
+    async def _save(self, call: Call[None], dest: Path, sha256: str | None = None) -> Path:
         try:
             async with self._http.stream(
                 call.method, call.path, params=call.params, headers=call.headers
@@ -243,7 +264,7 @@ class AsyncClient:
                 if response.is_error:
                     await response.aread()
                     raise api_error(response)
-                part = await asyncio.to_thread(PartFile.open, dest)
+                part = await asyncio.to_thread(PartFile.open, dest, sha256)
                 try:
                     async for chunk in response.aiter_bytes():
                         await asyncio.to_thread(part.write, chunk)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from gangway.errors import error_for_status, validation_failed
 from gangway.models import (
+    AliasSet,
     ApiKeyInfo,
     ClusterInfo,
     Estimate,
@@ -31,11 +32,16 @@ from gangway.models import (
     JobSubmit,
     LogLine,
     MetricPoint,
+    ModelInfo,
+    ModelList,
+    ModelRegister,
+    ModelVersionInfo,
     OutputsPage,
     PackageInfo,
     PredictionAccuracy,
     QueueInfo,
     QueueSpec,
+    ReadersSet,
     Role,
     UserCreate,
     UserInfo,
@@ -323,3 +329,68 @@ def keys(user: str) -> Call[list[ApiKeyInfo]]:
 def revoke_key(key_id: int) -> Call[ApiKeyInfo]:
     """The key stops working at once (admins, or its user)."""
     return Call("POST", f"/v1/keys/{key_id}/revoke", _reader(ApiKeyInfo))
+
+
+# -- the model registry ---------------------------------------------------------------
+
+
+def register_model(
+    name: str, job_id: int, *, step: int | None = None, readers: Sequence[str] = ()
+) -> Call[ModelVersionInfo]:
+    """The next version of model `name` from job `job_id`'s checkpoint (its newest, or
+    the one at `step`); a new model is the caller's, readable by `readers` too."""
+    body = _checked(ModelRegister, name=name, job_id=job_id, step=step, readers=list(readers))
+    return Call("POST", "/v1/models", _reader(ModelVersionInfo), json=body.model_dump())
+
+
+def _models(answer: Any) -> list[ModelInfo]:
+    return ModelList.model_validate(answer).models
+
+
+def models() -> Call[list[ModelInfo]]:
+    """The models the caller may read (without their versions)."""
+    return Call("GET", "/v1/models", _models)
+
+
+def model(name: str) -> Call[ModelInfo]:
+    """A model with every version (lineage, metrics, file digests) and its aliases."""
+    return Call("GET", f"/v1/models/{quote(name, safe='')}", _reader(ModelInfo))
+
+
+def model_version(name: str, ref: str | int) -> Call[ModelVersionInfo]:
+    """Version `ref` (a number or an alias) of model `name`."""
+    path = f"/v1/models/{quote(name, safe='')}/versions/{quote(str(ref), safe='')}"
+    return Call("GET", path, _reader(ModelVersionInfo))
+
+
+def set_alias(name: str, alias: str, version: int) -> Call[ModelInfo]:
+    """Point `alias` at `version` (the model's owner or an admin)."""
+    path = f"/v1/models/{quote(name, safe='')}/aliases/{quote(alias, safe='')}"
+    body = _checked(AliasSet, version=version).model_dump()
+    return Call("PUT", path, _reader(ModelInfo), json=body)
+
+
+def remove_alias(name: str, alias: str) -> Call[None]:
+    path = f"/v1/models/{quote(name, safe='')}/aliases/{quote(alias, safe='')}"
+    return Call("DELETE", path, _no_body)
+
+
+def set_model_readers(name: str, readers: Sequence[str]) -> Call[ModelInfo]:
+    """Who besides the owner (and admins) may read the model (the owner or an admin)."""
+    body = _checked(ReadersSet, readers=list(readers)).model_dump()
+    return Call("PUT", f"/v1/models/{quote(name, safe='')}/readers", _reader(ModelInfo), json=body)
+
+
+def delete_model_version(name: str, version: int) -> Call[None]:
+    path = f"/v1/models/{quote(name, safe='')}/versions/{version}"
+    return Call("DELETE", path, _no_body)
+
+
+def model_file(name: str, version: int, path: str) -> Call[None]:
+    """One file of a version, streamed to disk by the client and checked there too."""
+    relative_path(path)
+    return Call(
+        "GET",
+        f"/v1/models/{quote(name, safe='')}/versions/{version}/files/{quote(path, safe='/')}",
+        _no_body,
+    )

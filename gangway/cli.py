@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from gangway import cli_shared
 from gangway.cli_admin import queues_app, users_app, whoami
 from gangway.cli_metrics import metrics
+from gangway.cli_models import models_app
 from gangway.cli_outputs import download, outputs
 from gangway.cli_predict import accuracy, describe, estimate, when
 from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run, terminal_safe
@@ -40,6 +41,7 @@ app = typer.Typer(
 )
 app.add_typer(queues_app, name="queues")
 app.add_typer(users_app, name="users")
+app.add_typer(models_app, name="models")
 app.command()(whoami)
 app.command()(estimate)
 app.command()(accuracy)

@@ -123,6 +123,14 @@ class Client:
     logs = _sends(calls.logs)
     metrics = _sends(calls.metrics)
     metric_page = _sends(calls.metric_page)
+    register_model = _sends(calls.register_model)
+    models = _sends(calls.models)
+    model = _sends(calls.model)
+    model_version = _sends(calls.model_version)
+    set_alias = _sends(calls.set_alias)
+    remove_alias = _sends(calls.remove_alias)
+    set_model_readers = _sends(calls.set_model_readers)
+    delete_model_version = _sends(calls.delete_model_version)
     checkpoints = _sends(calls.checkpoints)
     outputs_page = _sends(calls.outputs)
     cluster = _sends(calls.cluster)
@@ -234,7 +242,20 @@ class Client:
         targets = [(p, r, destination(to, p)) for p, r in wanted]
         return [self._save(calls.output_file(job_id, p, rank=r), dest) for p, r, dest in targets]
 
-    def _save(self, call: Call[None], dest: Path) -> Path:
+    def download_model(
+        self, name: str, ref: str | int, to: str | Path = "."
+    ) -> builtins.list[Path]:
+        """Every file of version `ref` (a number or an alias) of model `name`, written
+        under `to` at its relative path; each checked against its SHA-256 by the server
+        before it is sent and here before it is renamed into place."""
+        version = self.model_version(name, ref)
+        written = []
+        for f in version.files:
+            call = calls.model_file(name, version.version, f.path)
+            written.append(self._save(call, destination(to, f.path), sha256=f.sha256))
+        return written
+
+    def _save(self, call: Call[None], dest: Path, sha256: str | None = None) -> Path:
         """Stream the file `call` answers with into `dest` (see gangway.downloads)."""
         try:
             with self._http.stream(
@@ -243,7 +264,7 @@ class Client:
                 if response.is_error:
                     response.read()
                     raise api_error(response)
-                with PartFile.open(dest) as part:
+                with PartFile.open(dest, sha256) as part:
                     for chunk in response.iter_bytes():
                         part.write(chunk)
         except httpx.TransportError as exc:

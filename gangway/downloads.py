@@ -7,6 +7,7 @@ it and renamed when complete, so an interrupted download leaves the old file, if
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from pathlib import Path
@@ -33,23 +34,35 @@ def destination(to: str | Path, path: str) -> Path:
 
 class PartFile:
     """`<dest's folder>/.<name>.<random>.part`, renamed over `dest` by `commit`; `with`
-    commits on success and discards on an error."""
+    commits on success and discards on an error. With `sha256`, `commit` first checks
+    the bytes written against it: a file that differs is discarded, never renamed into
+    place (a 409, as the server answers for a file that changed)."""
 
-    def __init__(self, dest: Path, temporary: Path, file: BinaryIO) -> None:
+    def __init__(
+        self, dest: Path, temporary: Path, file: BinaryIO, sha256: str | None = None
+    ) -> None:
         self.dest, self._temporary, self._file = dest, temporary, file
         self.bytes = 0
+        self._expected = sha256
+        self._digest = hashlib.sha256()
 
     @classmethod
-    def open(cls, dest: Path) -> PartFile:
+    def open(cls, dest: Path, sha256: str | None = None) -> PartFile:
         dest.parent.mkdir(parents=True, exist_ok=True)
         temporary = dest.with_name(f".{dest.name[:200]}.{uuid.uuid4().hex[:12]}.part")
-        return cls(dest, temporary, temporary.open("xb"))
+        return cls(dest, temporary, temporary.open("xb"), sha256)
 
     def write(self, chunk: bytes) -> None:
         self._file.write(chunk)
         self.bytes += len(chunk)
+        if self._expected is not None:
+            self._digest.update(chunk)
 
     def commit(self) -> None:
+        if self._expected is not None and self._digest.hexdigest() != self._expected:
+            self.discard()
+            message = f"{self.dest.name}: the bytes received do not match sha256 {self._expected}"
+            raise error_for_status(409, "conflict", message, None)
         self._file.close()
         os.replace(self._temporary, self.dest)
 

@@ -789,3 +789,69 @@ class PackageInfo(BaseModel):
 class ErrorBody(BaseModel):
     error: ErrorDetail
     errors: list[ErrorDetail] = Field(default_factory=list)
+
+
+# -- the model registry -----------------------------------------------------------------
+
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+# Starts with a letter: a version is named by its number or by an alias, never ambiguously.
+ALIAS_NAME = r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$"
+USER_NAME = r"^[A-Za-z0-9_.@-]{1,100}$"
+Readers = list[Annotated[str, Field(pattern=USER_NAME)]]
+
+
+class ModelRegister(_Strict):
+    """Make the next version of model `name` from a complete checkpoint of job
+    `job_id` (its newest, or the one at `step`). A new model is the caller's, readable by
+    `readers` too; a version of an existing one may only be added by its owner or an admin."""
+
+    name: str = Field(pattern=MODEL_NAME)
+    job_id: Int = Field(ge=1, le=2**63 - 1)
+    step: Int | None = Field(None, ge=0, description="null: the job's newest checkpoint")
+    readers: Readers = Field(
+        default_factory=list, max_length=1000, description="for a new model: who may read it"
+    )
+
+
+class ModelFile(BaseModel):
+    path: str
+    bytes: int
+    sha256: str
+
+
+class ModelVersionInfo(BaseModel):
+    """An immutable version: where it came from, what it measured, what it holds."""
+
+    model: str
+    version: int
+    aliases: list[str] = Field(description="the aliases on this version")
+    job_id: int = Field(description="lineage: the job whose checkpoint this is")
+    attempt: int
+    step: int
+    spec: dict[str, Any] = Field(description="that job's spec as submitted (env values hidden)")
+    metrics: dict[str, float] = Field(description="what the job reported at that step")
+    files: list[ModelFile]
+    bytes: int
+    created_by: str
+    created_at: datetime
+
+
+class ModelInfo(BaseModel):
+    name: str
+    owner: str
+    readers: list[str]
+    created_at: datetime
+    aliases: dict[str, int] = Field(default_factory=dict, description="alias -> version")
+    versions: list[ModelVersionInfo] = Field(default_factory=list, description="oldest first")
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo] = Field(description="those the caller may read, by name (no versions)")
+
+
+class AliasSet(_Strict):
+    version: Int = Field(ge=1)
+
+
+class ReadersSet(_Strict):
+    readers: Readers = Field(max_length=1000)

@@ -2,7 +2,7 @@
 `JobRepository` (one store per aggregate: jobs.py for jobs, events and idempotency,
 telemetry.py for logs and metrics, nodes.py, leases.py; fencing.py checks a
 leader's lease generation in its writes), `AccountRepository` (users
-and API keys), `QueueRepository` (queue quotas)."""
+and API keys), `QueueRepository` (queue quotas), `ModelRegistry` (models, versions, aliases)."""
 
 from scheduler.store.accounts import (
     AccountRepository,
@@ -31,6 +31,7 @@ from scheduler.store.records import (
     StaleState,
     WaitNote,
 )
+from scheduler.store.registry import ModelRegistry
 from scheduler.store.repository import JobRepository
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "KeyReused",
     "LogLine",
     "MetricPoint",
+    "ModelRegistry",
     "NewJob",
     "ProgressNote",
     "ProgressPoint",

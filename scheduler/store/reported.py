@@ -159,6 +159,20 @@ class ReportedMetricStore(Repository):
                 points.append(StoredPoint(row.id, row.attempt, row.step, row.at, dict(values)))
         return points, (rows[-1].id if more and rows else None)
 
+    def values_at(self, job_id: int, step: int) -> dict[str, float]:
+        """Everything the job reported at `step` (the latest attempt's word on each name,
+        and the latest report's within it)."""
+        query = (
+            select(JobMetricPointRow.values)
+            .where(JobMetricPointRow.job_id == job_id, JobMetricPointRow.step == step)
+            .order_by(JobMetricPointRow.attempt, JobMetricPointRow.id)
+        )
+        merged: dict[str, float] = {}
+        with Session(self._engine) as session:
+            for values in session.scalars(query):
+                merged |= values
+        return merged
+
     def metric_names(self, job_id: int) -> list[str]:
         """Every name the job has reported, sorted."""
         query = (

@@ -1,0 +1,295 @@
+"""The model registry over REST: `/v1/models`.
+
+Who may do what, with auth on (off: every caller is an admin):
+- register a version: the owner of the job it comes from, and, for an existing model,
+  its owner (or an admin);
+- list, read, download: the model's owner, its readers, admins;
+- move aliases, change readers, delete a version: the owner or an admin.
+
+A caller who may not read a model gets the 404 a missing model gets, not a 403 naming
+its owner: that a model exists, and whose it is, is its readers' to know. A reader who
+asks to change it gets a 403. A download sends a file only after its SHA-256 matched the
+one recorded at registration; a changed or missing file is a 409, never served.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse
+
+from api.auth import Caller, Principal, current_caller, require_owner
+from api.convert import shown_spec, submitted_spec
+from api.errors import FieldError
+from api.routes import JobId, Repo
+from gangway.models import (
+    ALIAS_NAME,
+    MODEL_NAME,
+    AliasSet,
+    ErrorBody,
+    ModelFile,
+    ModelInfo,
+    ModelList,
+    ModelRegister,
+    ModelVersionInfo,
+    ReadersSet,
+)
+from gangway.paths import BadPath, path_parts
+from scheduler.store import JobRecord
+from scheduler.store.model_files import (
+    copy_checkpoint,
+    remove_version,
+    verified,
+    version_directory,
+)
+from scheduler.store.registry import (
+    ModelNotFound,
+    ModelRegistry,
+    ModelVersion,
+    RegisteredModel,
+)
+from workers.engine.checkpoint_layout import checkpoint_path, completed, job_directory
+
+router = APIRouter(dependencies=[Depends(current_caller)])
+RESPONSES: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorBody, "description": "auth is on and the API key is missing or wrong"},
+    403: {"model": ErrorBody, "description": "a reader asking to change the model"},
+    404: {
+        "model": ErrorBody,
+        "description": "no such model, version, alias or file (or none the caller may read)",
+    },
+    409: {
+        "model": ErrorBody,
+        "description": "a file changed since registration; a version number just taken",
+    },
+    422: {"model": ErrorBody, "description": "invalid input; `error.field` names the field"},
+}
+ModelName = Annotated[str, PathParam(pattern=MODEL_NAME)]
+Alias = Annotated[str, PathParam(pattern=ALIAS_NAME)]
+VersionRef = Annotated[
+    str, PathParam(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", description="a number or an alias")
+]
+
+
+def _registry(request: Request) -> ModelRegistry:
+    registry: ModelRegistry = request.app.state.registry
+    return registry
+
+
+Registry = Annotated[ModelRegistry, Depends(_registry)]
+
+
+def _root(request: Request) -> Path:
+    root: Path | None = request.app.state.models_root
+    if root is None:
+        raise FieldError("name", "this service keeps no models (it was started without storage)")
+    return root
+
+
+def _readable(registry: ModelRegistry, name: str, caller: Principal) -> RegisteredModel:
+    model = registry.model(name)
+    if not model.readable_by(caller.name, admin=caller.is_admin):
+        raise ModelNotFound(f"no model {name!r}")
+    return model
+
+
+def _changeable(registry: ModelRegistry, name: str, caller: Principal, may: str) -> RegisteredModel:
+    model = _readable(registry, name, caller)
+    require_owner(caller, model.owner, f"model {name!r}", may=may, field="name")
+    return model
+
+
+@router.post("/v1/models", response_model=ModelVersionInfo, status_code=201, responses=RESPONSES)
+def register(
+    body: ModelRegister, caller: Caller, request: Request, repo: Repo, registry: Registry
+) -> ModelVersionInfo:
+    """The next version of model `name`, from a complete checkpoint of job `job_id`: its
+    files copied into the registry with their SHA-256, the job's spec, the metrics it
+    reported at that step."""
+    root = _root(request)
+    job = repo.get(body.job_id)  # 404 for an unknown job
+    require_owner(caller, job.user, f"job {job.id}", may="register its checkpoints", field="job_id")
+    try:
+        existing = registry.model(body.name)
+    except ModelNotFound:
+        existing = None
+    if existing is not None:
+        _changeable(registry, body.name, caller, "add versions")
+    source, step = _checkpoint(request, job, body.step)
+    number = registry.next_version(body.name)
+    target = version_directory(root, body.name, number)
+    files = copy_checkpoint(source, target)
+    version = ModelVersion(
+        model=body.name,
+        version=number,
+        job_id=job.id,
+        attempt=job.attempt,
+        step=step,
+        spec=shown_spec(submitted_spec(job), shows_env=False).model_dump(mode="json"),
+        metrics=repo.values_at(job.id, step),
+        files=files,
+        created_by=caller.name,
+        created_at=repo.now(),
+    )
+    try:
+        stored = registry.add_version(version, owner=caller.name, readers=body.readers)
+    except Exception:
+        remove_version(root, body.name, number)
+        raise
+    return _version_info(stored, {})
+
+
+def _checkpoint(request: Request, job: JobRecord, step: int | None) -> tuple[Path, int]:
+    """The job's checkpoint at `step` (its newest when None), complete; 422 naming the
+    field when there is none."""
+    root: Path | None = request.app.state.checkpoint_root
+    directory = job_directory(root, job.id) if root is not None else None
+    done = completed(directory) if directory is not None and directory.is_dir() else []
+    if step is None:
+        if not done:
+            raise FieldError("job_id", f"job {job.id} has no complete checkpoint")
+        return done[-1], int(done[-1].name.rsplit("-", 1)[1])
+    wanted = checkpoint_path(directory, step) if directory is not None else None
+    if wanted is None or wanted not in done:
+        steps = ", ".join(p.name.rsplit("-", 1)[1].lstrip("0") or "0" for p in done) or "none"
+        raise FieldError(
+            "step", f"job {job.id} has no complete checkpoint at step {step} (it has: {steps})"
+        )
+    return wanted, step
+
+
+@router.get("/v1/models", response_model=ModelList, responses=RESPONSES)
+def list_models(caller: Caller, registry: Registry) -> ModelList:
+    """The models the caller may read, by name."""
+    readable = [m for m in registry.models() if m.readable_by(caller.name, admin=caller.is_admin)]
+    return ModelList(models=[_model_info(m) for m in readable])
+
+
+@router.get("/v1/models/{name}", response_model=ModelInfo, responses=RESPONSES)
+def get_model(name: ModelName, caller: Caller, registry: Registry) -> ModelInfo:
+    """The model, every version (oldest first, with its lineage and digests), its aliases."""
+    return _model_info(_readable(registry, name, caller))
+
+
+@router.get(
+    "/v1/models/{name}/versions/{ref}", response_model=ModelVersionInfo, responses=RESPONSES
+)
+def get_version(
+    name: ModelName, ref: VersionRef, caller: Caller, registry: Registry
+) -> ModelVersionInfo:
+    model = _readable(registry, name, caller)
+    return _version_info(registry.version(name, ref), model.aliases)
+
+
+@router.get("/v1/models/{name}/versions/{ref}/files/{path:path}", responses=RESPONSES)
+def download_file(
+    *,
+    name: ModelName,
+    ref: VersionRef,
+    path: str,
+    caller: Caller,
+    request: Request,
+    registry: Registry,
+) -> FileResponse:
+    """One file of the version, sent only once its bytes match the recorded SHA-256."""
+    _readable(registry, name, caller)
+    version = registry.version(name, ref)
+    try:
+        wanted = "/".join(path_parts(path))
+    except BadPath as exc:
+        raise FieldError("path", str(exc)) from exc
+    digest = next((f for f in version.files if f.path == wanted), None)
+    if digest is None:
+        raise ModelNotFound(f"{name} v{version.version} has no file {wanted!r}")
+    checked = verified(_root(request), name, version.version, digest)
+    return FileResponse(
+        checked,
+        media_type="application/octet-stream",
+        headers={"X-Checksum-Sha256": digest.sha256},
+    )
+
+
+@router.put("/v1/models/{name}/aliases/{alias}", response_model=ModelInfo, responses=RESPONSES)
+def set_alias(
+    name: ModelName, alias: Alias, body: AliasSet, caller: Caller, registry: Registry
+) -> ModelInfo:
+    """Point `alias` (production, staging, ...) at a version; it moves if it was elsewhere."""
+    _changeable(registry, name, caller, "move its aliases")
+    registry.set_alias(name, alias, body.version)
+    return _model_info(registry.model(name))
+
+
+@router.delete("/v1/models/{name}/aliases/{alias}", status_code=204, responses=RESPONSES)
+def remove_alias(name: ModelName, alias: Alias, caller: Caller, registry: Registry) -> Response:
+    _changeable(registry, name, caller, "move its aliases")
+    registry.remove_alias(name, alias)
+    return Response(status_code=204)
+
+
+@router.put("/v1/models/{name}/readers", response_model=ModelInfo, responses=RESPONSES)
+def set_readers(name: ModelName, body: ReadersSet, caller: Caller, registry: Registry) -> ModelInfo:
+    """Who besides its owner (and admins) may list, read and download the model."""
+    _changeable(registry, name, caller, "choose its readers")
+    registry.set_readers(name, body.readers)
+    return _model_info(registry.model(name))
+
+
+@router.delete("/v1/models/{name}/versions/{version}", status_code=204, responses=RESPONSES)
+def delete_version(
+    *,
+    name: ModelName,
+    version: Annotated[int, PathParam(ge=1, le=2**31 - 1)],
+    caller: Caller,
+    request: Request,
+    registry: Registry,
+) -> Response:
+    """The version, its files and the aliases on it; the model goes with its last."""
+    _changeable(registry, name, caller, "delete its versions")
+    registry.delete_version(name, version)
+    remove_version(_root(request), name, version)
+    return Response(status_code=204)
+
+
+@router.get("/v1/jobs/{job_id}/models", response_model=list[ModelVersionInfo], responses=RESPONSES)
+def job_models(
+    job_id: JobId, caller: Caller, repo: Repo, registry: Registry
+) -> list[ModelVersionInfo]:
+    """Lineage: the versions made from the job's checkpoints that the caller may read."""
+    repo.get(job_id)  # 404 for an unknown job
+    found = []
+    for version in registry.versions_of_job(job_id):
+        model = registry.model(version.model)
+        if model.readable_by(caller.name, admin=caller.is_admin):
+            found.append(_version_info(version, model.aliases))
+    return found
+
+
+def _model_info(model: RegisteredModel) -> ModelInfo:
+    return ModelInfo(
+        name=model.name,
+        owner=model.owner,
+        readers=list(model.readers),
+        created_at=model.created_at,
+        aliases=dict(model.aliases),
+        versions=[_version_info(v, model.aliases) for v in model.versions],
+    )
+
+
+def _version_info(version: ModelVersion, aliases: dict[str, int]) -> ModelVersionInfo:
+    return ModelVersionInfo(
+        model=version.model,
+        version=version.version,
+        aliases=sorted(a for a, v in aliases.items() if v == version.version),
+        job_id=version.job_id,
+        attempt=version.attempt,
+        step=version.step,
+        spec=version.spec,
+        metrics=version.metrics,
+        files=[ModelFile(path=f.path, bytes=f.bytes, sha256=f.sha256) for f in version.files],
+        bytes=sum(f.bytes for f in version.files),
+        created_by=version.created_by,
+        created_at=version.created_at,
+    )

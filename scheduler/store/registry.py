@@ -1,0 +1,303 @@
+"""The model registry: named models, their immutable versions and the aliases on them.
+
+A version is made once, from a complete checkpoint of a job, and never changes: its
+files are copied out of the job's checkpoint directory (which the trainer prunes) into
+the registry's storage, and the row keeps the SHA-256 and size of every file, the job's
+spec, the metrics it reported at that step, and the job and attempt that produced it
+(`scheduler.registry_files` does the copying and the checking; this module only the
+rows). A model has one owner and a list of readers (user names); who may see or change
+what is the API's to decide (`api.registry`), from what these rows say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    ForeignKey,
+    Integer,
+    String,
+    UniqueConstraint,
+    delete,
+    func,
+    select,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from scheduler.store.base import Repository
+from scheduler.store.tables import Base, UTCDateTime
+
+
+class RegisteredModelRow(Base):
+    __tablename__ = "registered_models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    owner: Mapped[str] = mapped_column(String(100))
+    readers: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ModelVersionRow(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("registered_models.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[int] = mapped_column(Integer, index=True)  # lineage: kept if the job goes
+    attempt: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    metrics: Mapped[dict[str, float]] = mapped_column(JSON)
+    files: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # {path, bytes, sha256}
+    created_by: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ModelAliasRow(Base):
+    __tablename__ = "model_aliases"
+
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("registered_models.id", ondelete="CASCADE"), primary_key=True
+    )
+    alias: Mapped[str] = mapped_column(String(100), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+
+
+@dataclass(frozen=True, slots=True)
+class FileDigest:
+    path: str  # relative to the version's directory, '/'-separated
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelVersion:
+    model: str
+    version: int
+    job_id: int
+    attempt: int
+    step: int
+    spec: dict[str, Any]
+    metrics: dict[str, float]
+    files: tuple[FileDigest, ...]
+    created_by: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredModel:
+    name: str
+    owner: str
+    readers: tuple[str, ...]
+    created_at: datetime
+    versions: tuple[ModelVersion, ...] = ()
+    aliases: dict[str, int] = field(default_factory=dict)
+
+    def readable_by(self, user: str, *, admin: bool) -> bool:
+        return admin or user == self.owner or user in self.readers
+
+
+class ModelNotFound(Exception):
+    """No such model, version or alias (or one the caller may not know of)."""
+
+
+class VersionTaken(Exception):
+    """Another registration took the version number first: try again."""
+
+
+class ModelRegistry(Repository):
+    def model(self, name: str) -> RegisteredModel:
+        """The model with its versions (oldest first) and aliases; ModelNotFound."""
+        with Session(self._engine) as session:
+            row = _model_row(session, name)
+            versions = session.scalars(
+                select(ModelVersionRow)
+                .where(ModelVersionRow.model_id == row.id)
+                .order_by(ModelVersionRow.version)
+            )
+            aliases = session.scalars(select(ModelAliasRow).where(ModelAliasRow.model_id == row.id))
+            return _model(
+                row,
+                tuple(_version(name, v) for v in versions),
+                {a.alias: a.version for a in aliases},
+            )
+
+    def models(self) -> list[RegisteredModel]:
+        """Every model (without versions), by name."""
+        with Session(self._engine) as session:
+            rows = session.scalars(select(RegisteredModelRow).order_by(RegisteredModelRow.name))
+            return [_model(row, (), {}) for row in rows]
+
+    def next_version(self, name: str) -> int:
+        """The number the next version of `name` would get (1 for a new model)."""
+        with Session(self._engine) as session:
+            row = session.scalar(select(RegisteredModelRow).where(RegisteredModelRow.name == name))
+            if row is None:
+                return 1
+            newest = session.scalar(
+                select(func.max(ModelVersionRow.version)).where(ModelVersionRow.model_id == row.id)
+            )
+            return (newest or 0) + 1
+
+    def add_version(
+        self, version: ModelVersion, *, owner: str, readers: Sequence[str]
+    ) -> ModelVersion:
+        """Store `version` (its number from `next_version`), creating its model owned by
+        `owner` with `readers` if it is new. VersionTaken if the number was taken since."""
+        now = self._clock()
+        try:
+            with Session(self._engine) as session, session.begin():
+                row = session.scalar(
+                    select(RegisteredModelRow).where(RegisteredModelRow.name == version.model)
+                )
+                if row is None:
+                    row = RegisteredModelRow(
+                        name=version.model, owner=owner, readers=list(readers), created_at=now
+                    )
+                    session.add(row)
+                    session.flush()
+                session.add(
+                    ModelVersionRow(
+                        model_id=row.id,
+                        version=version.version,
+                        job_id=version.job_id,
+                        attempt=version.attempt,
+                        step=version.step,
+                        spec=version.spec,
+                        metrics=version.metrics,
+                        files=[_file_json(f) for f in version.files],
+                        created_by=version.created_by,
+                        created_at=now,
+                    )
+                )
+        except IntegrityError as exc:
+            raise VersionTaken(f"{version.model} v{version.version} was just taken") from exc
+        return self.version(version.model, str(version.version))
+
+    def version(self, name: str, ref: str) -> ModelVersion:
+        """Version `ref` of `name`: a number, or an alias on one. ModelNotFound."""
+        with Session(self._engine) as session:
+            row = _model_row(session, name)
+            number = _resolve(session, row, ref)
+            found = session.scalar(
+                select(ModelVersionRow).where(
+                    ModelVersionRow.model_id == row.id, ModelVersionRow.version == number
+                )
+            )
+            if found is None:
+                raise ModelNotFound(f"model {name!r} has no version {ref}")
+            return _version(name, found)
+
+    def set_alias(self, name: str, alias: str, version: int) -> None:
+        with Session(self._engine) as session, session.begin():
+            row = _model_row(session, name)
+            exists = session.scalar(
+                select(ModelVersionRow.id).where(
+                    ModelVersionRow.model_id == row.id, ModelVersionRow.version == version
+                )
+            )
+            if exists is None:
+                raise ModelNotFound(f"model {name!r} has no version {version}")
+            session.merge(ModelAliasRow(model_id=row.id, alias=alias, version=version))
+
+    def remove_alias(self, name: str, alias: str) -> None:
+        with Session(self._engine) as session, session.begin():
+            row = _model_row(session, name)
+            gone = session.execute(
+                delete(ModelAliasRow).where(
+                    ModelAliasRow.model_id == row.id, ModelAliasRow.alias == alias
+                )
+            )
+            if not getattr(gone, "rowcount", 0):
+                raise ModelNotFound(f"model {name!r} has no alias {alias!r}")
+
+    def set_readers(self, name: str, readers: Sequence[str]) -> None:
+        with Session(self._engine) as session, session.begin():
+            _model_row(session, name).readers = list(readers)
+
+    def delete_version(self, name: str, version: int) -> None:
+        """The version's row and the aliases on it (its files are the caller's to
+        remove); the model goes with its last version."""
+        with Session(self._engine) as session, session.begin():
+            row = _model_row(session, name)
+            gone = session.execute(
+                delete(ModelVersionRow).where(
+                    ModelVersionRow.model_id == row.id, ModelVersionRow.version == version
+                )
+            )
+            if not getattr(gone, "rowcount", 0):
+                raise ModelNotFound(f"model {name!r} has no version {version}")
+            session.execute(
+                delete(ModelAliasRow).where(
+                    ModelAliasRow.model_id == row.id, ModelAliasRow.version == version
+                )
+            )
+            left = session.scalar(select(func.count()).where(ModelVersionRow.model_id == row.id))
+            if not left:
+                session.delete(row)
+
+    def versions_of_job(self, job_id: int) -> list[ModelVersion]:
+        """Lineage: the versions made from job `job_id`'s checkpoints."""
+        query = (
+            select(RegisteredModelRow.name, ModelVersionRow)
+            .join(RegisteredModelRow, RegisteredModelRow.id == ModelVersionRow.model_id)
+            .where(ModelVersionRow.job_id == job_id)
+            .order_by(ModelVersionRow.id)
+        )
+        with Session(self._engine) as session:
+            return [_version(name, row) for name, row in session.execute(query)]
+
+
+def _model_row(session: Session, name: str) -> RegisteredModelRow:
+    row = session.scalar(select(RegisteredModelRow).where(RegisteredModelRow.name == name))
+    if row is None:
+        raise ModelNotFound(f"no model {name!r}")
+    return row
+
+
+def _resolve(session: Session, model: RegisteredModelRow, ref: str) -> int:
+    if ref.isdigit():
+        return int(ref)
+    number = session.scalar(
+        select(ModelAliasRow.version).where(
+            ModelAliasRow.model_id == model.id, ModelAliasRow.alias == ref
+        )
+    )
+    if number is None:
+        raise ModelNotFound(f"model {model.name!r} has no alias {ref!r}")
+    return number
+
+
+def _model(
+    row: RegisteredModelRow, versions: tuple[ModelVersion, ...], aliases: dict[str, int]
+) -> RegisteredModel:
+    return RegisteredModel(
+        row.name, row.owner, tuple(row.readers), row.created_at, versions, aliases
+    )
+
+
+def _version(name: str, row: ModelVersionRow) -> ModelVersion:
+    files = tuple(FileDigest(str(f["path"]), int(f["bytes"]), str(f["sha256"])) for f in row.files)
+    return ModelVersion(
+        name,
+        row.version,
+        row.job_id,
+        row.attempt,
+        row.step,
+        dict(row.spec),
+        dict(row.metrics),
+        files,
+        row.created_by,
+        row.created_at,
+    )
+
+
+def _file_json(digest: FileDigest) -> dict[str, Any]:
+    return {"path": digest.path, "bytes": digest.bytes, "sha256": digest.sha256}

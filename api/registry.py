@@ -15,24 +15,30 @@ one recorded at registration; a changed or missing file is a 409, never served.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 
 from api.auth import Caller, Principal, current_caller, require_owner
-from api.convert import shown_spec, submitted_spec
+from api.convert import job_info, shown_spec, submitted_spec
 from api.errors import FieldError
-from api.routes import JobId, Repo
+from api.routes import JobId, OnChange, Repo, create_job
 from gangway.models import (
     ALIAS_NAME,
     MODEL_NAME,
     AliasSet,
+    Builtin,
     ErrorBody,
+    Function,
+    JobInfo,
+    JobSubmit,
+    ModelExport,
     ModelFile,
     ModelInfo,
     ModelList,
+    ModelRef,
     ModelRegister,
     ModelVersionInfo,
     ReadersSet,
@@ -54,6 +60,7 @@ from scheduler.store.registry import (
 from workers.engine.checkpoint_layout import checkpoint_path, completed, job_directory
 
 router = APIRouter(dependencies=[Depends(current_caller)])
+EXPORT_TARGET = "workers.program.export:export_model"
 RESPONSES: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorBody, "description": "auth is on and the API key is missing or wrong"},
     403: {"model": ErrorBody, "description": "a reader asking to change the model"},
@@ -165,13 +172,13 @@ def _checkpoint(request: Request, job: JobRecord, step: int | None) -> tuple[Pat
 def list_models(caller: Caller, registry: Registry) -> ModelList:
     """The models the caller may read, by name."""
     readable = [m for m in registry.models() if m.readable_by(caller.name, admin=caller.is_admin)]
-    return ModelList(models=[_model_info(m) for m in readable])
+    return ModelList(models=[model_info(m) for m in readable])
 
 
 @router.get("/v1/models/{name}", response_model=ModelInfo, responses=RESPONSES)
 def get_model(name: ModelName, caller: Caller, registry: Registry) -> ModelInfo:
     """The model, every version (oldest first, with its lineage and digests), its aliases."""
-    return _model_info(_readable(registry, name, caller))
+    return model_info(_readable(registry, name, caller))
 
 
 @router.get(
@@ -212,6 +219,61 @@ def download_file(
     )
 
 
+@router.post(
+    "/v1/models/{name}/versions/{ref}/export",
+    response_model=JobInfo,
+    status_code=201,
+    responses=RESPONSES,
+)
+def export(
+    *,
+    name: ModelName,
+    ref: VersionRef,
+    body: ModelExport,
+    caller: Caller,
+    request: Request,
+    repo: Repo,
+    registry: Registry,
+    on_change: OnChange,
+) -> JobInfo:
+    """Submit the job that exports the version (`workers.program.export`): the caller's,
+    one rank, started from the version; its outputs are the files. A job the service
+    chose, so the admins' entrypoint policy, which is about users' code, does not apply."""
+    _readable(registry, name, caller)
+    version = registry.version(name, ref)
+    trained = version.spec.get("entrypoint", {})
+    if trained.get("kind") != "builtin":
+        raise FieldError(
+            "name", f"{name} v{version.version} was not trained by the built-in trainer"
+        )
+    submit = JobSubmit(
+        name=f"export-{name}-v{version.version}",
+        user=caller.name,
+        entrypoint=Function(target=EXPORT_TARGET, kwargs=_export_kwargs(version.spec, body)),
+        init_from=ModelRef(model=name, version=version.version),
+    )
+    record, _ = create_job(submit, caller, repo=repo, request=request)
+    on_change()
+    return job_info(record, {n.id: n.name for n in repo.nodes()}, shows_env=True)
+
+
+def _export_kwargs(spec: dict[str, Any], body: ModelExport) -> dict[str, Any]:
+    """What the export needs of the trained job: its model and held-out split, and its
+    validation batch (dp x batch_size sequences), so the figures compare with its own."""
+    trained = {**Builtin().model_dump(), **spec["entrypoint"]}
+    parallelism = spec.get("parallelism")
+    dp = parallelism.get("dp", 1) if isinstance(parallelism, dict) else 1
+    degree = dp["max"] if isinstance(dp, dict) else int(dp)
+    return {
+        "model": trained["model"],
+        "seed": trained["seed"],
+        "data_path": trained["data_path"],
+        "eval_batch": degree * int(trained["batch_size"]),
+        "eval_batches": body.eval_batches,
+        "quantize": body.quantize,
+    }
+
+
 @router.put("/v1/models/{name}/aliases/{alias}", response_model=ModelInfo, responses=RESPONSES)
 def set_alias(
     name: ModelName, alias: Alias, body: AliasSet, caller: Caller, registry: Registry
@@ -219,7 +281,7 @@ def set_alias(
     """Point `alias` (production, staging, ...) at a version; it moves if it was elsewhere."""
     _changeable(registry, name, caller, "move its aliases")
     registry.set_alias(name, alias, body.version)
-    return _model_info(registry.model(name))
+    return model_info(registry.model(name))
 
 
 @router.delete("/v1/models/{name}/aliases/{alias}", status_code=204, responses=RESPONSES)
@@ -234,7 +296,7 @@ def set_readers(name: ModelName, body: ReadersSet, caller: Caller, registry: Reg
     """Who besides its owner (and admins) may list, read and download the model."""
     _changeable(registry, name, caller, "choose its readers")
     registry.set_readers(name, body.readers)
-    return _model_info(registry.model(name))
+    return model_info(registry.model(name))
 
 
 @router.delete("/v1/models/{name}/versions/{version}", status_code=204, responses=RESPONSES)
@@ -267,7 +329,7 @@ def job_models(
     return found
 
 
-def _model_info(model: RegisteredModel) -> ModelInfo:
+def model_info(model: RegisteredModel) -> ModelInfo:
     return ModelInfo(
         name=model.name,
         owner=model.owner,

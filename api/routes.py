@@ -26,6 +26,7 @@ from api.convert import (
 from api.errors import FieldError
 from api.estimate import Estimator
 from api.limits import Limits
+from api.model_refs import pinned_init_from
 from api.pages import page_response
 from api.validation import check_requirements, validate_submission
 from gangway.models import (
@@ -52,7 +53,7 @@ from gangway.models import (
     submit_body,
 )
 from scheduler.model import RESOURCE_HOLDING_STATES
-from scheduler.store import JobRepository, NewJob, QueueRepository
+from scheduler.store import JobRecord, JobRepository, NewJob, QueueRepository
 from scheduler.store.packages import PackageStore
 from scheduler.store.reported import MAX_PAGE
 from scheduler.store.specs import spec_from_json
@@ -122,21 +123,42 @@ def submit_job(
     ] = None,
 ) -> JobInfo:
     submit = _admissible(submit, caller, request)
+    record, created = create_job(
+        submit, caller, repo=repo, request=request, idempotency_key=idempotency_key
+    )
+    if created:
+        on_change()
+    else:
+        response.headers["Idempotent-Replayed"] = "true"
+    return job_info(record, _node_names(repo), shows_env=sees_env(caller, record.user))
+
+
+def create_job(
+    submit: JobSubmit,
+    caller: Principal,
+    *,
+    repo: JobRepository,
+    request: Request,
+    idempotency_key: str | None = None,
+) -> tuple[JobRecord, bool]:
+    """Check and store a job whose entrypoint the admins' policy has allowed (or which
+    the service itself chose: a model export): the job, and whether it is new (an
+    idempotent retry finds the first)."""
     # Of the body as sent: a retry of an "auto" job matches even if the plan would differ;
     # its secrets count too (other secrets are another job).
     sent = json.dumps(submit_body(submit), sort_keys=True)
     digest = hashlib.sha256(sent.encode()).hexdigest()
+    submit = pinned_init_from(submit, caller, request.app.state.registry)
     resolved = estimator(request).resolve(submit)
     submit = resolved.submit
-    nodes = repo.nodes()
     spec = submit_body(submit)  # stored with its secrets, which the ranks get
     job_spec = spec_from_json(spec)
-    validate_submission(submit, job_spec, nodes)
+    validate_submission(submit, job_spec, repo.nodes())
     if submit.package is not None:
         _use_package(request.app.state.packages, submit.package)
     elif isinstance(submit.entrypoint, Script):  # ranks may start in another directory
         spec["entrypoint"]["path"] = str(Path(submit.entrypoint.path).resolve())
-    record, created = repo.create_once(
+    return repo.create_once(
         NewJob(
             name=submit.name,
             queue=submit.queue,
@@ -152,12 +174,6 @@ def submit_job(
         if resolved.choice
         else "submitted",
     )
-    if created:
-        on_change()
-    else:
-        response.headers["Idempotent-Replayed"] = "true"
-    names = {n.id: n.name for n in nodes}
-    return job_info(record, names, shows_env=sees_env(caller, record.user))
 
 
 def estimator(request: Request) -> Estimator:

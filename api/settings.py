@@ -274,6 +274,7 @@ class Settings(BaseSettings):
             checkpoint_root=self.checkpoint_root(),
             packages_root=self.packages_root(),
             outputs_root=self.outputs_root(),
+            models_root=self.models_root(),
             sandbox=self.sandbox_mode(),
             default_identity=SandboxIdentity(uid=self.sandbox_uid, gid=self.sandbox_gid),
             user_identities={

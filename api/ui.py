@@ -32,14 +32,18 @@ from api.convert import (
     placed_mesh,
     prediction_accuracy,
 )
+from api.registry import model_info
 from api.routes import MAX_ID, JobId, Repo
 from gangway.models import JobState, metric_order
 from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.store import JobRecord, JobRepository, MetricPoint
 from scheduler.store.predictions import JobPrediction
+from scheduler.store.registry import ModelRegistry
 from scheduler.store.reported import StoredPoint
 
 PAGE_SIZE = 20
+# A version's metrics the models table shows.
+SHOWN_METRICS = ("val_loss", "val_token_accuracy", "loss")
 MAX_CHART_POINTS = 20_000  # reports drawn per job page (every one, up to this)
 MAX_CHARTS = 32
 # How the built-in trainer's events name a bad step it acted on (workers.engine.health).
@@ -293,6 +297,19 @@ def _comm_title(points: list[MetricPoint]) -> str:
     share = sum(p.comm_s or 0.0 for p in timed) / sum(p.step_time_s or 0.0 for p in timed)
     sent = sum(p.comm_bytes or 0.0 for p in timed) / len(timed) / 2**20
     return f"time in collectives (s): {share:.0%} of step time, {sent:,.1f} MiB/step"
+
+
+@fragments.get("/ui/models", response_class=HTMLResponse)
+def models_fragment(request: Request, caller: Caller) -> HTMLResponse:
+    """The models the caller may read, newest version first, with lineage and aliases."""
+    registry: ModelRegistry = request.app.state.registry
+    readable = [
+        registry.model(m.name)
+        for m in registry.models()
+        if m.readable_by(caller.name, admin=caller.is_admin)
+    ]
+    models = [model_info(m) for m in readable]
+    return _render(request, "_models.html", models=models, shown_metrics=SHOWN_METRICS)
 
 
 @fragments.get("/ui/jobs/{job_id}/events", response_class=HTMLResponse)

@@ -130,6 +130,7 @@ class AsyncClient:
     remove_alias = _sends(calls.remove_alias)
     set_model_readers = _sends(calls.set_model_readers)
     delete_model_version = _sends(calls.delete_model_version)
+    export_model = _sends_job(calls.export_model)
     checkpoints = _sends(calls.checkpoints)
     outputs_page = _sends(calls.outputs)
     cluster = _sends(calls.cluster)

@@ -32,6 +32,7 @@ from gangway.models import (
     JobSubmit,
     LogLine,
     MetricPoint,
+    ModelExport,
     ModelInfo,
     ModelList,
     ModelRegister,
@@ -394,3 +395,12 @@ def model_file(name: str, version: int, path: str) -> Call[None]:
         f"/v1/models/{quote(name, safe='')}/versions/{version}/files/{quote(path, safe='/')}",
         _no_body,
     )
+
+
+def export_model(
+    name: str, ref: str | int, *, quantize: str = "none", eval_batches: int = 4
+) -> Call[JobInfo]:
+    """Submit the job that exports version `ref` of `name` to safetensors (its outputs)."""
+    body = _checked(ModelExport, quantize=quantize, eval_batches=eval_batches).model_dump()
+    path = f"/v1/models/{quote(name, safe='')}/versions/{quote(str(ref), safe='')}/export"
+    return Call("POST", path, _reader(JobInfo), json=body)

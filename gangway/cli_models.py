@@ -127,6 +127,36 @@ def download(
     echo(f"{len(written)} files, {total:,} bytes, verified, under {output}")
 
 
+@models_app.command("export")
+def export(
+    name: str,
+    ref: Annotated[str, typer.Argument(help="a version number or an alias")],
+    *,
+    export_format: Annotated[
+        str, typer.Option("--format", help="the file format (safetensors)")
+    ] = "safetensors",
+    quantize: Annotated[str, typer.Option(help="none, or int8: an int8 copy too")] = "none",
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="wait, then download the files here")
+    ] = None,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Export a version for deployment, as a job on the cluster: one safetensors file
+    whatever its dp/tp/pp (and an int8 copy), each with its validation loss."""
+    if export_format != "safetensors":
+        raise typer.BadParameter(f"--format: safetensors, not {export_format!r}")
+    with cli_shared.connect(url) as client:
+        job = run(lambda: client.export_model(name, ref, quantize=quantize))
+        echo(f"export job {job.id} submitted")
+        if output is None:
+            return
+        run(lambda: client.wait(job.id))
+        run(lambda: client.download(job.id, to=output))
+    summary = json.loads((output / "export.json").read_text())
+    for file, figures in summary["files"].items():
+        echo(f"{output / file}: {figures['bytes']:,} bytes, val_loss {figures['val_loss']:.4f}")
+
+
 @models_app.command("delete")
 def delete(name: str, version: int, url: Url = DEFAULT_URL) -> None:
     """Delete VERSION of NAME (its files and aliases); the model goes with its last."""

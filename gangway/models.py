@@ -299,6 +299,21 @@ class CheckpointPolicy(_Strict):
     keep_last: Int = Field(2, ge=1, le=100)
 
 
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+# Starts with a letter: a version is named by its number or by an alias, never ambiguously.
+ALIAS_NAME = r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$"
+
+
+class ModelRef(_Strict):
+    """A registered model's version, by number or by alias. A submitted job stores the
+    number the alias pointed at then (its lineage stays what it ran from)."""
+
+    model: str = Field(pattern=MODEL_NAME)
+    version: Int | Annotated[str, Field(pattern=ALIAS_NAME)] = Field(
+        description="a version number, or an alias (production, staging, ...)"
+    )
+
+
 class Objective(_Strict):
     """A metric the job reports and which way is better."""
 
@@ -344,6 +359,12 @@ class JobSubmit(_Strict):
     )
     preemptible: bool = Field(True, description="may be stopped for a higher-priority job")
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    init_from: ModelRef | None = Field(
+        None,
+        description="start from a registered model version's weights (the built-in "
+        "trainer loads them when the job has no checkpoint of its own; any rank reads its "
+        "files at MODEL_DIR); the caller must be able to read the model",
+    )
     objective: Objective | None = Field(
         None,
         description="the reported metric whose best value the job keeps; null: val_loss, "
@@ -793,9 +814,6 @@ class ErrorBody(BaseModel):
 
 # -- the model registry -----------------------------------------------------------------
 
-MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
-# Starts with a letter: a version is named by its number or by an alias, never ambiguously.
-ALIAS_NAME = r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$"
 USER_NAME = r"^[A-Za-z0-9_.@-]{1,100}$"
 Readers = list[Annotated[str, Field(pattern=USER_NAME)]]
 
@@ -855,3 +873,15 @@ class AliasSet(_Strict):
 
 class ReadersSet(_Strict):
     readers: Readers = Field(max_length=1000)
+
+
+class ModelExport(_Strict):
+    """Export a version for deployment, as a job on the cluster (loading a model needs
+    memory): one consolidated safetensors file whatever the dp/tp/pp it was trained with,
+    with `quantize: int8` an int8 copy too; each one's validation loss on the held-out
+    split. The files are the job's outputs (`gangway download JOB`), `export.json`
+    beside them."""
+
+    format: Literal["safetensors"] = "safetensors"
+    quantize: Literal["none", "int8"] = "none"
+    eval_batches: Int = Field(4, ge=1, le=10_000, description="validation batches per file")

@@ -220,6 +220,7 @@ class JobSpec:
     checkpoint: CheckpointSpec
     code: CodeSpec = CodeSpec()
     objective: ObjectiveSpec | None = None  # the declared one, or the built-in default
+    init_from: tuple[str, int] | None = None  # a registered model's (name, version)
 
     def placed(self, placement: Sequence[str] | None) -> GangShape:
         """The gang as placed: an elastic job runs at the dp its placement shows."""

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 INSIDE_WORK = "/gangway/work"
 INSIDE_CHECKPOINTS = "/gangway/checkpoints"
 INSIDE_OUTPUTS = "/gangway/outputs"
+INSIDE_MODEL = "/gangway/model"
 INSIDE_RUN = "/gangway/run"
 INSIDE_TMP = "/tmp"
 
@@ -121,6 +122,7 @@ class JobLaunch(_Frozen):
     keep_last: int = 2
     outputs_dir: str | None = None  # host path of the job's collected outputs
     outputs_max_bytes: int = 0  # what this attempt may still add to them
+    model_dir: str | None = None  # host path of the model version it starts from (read-only)
     host_paths: list[str] = Field(default_factory=list)  # read-only: data files, host scripts
     sandbox: SandboxMode = SandboxMode.PREFERRED
     identity: SandboxIdentity = SandboxIdentity()
@@ -140,6 +142,7 @@ class ProgramLaunch(_Frozen):
     work_dir: str | None = None
     checkpoint_dir: str | None = None
     outputs_dir: str = INSIDE_OUTPUTS
+    model_dir: str | None = None
     keep_last: int = 2
     env: dict[str, str] = Field(default_factory=dict)
     limits: RankLimits = RankLimits()

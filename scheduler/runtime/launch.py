@@ -18,6 +18,7 @@ from scheduler.model import (
     JobSpec,
     ScriptEntrypoint,
 )
+from scheduler.store.model_files import version_directory
 from workers import faults
 from workers.engine.checkpoint_layout import job_directory
 from workers.launch import (
@@ -43,6 +44,7 @@ class LaunchPolicy:
     checkpoint_root: Path | None = None
     packages_root: Path | None = None
     outputs_root: Path | None = None
+    models_root: Path | None = None
     sandbox: SandboxMode = SandboxMode.PREFERRED
     default_identity: SandboxIdentity = field(default_factory=SandboxIdentity)
     user_identities: Mapping[str, SandboxIdentity] = field(default_factory=dict)
@@ -86,6 +88,7 @@ def job_launch(
     )
     outputs = str(policy.outputs_root / f"job-{job_id}") if policy.outputs_root else None
     return JobLaunch(
+        model_dir=_model_dir(spec, policy),
         job_id=job_id,
         attempt=attempt,
         user=user,
@@ -104,6 +107,16 @@ def job_launch(
         stop_grace_s=policy.stop_grace_s,
         faults=faults.passthrough().get(faults.ENV),
     )
+
+
+def _model_dir(spec: JobSpec, policy: LaunchPolicy) -> str | None:
+    """The files of the model version the job starts from, mounted read-only."""
+    if spec.init_from is None:
+        return None
+    if policy.models_root is None:
+        raise ValueError("a job that starts from a model version needs the models directory")
+    name, version = spec.init_from
+    return str(version_directory(policy.models_root, name, version))
 
 
 def _run(spec: JobSpec) -> Run:

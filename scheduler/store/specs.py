@@ -61,7 +61,15 @@ def spec_from_json(stored: Mapping[str, Any]) -> JobSpec:
             secrets=dict(data["secrets"]),
         ),
         objective=_objective(data["objective"], entrypoint),
+        init_from=_init_from(data["init_from"]),
     )
+
+
+def _init_from(stored: Mapping[str, Any] | None) -> tuple[str, int] | None:
+    """A stored job names the version by number (an alias is resolved at submit)."""
+    if stored is None or not isinstance(stored.get("version"), int):
+        return None
+    return str(stored["model"]), int(stored["version"])
 
 
 def _objective(

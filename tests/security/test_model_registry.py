@@ -176,3 +176,49 @@ def test_bad_requests_name_the_field(clients: dict[str, Client], repo: JobReposi
         alice.register_model("gpt", 999)
     raw = alice._http.put("/v1/models/gpt/aliases/123", json={"version": 1})
     assert raw.status_code == 422  # an alias is never a number
+
+
+def test_jobs_start_from_versions_they_may_read(
+    clients: dict[str, Client], repo: JobRepository, roots: tuple[Path, Path]
+) -> None:
+    alice, bob, mallory = clients["alice"], clients["bob"], clients["mallory"]
+    alice.register_model("gpt", alices_job(alice, repo, roots[0]), step=10, readers=["bob"])
+    alice.set_alias("gpt", "production", 1)
+    started = bob.submit(**JOB | {"init_from": {"model": "gpt", "version": "production"}})
+    assert started.spec.init_from is not None and started.spec.init_from.version == 1  # pinned
+    for ref in ({"model": "gpt", "version": 1}, {"model": "nope", "version": 1}):
+        with pytest.raises(ValidationFailed) as refused:
+            mallory.submit(**JOB | {"init_from": ref})
+        assert refused.value.field == "init_from" and "alice" not in str(refused.value)
+    other = {"kind": "builtin", "model": "gpt-mini", "steps": 5}
+    with pytest.raises(ValidationFailed, match="is a gpt-tiny; this job trains a gpt-mini"):
+        bob.submit(**JOB | {"entrypoint": other, "init_from": {"model": "gpt", "version": 1}})
+
+
+def test_an_export_is_a_job_of_the_callers_started_from_the_version(
+    clients: dict[str, Client], repo: JobRepository, roots: tuple[Path, Path]
+) -> None:
+    alice, bob, mallory = clients["alice"], clients["bob"], clients["mallory"]
+    alice.register_model("gpt", alices_job(alice, repo, roots[0]), step=10, readers=["bob"])
+    answer = bob._http.post("/v1/models/gpt/versions/1/export", json={"quantize": "int8"})
+    assert answer.status_code == 201, answer.text
+    job = answer.json()
+    assert (job["user"], job["spec"]["init_from"]) == ("bob", {"model": "gpt", "version": 1})
+    kwargs = job["spec"]["entrypoint"]["kwargs"]
+    assert (kwargs["model"], kwargs["quantize"], kwargs["eval_batch"]) == ("gpt-tiny", "int8", 8)
+    stolen = mallory._http.post("/v1/models/gpt/versions/1/export", json={})
+    assert stolen.status_code == 404
+
+
+def test_the_status_page_lists_only_readable_models(
+    clients: dict[str, Client], repo: JobRepository, roots: tuple[Path, Path]
+) -> None:
+    alice, bob, mallory = clients["alice"], clients["bob"], clients["mallory"]
+    job_id = alices_job(alice, repo, roots[0])
+    alice.register_model("gpt", job_id, step=10, readers=["bob"])
+    alice.set_alias("gpt", "production", 1)
+    shown = bob._http.get("/ui/models").text
+    assert "gpt" in shown and f'href="/jobs/{job_id}"' in shown and "production" in shown
+    assert "val_loss 2.5" in shown
+    hidden = mallory._http.get("/ui/models").text
+    assert "gpt" not in hidden and "alice" not in hidden

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,10 +110,7 @@ class Checkpointer:
         held = [name for name in counters if f"trainer.{name}" in saved]
         state = _merged(models, optims, 0, dict.fromkeys(held, 0))
         state["extra"] = dict(self.extra)  # what the checkpoint lacks keeps its value
-        hand_out_head = read_older_layouts(state, saved)
-        with _single_process_is_intended():  # DCP fills the tensors of every dict in place
-            state_dict_loader.load(state, checkpoint_id=str(done[-1]), no_dist=_single_process())
-        hand_out_head()
+        _load(state, done[-1], saved)
         for part, optimizer, model_sd, optim_sd in zip(
             self.parts, self.optimizers, models, optims, strict=True
         ):
@@ -122,6 +119,19 @@ class Checkpointer:
         trainer = {key: int(value.item()) for key, value in state["trainer"].items()}
         self.counters = {k: v for k, v in trainer.items() if k != "step"}
         return trainer["step"]
+
+    def load_weights(self, checkpoint: Path) -> None:
+        """Only the model's parameters from `checkpoint` (a registered model version: a
+        checkpoint of another job, at any dp/tp/pp), not its optimizer state or counters:
+        the job trains on from those weights with its own optimizer and schedule."""
+        models = [get_model_state_dict(part) for part in self.parts]
+        state = _merged(models, [{} for _ in models], 0, {})
+        del state["trainer"]
+        state["extra"] = {}
+        saved = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+        _load(state, checkpoint, saved)
+        for part, model_sd in zip(self.parts, models, strict=True):
+            set_model_state_dict(part, model_sd)
 
     def _state_dicts(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         models = [get_model_state_dict(part) for part in self.parts]
@@ -158,6 +168,15 @@ def _merged(
         "optim": optim,
         "trainer": {key: torch.tensor(value) for key, value in trainer.items()},
     }
+
+
+def _load(state: dict[str, Any], checkpoint: Path, saved: Mapping[str, Any]) -> None:
+    """Fill `state`'s tensors in place from `checkpoint` (whose metadata is `saved`),
+    reading the layouts of older releases too."""
+    hand_out_head = read_older_layouts(state, saved)
+    with _single_process_is_intended():  # DCP fills the tensors of every dict in place
+        state_dict_loader.load(state, checkpoint_id=str(checkpoint), no_dist=_single_process())
+    hand_out_head()
 
 
 def _single_process() -> bool:

@@ -130,6 +130,22 @@ class Evaluator:
         schedule.eval(*args, target=target, return_outputs=False)
 
 
+def evaluate(
+    model: torch.nn.Module, stream: TokenStream, *, batch_size: int, batches: int
+) -> dict[str, float]:
+    """A pass of one whole model in one process (an export, a check): `batches` batches
+    of `batch_size` samples from the split's start, the figures `Evaluator.run` gives
+    when its dp x batch_size is `batch_size`."""
+    device = next(model.parameters()).device
+    tally = Tally(device, split_head=False)
+    model.eval()
+    with torch.no_grad():
+        for batch in range(batches):
+            inputs, targets = stream.samples(batch * batch_size, batch_size)
+            tally.add(model(inputs.to(device)), targets.to(device))
+    return _figures(tally.sums)
+
+
 def _figures(sums: torch.Tensor) -> dict[str, float]:
     """The pass's figures from this rank's share of the sums (one all-reduce)."""
     if dist.is_initialized() and dist.get_world_size() > 1:

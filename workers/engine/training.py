@@ -118,10 +118,12 @@ def train(
     spec: TrainSpec,
     *,
     checkpoint_dir: Path | None = None,
+    init_dir: Path | None = None,
     slowdown: float = 1.0,
 ) -> TrainResult:
     """Train on the default process group (world = plan.world_size), resuming from the
-    latest checkpoint in `checkpoint_dir` if there is one. `slowdown` > 1 makes this
+    latest checkpoint in `checkpoint_dir` if there is one, else from the weights of the
+    checkpoint `init_dir` (a registered model version) if given. `slowdown` > 1 makes this
     rank's compute that many times slower (an injected straggler, for tests and
     benchmarks)."""
     validate_plan(plan, spec.config, batch_size=spec.batch_size)
@@ -152,6 +154,9 @@ def train(
         checkpoint_dir, parts.parts, optimizers, spec.keep_last, extra=rule.outer_state()
     )
     step = checkpointer.load_latest(NEXT_SAMPLE, ROLLBACKS, *_RULE_COUNTERS)
+    if step == 0 and init_dir is not None:
+        checkpointer.load_weights(init_dir)
+        reporter.event("started from the weights of the model version it names (init_from)")
     _resume_rule(rule, params, checkpointer.counters, step)
     rollbacks = checkpointer.counters.get(ROLLBACKS, 0)
     _schedule_at(schedulers, spec, step, rollbacks)

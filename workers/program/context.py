@@ -42,7 +42,8 @@ class RankContext:
     `report()` is cheap (memory, and one datagram to the supervisor when there is one), so
     calling it every step costs nothing measurable; `should_stop()` turns True when the
     runtime asks the rank to stop (cancel, preemption notice). `outputs_dir` is where the
-    rank writes what its owner should get back (collected into the service's storage).
+    rank writes what its owner should get back (collected into the service's storage);
+    `model_dir` holds the registered model version the job starts from (`init_from`).
     """
 
     def __init__(
@@ -53,11 +54,13 @@ class RankContext:
         checkpoint_dir: Path | None = None,
         keep_last: int = wire_default(CheckpointPolicy, "keep_last"),
         outputs_dir: Path | None = None,
+        model_dir: Path | None = None,
         sink: ReportSender | None = None,
     ) -> None:
         self.info = info
         self.checkpoint_dir = checkpoint_dir  # the job's, the same on every attempt
         self.outputs_dir = outputs_dir
+        self.model_dir = model_dir  # the files of the model version it starts from
         self._sink = sink
         self._keep_last = keep_last
         self._stop_event = stop_event

@@ -122,6 +122,7 @@ def main(argv: list[str]) -> int:
         checkpoint_dir=Path(launch.checkpoint_dir) if launch.checkpoint_dir else None,
         keep_last=launch.keep_last,
         outputs_dir=Path(launch.outputs_dir),
+        model_dir=Path(launch.model_dir) if launch.model_dir else None,
         sink=sink,
     )
     with process_group(ctx, f"tcp://{master_addr}:{master_port}"):

@@ -44,6 +44,7 @@ from workers.channel import (
 )
 from workers.launch import (
     INSIDE_CHECKPOINTS,
+    INSIDE_MODEL,
     INSIDE_OUTPUTS,
     INSIDE_RUN,
     INSIDE_TMP,
@@ -293,6 +294,9 @@ class RankSupervisor:
                 checkpoints.mkdir(parents=True, exist_ok=True)
             mounts.append(sandbox.Mount(checkpoints, INSIDE_CHECKPOINTS, writable=True))
             layout.checkpoints = checkpoints
+        if job.model_dir is not None:
+            mounts.append(sandbox.Mount(Path(job.model_dir), INSIDE_MODEL))
+            layout.model = Path(job.model_dir)
         mounts += [sandbox.Mount(Path(p), p) for p in self._host_paths() if Path(p).exists()]
         python = sys.executable
         trusted_env = _trusted_environment(layout)
@@ -370,6 +374,8 @@ class RankSupervisor:
         }
         if layout.checkpoints is not None:
             rank_env["CHECKPOINT_DIR"] = layout.checkpoint_path
+        if layout.model_path is not None:
+            rank_env["MODEL_DIR"] = layout.model_path
         if isinstance(job.run, ScriptRun | CommandRun):
             rank_env.update(agent_store_env())
         if job.faults:
@@ -384,6 +390,7 @@ class RankSupervisor:
             work_dir=layout.work_path,
             checkpoint_dir=layout.checkpoint_path if layout.checkpoints is not None else None,
             outputs_dir=layout.outputs_path,
+            model_dir=layout.model_path,
             keep_last=job.keep_last,
             env=env,
             limits=job.limits,
@@ -514,6 +521,7 @@ class _Layout:
         self.sandboxed, self.dirs = sandboxed, dirs
         self.work: Path | None = None
         self.checkpoints: Path | None = None
+        self.model: Path | None = None
 
     def _place(self, inside: str, host: Path) -> str:
         return inside if self.sandboxed else str(host)
@@ -534,6 +542,10 @@ class _Layout:
     def checkpoint_path(self) -> str:
         assert self.checkpoints is not None
         return self._place(INSIDE_CHECKPOINTS, self.checkpoints)
+
+    @property
+    def model_path(self) -> str | None:
+        return self._place(INSIDE_MODEL, self.model) if self.model is not None else None
 
     @property
     def work_path(self) -> str | None:

@@ -1,6 +1,7 @@
 """The status page in a real headless Chromium (Debian's package, driven by Playwright),
 against a real `gangway serve` and Ray: a job waits in the queue, runs on GPUs the cluster
-view shows, and reaches SUCCEEDED with its loss chart drawn (every step); no console errors on the way.
+view shows, and reaches SUCCEEDED with its loss chart drawn (every step); no console
+errors on the way.
 Screenshots of each view are saved under artifacts/screenshots/ (GANGWAY_ARTIFACTS_DIR).
 """
 

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import ray
+import safetensors.torch
 import torch
 
 from gangway import Builtin, Client, Command, Function, JobState, Parallelism, Resources
@@ -128,6 +129,44 @@ def test_a_command_job_reports_metrics_with_the_helper(service: Service, tmp_pat
     assert best is not None and (best.metric, best.value, best.step) == ("val_acc", 1.0, 40)
     shown = gangway_cli("metrics", str(job.id), "--name", "val_acc", "--url", service.url)
     assert "best val_acc (highest): 1 at step 40, attempt 1" in shown
+
+
+def test_train_register_export_and_start_from_a_version(service: Service, tmp_path: Path) -> None:
+    """What issue 27 asks a user to be able to do: train, register the result as a
+    version, download one verified file (full precision and int8) that loads without
+    Gangway, and start a new job from the version."""
+    client = service.start()
+    trained = client.submit(
+        name="pretrain",
+        parallelism=Parallelism(dp=2),
+        entrypoint=Builtin(model="gpt-tiny", steps=12, batch_size=4, eval_every=6),
+    )
+    done = client.wait(trained.id, timeout_s=180, poll_s=0.3)
+    version = client.register_model("tiny", trained.id)
+    assert (version.version, version.step) == (1, 12)
+    assert version.metrics["val_loss"] == pytest.approx(done.progress.objective.value)
+
+    export = client.export_model("tiny", 1, quantize="int8")
+    exported = client.wait(export.id, timeout_s=180, poll_s=0.3)
+    assert exported.spec.init_from is not None and exported.spec.init_from.version == 1
+    files = {p.name: p for p in client.download(export.id, to=tmp_path / "export")}
+    summary = json.loads(files["export.json"].read_text())
+    full, int8 = summary["files"]["model.safetensors"], summary["files"]["model-int8.safetensors"]
+    # the exported model's validation loss is the run's own, on the same samples
+    assert full["val_loss"] == pytest.approx(version.metrics["val_loss"], abs=1e-4)
+    assert full["bytes"] >= 2.5 * int8["bytes"]
+    weights = safetensors.torch.load_file(files["model.safetensors"])  # no Gangway needed
+    assert all(isinstance(t, torch.Tensor) for t in weights.values())
+
+    finetune = client.submit(
+        name="finetune",
+        entrypoint=Builtin(model="gpt-tiny", steps=3, batch_size=4),
+        init_from={"model": "tiny", "version": 1},
+    )
+    tuned = client.wait(finetune.id, timeout_s=180, poll_s=0.3)
+    # it starts where the version left off, not from a fresh model's loss (ln 256 = 5.5)
+    assert tuned.progress.first_loss is not None and tuned.progress.first_loss < 5.0
+    assert any("started from the weights" in e.reason for e in client.events(finetune.id))
 
 
 def test_a_user_error_fails_the_job_with_the_traceback(service: Service) -> None:

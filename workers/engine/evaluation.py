@@ -96,13 +96,25 @@ class Evaluator:
 
     def run(self) -> dict[str, float]:
         """One pass on every rank of the plan: val_loss, val_perplexity,
-        val_token_accuracy (each the same on every rank)."""
+        val_token_accuracy (each the same on every rank). A bf16 job under autocast also
+        gets its fp32 shadow: the same pass without autocast, `val_loss_fp32` and
+        `precision_drift` (|val_loss - val_loss_fp32| / val_loss_fp32), so precision loss
+        shows as a number. Not under FSDP, whose bf16 parameters have no fp32 copy to run."""
+        figures = _figures(self._pass(self.autocast))
+        if self.plan.precision == "bf16" and not self.plan.fsdp:
+            shadow = _figures(self._pass(contextlib.nullcontext))["val_loss"]
+            figures["val_loss_fp32"] = shadow
+            figures["precision_drift"] = abs(figures["val_loss"] - shadow) / shadow
+        return figures
+
+    def _pass(self, autocast: Callable[[], contextlib.AbstractContextManager[Any]]) -> torch.Tensor:
+        """This rank's sums over the split's first `batches` global batches."""
         tally = Tally(self.device, split_head=self.parts.carries_targets)
         self.loss.tally = tally
         for part in self.parts.parts:
             part.eval()
         try:
-            with torch.no_grad(), self.autocast():
+            with torch.no_grad(), autocast():
                 global_batch = self.plan.dp * self.batch_size
                 for batch in range(self.batches):
                     start, count = rank_slice(
@@ -114,7 +126,7 @@ class Evaluator:
             self.loss.tally = None
             for part in self.parts.parts:
                 part.train()
-        return _figures(tally.sums if self.counts else torch.zeros_like(tally.sums))
+        return tally.sums if self.counts else torch.zeros_like(tally.sums)
 
     def _forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         """The model's forward, the loss function tallying. Not through DDP: a forward

@@ -34,7 +34,7 @@ from scheduler.core import PolicyConfig
 from scheduler.store import AccountRepository, JobRepository, QueueRepository
 from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
 from scheduler.store.packages import PackageStore
-from scheduler.store.registry import ModelRegistry
+from scheduler.store.registry import DEFAULT_MODELS_QUOTA_BYTES, ModelRegistry
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -55,6 +55,7 @@ def create_app(
     outputs_root: Path | None = None,
     outputs_quota_bytes: int = DEFAULT_QUOTA_BYTES,
     models_root: Path | None = None,
+    models_quota_bytes: int = DEFAULT_MODELS_QUOTA_BYTES,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
@@ -68,7 +69,8 @@ def create_app(
     a request may send and a response return (see api.limits). `outputs_root` is where
     the rank supervisors copy what jobs wrote to their OUTPUTS_DIR (None: the app stores
     none), each user's share of it bounded by `outputs_quota_bytes` (see api.outputs).
-    `models_root` holds the registered model versions' files (None: no registry)."""
+    `models_root` holds the registered model versions' files (None: no registry), each
+    owner's bounded by `models_quota_bytes`."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -87,6 +89,7 @@ def create_app(
     app.state.outputs_root = outputs_root
     app.state.outputs_quota_bytes = outputs_quota_bytes
     app.state.models_root = models_root
+    app.state.models_quota_bytes = models_quota_bytes
     app.state.registry = ModelRegistry(repo.engine, clock=repo.now)
     app.state.limits = limits or Limits()
     app.state.streams = StreamSlots(app.state.limits.streams_per_caller)

@@ -24,7 +24,7 @@ from scheduler.store import (
     UserNotFound,
 )
 from scheduler.store.model_files import TamperedFile
-from scheduler.store.registry import ModelNotFound, VersionTaken
+from scheduler.store.registry import ModelNotFound, QuotaExceeded, VersionTaken
 
 
 def _allowed_methods(app: FastAPI, path: str) -> list[str]:
@@ -100,6 +100,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StaleState)
     @app.exception_handler(UserExists)
     @app.exception_handler(VersionTaken)
+    @app.exception_handler(QuotaExceeded)
     @app.exception_handler(TamperedFile)
     async def _conflict(_: Request, exc: Exception) -> JSONResponse:
         return error_response(409, [ErrorDetail(code="conflict", message=str(exc))])

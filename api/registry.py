@@ -46,6 +46,7 @@ from gangway.models import (
 from gangway.paths import BadPath, path_parts
 from scheduler.store import JobRecord
 from scheduler.store.model_files import (
+    checkpoint_bytes,
     copy_checkpoint,
     remove_version,
     verified,
@@ -55,6 +56,7 @@ from scheduler.store.registry import (
     ModelNotFound,
     ModelRegistry,
     ModelVersion,
+    QuotaExceeded,
     RegisteredModel,
 )
 from workers.engine.checkpoint_layout import checkpoint_path, completed, job_directory
@@ -126,6 +128,7 @@ def register(
     if existing is not None:
         _changeable(registry, body.name, caller, "add versions")
     source, step = _checkpoint(request, job, body.step)
+    _check_quota(request, registry, existing.owner if existing else caller.name, source)
     number = registry.next_version(body.name)
     target = version_directory(root, body.name, number)
     files = copy_checkpoint(source, target)
@@ -147,6 +150,17 @@ def register(
         remove_version(root, body.name, number)
         raise
     return _version_info(stored, {})
+
+
+def _check_quota(request: Request, registry: ModelRegistry, owner: str, source: Path) -> None:
+    """The owner's models, with this checkpoint, must fit `models_quota_bytes` (409)."""
+    quota: int = request.app.state.models_quota_bytes
+    used, adding = registry.owner_bytes(owner), checkpoint_bytes(source)
+    if used + adding > quota:
+        raise QuotaExceeded(
+            f"{owner}'s models hold {used:,} bytes of their {quota:,}; this checkpoint "
+            f"needs {adding:,} more (delete versions, or ask an admin for a larger quota)"
+        )
 
 
 def _checkpoint(request: Request, job: JobRecord, step: int | None) -> tuple[Path, int]:

@@ -229,6 +229,7 @@ def build_app(settings: Settings) -> FastAPI:
         outputs_root=settings.outputs_root(),
         outputs_quota_bytes=settings.outputs_quota_bytes,
         models_root=settings.models_root(),
+        models_quota_bytes=settings.models_quota_bytes,
         auth=auth,
         policy=settings.policy(),
         submit_policy=policy_from_settings(

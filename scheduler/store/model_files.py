@@ -45,6 +45,11 @@ def copy_checkpoint(source: Path, target: Path) -> tuple[FileDigest, ...]:
     return tuple(sorted(digests, key=lambda d: d.path))
 
 
+def checkpoint_bytes(source: Path) -> int:
+    """What `copy_checkpoint` would copy, in bytes."""
+    return sum(os.lstat(source / relative).st_size for relative in _regular_files(source))
+
+
 def verified(root: Path, model: str, version: int, digest: FileDigest) -> Path:
     """The file's path once its bytes are checked against `digest`; TamperedFile."""
     path = version_directory(root, model, version) / digest.path

@@ -32,6 +32,8 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from scheduler.store.base import Repository
 from scheduler.store.tables import Base, UTCDateTime
 
+DEFAULT_MODELS_QUOTA_BYTES = 100 * 2**30  # per owner
+
 
 class RegisteredModelRow(Base):
     __tablename__ = "registered_models"
@@ -106,6 +108,10 @@ class RegisteredModel:
 
 class ModelNotFound(Exception):
     """No such model, version or alias (or one the caller may not know of)."""
+
+
+class QuotaExceeded(Exception):
+    """The model's owner has no room for another version."""
 
 
 class VersionTaken(Exception):
@@ -242,6 +248,16 @@ class ModelRegistry(Repository):
             left = session.scalar(select(func.count()).where(ModelVersionRow.model_id == row.id))
             if not left:
                 session.delete(row)
+
+    def owner_bytes(self, owner: str) -> int:
+        """What the versions of `owner`'s models hold, in bytes (their quota's use)."""
+        query = (
+            select(ModelVersionRow.files)
+            .join(RegisteredModelRow, RegisteredModelRow.id == ModelVersionRow.model_id)
+            .where(RegisteredModelRow.owner == owner)
+        )
+        with Session(self._engine) as session:
+            return sum(int(f["bytes"]) for files in session.scalars(query) for f in files)
 
     def versions_of_job(self, job_id: int) -> list[ModelVersion]:
         """Lineage: the versions made from job `job_id`'s checkpoints."""

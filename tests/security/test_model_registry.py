@@ -222,3 +222,23 @@ def test_the_status_page_lists_only_readable_models(
     assert "val_loss 2.5" in shown
     hidden = mallory._http.get("/ui/models").text
     assert "gpt" not in hidden and "alice" not in hidden
+
+
+def test_an_owner_cannot_fill_the_disk_with_versions(
+    repo: JobRepository, roots: tuple[Path, Path], tmp_path: Path
+) -> None:
+    app = create_app(
+        repo,
+        auth=AuthConfig(required=True, admin_key=ADMIN_KEY),
+        checkpoint_root=roots[0],
+        models_root=roots[1],
+        models_quota_bytes=50,  # two versions of SHARDS (27 bytes each) do not fit
+    )
+    admin = as_user(app, ADMIN_KEY)
+    admin.create_user("alice")
+    alice = as_user(app, admin.issue_key("alice").secret)
+    job_id = alices_job(alice, repo, roots[0])
+    alice.register_model("gpt", job_id, step=10)
+    with pytest.raises(Conflict, match="alice's models hold 27 bytes of their 50"):
+        alice.register_model("gpt", job_id, step=10)
+    assert not (roots[1] / "gpt" / "v2").exists()

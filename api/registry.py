@@ -24,7 +24,7 @@ from fastapi.responses import FileResponse
 from api.auth import Caller, Principal, current_caller, require_owner
 from api.convert import job_info, shown_spec, submitted_spec
 from api.errors import FieldError
-from api.routes import JobId, OnChange, Repo, create_job
+from api.routes import ERROR_RESPONSES, JobId, OnChange, Repo, create_job
 from gangway.models import (
     ALIAS_NAME,
     MODEL_NAME,
@@ -64,7 +64,7 @@ from workers.engine.checkpoint_layout import checkpoint_path, completed, job_dir
 router = APIRouter(dependencies=[Depends(current_caller)])
 EXPORT_TARGET = "workers.program.export:export_model"
 RESPONSES: dict[int | str, dict[str, object]] = {
-    401: {"model": ErrorBody, "description": "auth is on and the API key is missing or wrong"},
+    **ERROR_RESPONSES,
     403: {"model": ErrorBody, "description": "a reader asking to change the model"},
     404: {
         "model": ErrorBody,
@@ -74,7 +74,6 @@ RESPONSES: dict[int | str, dict[str, object]] = {
         "model": ErrorBody,
         "description": "a file changed since registration; a version number just taken",
     },
-    422: {"model": ErrorBody, "description": "invalid input; `error.field` names the field"},
 }
 ModelName = Annotated[str, PathParam(pattern=MODEL_NAME)]
 Alias = Annotated[str, PathParam(pattern=ALIAS_NAME)]
@@ -313,19 +312,22 @@ def set_readers(name: ModelName, body: ReadersSet, caller: Caller, registry: Reg
     return model_info(registry.model(name))
 
 
-@router.delete("/v1/models/{name}/versions/{version}", status_code=204, responses=RESPONSES)
+@router.delete("/v1/models/{name}/versions/{ref}", status_code=204, responses=RESPONSES)
 def delete_version(
     *,
     name: ModelName,
-    version: Annotated[int, PathParam(ge=1, le=2**31 - 1)],
+    ref: Annotated[
+        int, PathParam(ge=1, le=2**31 - 1, description="a version number, never an alias")
+    ],
     caller: Caller,
     request: Request,
     registry: Registry,
 ) -> Response:
-    """The version, its files and the aliases on it; the model goes with its last."""
+    """The version, its files and the aliases on it; the model goes with its last. By
+    number only: a delete names what it deletes, not what an alias points at now."""
     _changeable(registry, name, caller, "delete its versions")
-    registry.delete_version(name, version)
-    remove_version(_root(request), name, version)
+    registry.delete_version(name, ref)
+    remove_version(_root(request), name, ref)
     return Response(status_code=204)
 
 

@@ -24,7 +24,7 @@ from scheduler.store import (
     UserNotFound,
 )
 from scheduler.store.model_files import TamperedFile
-from scheduler.store.registry import ModelNotFound, QuotaExceeded, VersionTaken
+from scheduler.store.registry import ModelNotFound, QuotaExceeded
 
 
 def _allowed_methods(app: FastAPI, path: str) -> list[str]:
@@ -99,7 +99,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(JobEnded)
     @app.exception_handler(StaleState)
     @app.exception_handler(UserExists)
-    @app.exception_handler(VersionTaken)
     @app.exception_handler(QuotaExceeded)
     @app.exception_handler(TamperedFile)
     async def _conflict(_: Request, exc: Exception) -> JSONResponse:

@@ -46,13 +46,13 @@ from gangway.models import (
 from gangway.paths import BadPath, path_parts
 from scheduler.store import JobRecord
 from scheduler.store.model_files import (
-    checkpoint_bytes,
     copy_checkpoint,
     remove_version,
     verified,
     version_directory,
 )
 from scheduler.store.registry import (
+    FileDigest,
     ModelNotFound,
     ModelRegistry,
     ModelVersion,
@@ -127,10 +127,11 @@ def register(
     if existing is not None:
         _changeable(registry, body.name, caller, "add versions")
     source, step = _checkpoint(request, job, body.step)
-    _check_quota(request, registry, existing.owner if existing else caller.name, source)
-    number = registry.next_version(body.name)
-    target = version_directory(root, body.name, number)
-    files = copy_checkpoint(source, target)
+    owner = existing.owner if existing is not None else caller.name
+    number, holder = registry.reserve_version(body.name, owner=owner, readers=body.readers)
+    if holder != owner:  # someone else created the name a moment ago
+        raise ModelNotFound(f"no model {body.name!r}")
+    files = _copied(request, registry, source, version_directory(root, body.name, number), owner)
     version = ModelVersion(
         model=body.name,
         version=number,
@@ -144,22 +145,29 @@ def register(
         created_at=repo.now(),
     )
     try:
-        stored = registry.add_version(version, owner=caller.name, readers=body.readers)
+        stored = registry.add_version(version)
     except Exception:
         remove_version(root, body.name, number)
         raise
     return _version_info(stored, {})
 
 
-def _check_quota(request: Request, registry: ModelRegistry, owner: str, source: Path) -> None:
-    """The owner's models, with this checkpoint, must fit `models_quota_bytes` (409)."""
+def _copied(
+    request: Request, registry: ModelRegistry, source: Path, target: Path, owner: str
+) -> tuple[FileDigest, ...]:
+    """The checkpoint copied to `target` within what the owner's quota has left (409
+    past it); a checkpoint its job changed under the copy is a 422 naming `job_id`."""
     quota: int = request.app.state.models_quota_bytes
-    used, adding = registry.owner_bytes(owner), checkpoint_bytes(source)
-    if used + adding > quota:
+    used = registry.owner_bytes(owner)
+    try:
+        return copy_checkpoint(source, target, max_bytes=max(0, quota - used))
+    except QuotaExceeded as exc:
         raise QuotaExceeded(
-            f"{owner}'s models hold {used:,} bytes of their {quota:,}; this checkpoint "
-            f"needs {adding:,} more (delete versions, or ask an admin for a larger quota)"
-        )
+            f"{owner}'s models hold {used:,} bytes of their {quota:,}; {exc} (delete "
+            "versions, or ask an admin for a larger quota)"
+        ) from exc
+    except OSError as exc:
+        raise FieldError("job_id", f"the checkpoint changed while it was copied: {exc}") from exc
 
 
 def _checkpoint(request: Request, job: JobRecord, step: int | None) -> tuple[Path, int]:
@@ -167,7 +175,8 @@ def _checkpoint(request: Request, job: JobRecord, step: int | None) -> tuple[Pat
     field when there is none."""
     root: Path | None = request.app.state.checkpoint_root
     directory = job_directory(root, job.id) if root is not None else None
-    done = completed(directory) if directory is not None and directory.is_dir() else []
+    found = completed(directory) if directory is not None and directory.is_dir() else []
+    done = [path for path in found if not path.is_symlink()]  # a job may plant links
     if step is None:
         if not done:
             raise FieldError("job_id", f"job {job.id} has no complete checkpoint")

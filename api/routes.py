@@ -378,7 +378,7 @@ def job_metrics(
     ] = None,
     limit: Annotated[
         int, Query(ge=1, le=MAX_PAGE, description="reported points read in this page")
-    ] = 10_000,
+    ] = MAX_PAGE,
 ) -> JobMetrics:
     """What the job reported (every point, any name, every attempt: a page at a time),
     the names it has reported, its objective's best value, and the service's samples of

@@ -39,12 +39,12 @@ from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.store import JobRecord, JobRepository, MetricPoint
 from scheduler.store.predictions import JobPrediction
 from scheduler.store.registry import ModelRegistry
-from scheduler.store.reported import StoredPoint
+from scheduler.store.reported import MAX_PAGE, StoredPoint
 
 PAGE_SIZE = 20
 # A version's metrics the models table shows.
 SHOWN_METRICS = ("val_loss", "val_token_accuracy", "loss")
-MAX_CHART_POINTS = 20_000  # reports drawn per job page (every one, up to this)
+MAX_CHART_POINTS = MAX_PAGE  # reports drawn per job page (every one, up to this)
 MAX_CHARTS = 32
 # How the built-in trainer's events name a bad step it acted on (workers.engine.health).
 _INSTABILITY = re.compile(r"instability at step (\d+)")

@@ -309,9 +309,9 @@ class ModelRef(_Strict):
     number the alias pointed at then (its lineage stays what it ran from)."""
 
     model: str = Field(pattern=MODEL_NAME)
-    version: Int | Annotated[str, Field(pattern=ALIAS_NAME)] = Field(
-        description="a version number, or an alias (production, staging, ...)"
-    )
+    version: (
+        Annotated[Int, Field(ge=1, le=2**31 - 1)] | Annotated[str, Field(pattern=ALIAS_NAME)]
+    ) = Field(description="a version number, or an alias (production, staging, ...)")
 
 
 class Objective(_Strict):
@@ -868,7 +868,7 @@ class ModelList(BaseModel):
 
 
 class AliasSet(_Strict):
-    version: Int = Field(ge=1)
+    version: Int = Field(ge=1, le=2**31 - 1)
 
 
 class ReadersSet(_Strict):

@@ -33,6 +33,7 @@ def upgrade() -> None:
         sa.Column("owner", sa.String(length=100), nullable=False),
         sa.Column("readers", sa.JSON(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("next_version", sa.Integer(), server_default="1", nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_registered_models")),
         sa.UniqueConstraint("name"),
     )

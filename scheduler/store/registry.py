@@ -23,8 +23,8 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     delete,
-    func,
     select,
+    update,
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column
@@ -33,6 +33,7 @@ from scheduler.store.base import Repository
 from scheduler.store.tables import Base, UTCDateTime
 
 DEFAULT_MODELS_QUOTA_BYTES = 100 * 2**30  # per owner
+MAX_VERSION = 2**31 - 1
 
 
 class RegisteredModelRow(Base):
@@ -43,6 +44,10 @@ class RegisteredModelRow(Base):
     owner: Mapped[str] = mapped_column(String(100))
     readers: Mapped[list[str]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # The number the next version gets. Numbers are never reused, and a model whose
+    # versions are all deleted keeps its row: a job that pinned (name, number) never
+    # finds other weights there, whoever registers later.
+    next_version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 class ModelVersionRow(Base):
@@ -114,10 +119,6 @@ class QuotaExceeded(Exception):
     """The model's owner has no room for another version."""
 
 
-class VersionTaken(Exception):
-    """Another registration took the version number first: try again."""
-
-
 class ModelRegistry(Repository):
     def model(self, name: str) -> RegisteredModel:
         """The model with its versions (oldest first) and aliases; ModelNotFound."""
@@ -141,50 +142,54 @@ class ModelRegistry(Repository):
             rows = session.scalars(select(RegisteredModelRow).order_by(RegisteredModelRow.name))
             return [_model(row, (), {}) for row in rows]
 
-    def next_version(self, name: str) -> int:
-        """The number the next version of `name` would get (1 for a new model)."""
-        with Session(self._engine) as session:
-            row = session.scalar(select(RegisteredModelRow).where(RegisteredModelRow.name == name))
-            if row is None:
-                return 1
-            newest = session.scalar(
-                select(func.max(ModelVersionRow.version)).where(ModelVersionRow.model_id == row.id)
-            )
-            return (newest or 0) + 1
-
-    def add_version(
-        self, version: ModelVersion, *, owner: str, readers: Sequence[str]
-    ) -> ModelVersion:
-        """Store `version` (its number from `next_version`), creating its model owned by
-        `owner` with `readers` if it is new. VersionTaken if the number was taken since."""
-        now = self._clock()
+    def reserve_version(self, name: str, *, owner: str, readers: Sequence[str]) -> tuple[int, str]:
+        """The next version number of `name` (its own, never handed out twice, even to
+        concurrent callers), creating the model for `owner` with `readers` if it is new;
+        and the model's owner, which the caller must check (a concurrent caller may
+        have created the model first)."""
+        bump = (
+            update(RegisteredModelRow)
+            .where(RegisteredModelRow.name == name)
+            .values(next_version=RegisteredModelRow.next_version + 1)
+            .returning(RegisteredModelRow.next_version, RegisteredModelRow.owner)
+        )
+        with Session(self._engine) as session, session.begin():
+            found = session.execute(bump).first()
+            if found is not None:
+                return int(found[0]) - 1, str(found[1])
         try:
             with Session(self._engine) as session, session.begin():
-                row = session.scalar(
-                    select(RegisteredModelRow).where(RegisteredModelRow.name == version.model)
-                )
-                if row is None:
-                    row = RegisteredModelRow(
-                        name=version.model, owner=owner, readers=list(readers), created_at=now
-                    )
-                    session.add(row)
-                    session.flush()
                 session.add(
-                    ModelVersionRow(
-                        model_id=row.id,
-                        version=version.version,
-                        job_id=version.job_id,
-                        attempt=version.attempt,
-                        step=version.step,
-                        spec=version.spec,
-                        metrics=version.metrics,
-                        files=[_file_json(f) for f in version.files],
-                        created_by=version.created_by,
-                        created_at=now,
+                    RegisteredModelRow(
+                        name=name,
+                        owner=owner,
+                        readers=list(readers),
+                        created_at=self._clock(),
+                        next_version=2,
                     )
                 )
-        except IntegrityError as exc:
-            raise VersionTaken(f"{version.model} v{version.version} was just taken") from exc
+            return 1, owner
+        except IntegrityError:  # created a moment ago by another caller
+            return self.reserve_version(name, owner=owner, readers=readers)
+
+    def add_version(self, version: ModelVersion) -> ModelVersion:
+        """Store `version`, whose number `reserve_version` handed out."""
+        with Session(self._engine) as session, session.begin():
+            row = _model_row(session, version.model)
+            session.add(
+                ModelVersionRow(
+                    model_id=row.id,
+                    version=version.version,
+                    job_id=version.job_id,
+                    attempt=version.attempt,
+                    step=version.step,
+                    spec=version.spec,
+                    metrics=version.metrics,
+                    files=[_file_json(f) for f in version.files],
+                    created_by=version.created_by,
+                    created_at=self._clock(),
+                )
+            )
         return self.version(version.model, str(version.version))
 
     def version(self, name: str, ref: str) -> ModelVersion:
@@ -230,7 +235,7 @@ class ModelRegistry(Repository):
 
     def delete_version(self, name: str, version: int) -> None:
         """The version's row and the aliases on it (its files are the caller's to
-        remove); the model goes with its last version."""
+        remove). The model's row stays, with its name and its numbers."""
         with Session(self._engine) as session, session.begin():
             row = _model_row(session, name)
             gone = session.execute(
@@ -245,9 +250,6 @@ class ModelRegistry(Repository):
                     ModelAliasRow.model_id == row.id, ModelAliasRow.version == version
                 )
             )
-            left = session.scalar(select(func.count()).where(ModelVersionRow.model_id == row.id))
-            if not left:
-                session.delete(row)
 
     def owner_bytes(self, owner: str) -> int:
         """What the versions of `owner`'s models hold, in bytes (their quota's use)."""
@@ -280,6 +282,8 @@ def _model_row(session: Session, name: str) -> RegisteredModelRow:
 
 def _resolve(session: Session, model: RegisteredModelRow, ref: str) -> int:
     if ref.isdigit():
+        if len(ref) > 10 or int(ref) > MAX_VERSION:
+            raise ModelNotFound(f"model {model.name!r} has no version {ref}")
         return int(ref)
     number = session.scalar(
         select(ModelAliasRow.version).where(

@@ -30,7 +30,7 @@ from scheduler.store.records import ReportedPoint, job_row
 from scheduler.store.tables import Base, UTCDateTime
 
 MAX_NAMES = 256
-MAX_PAGE = 50_000
+MAX_PAGE = 10_000
 
 
 class JobMetricPointRow(Base):

@@ -5,6 +5,8 @@ run itself measured, and an int8 file at least 2.5x smaller."""
 from __future__ import annotations
 
 import json
+import pickle
+import shutil
 import threading
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from workers.engine.plan import ParallelPlan
 from workers.engine.training import TrainSpec
 from workers.launch import RankInfo
 from workers.program.context import RankContext
-from workers.program.export import FULL, INT8, export_model, load_int8
+from workers.program.export import FULL, INT8, consolidated, export_model, load_int8
 
 STEPS = 6
 
@@ -69,3 +71,22 @@ def test_export_gives_the_same_logits_and_an_int8_copy(
     quantized = GPT(MODEL_CONFIGS["gpt-tiny"])
     quantized.load_state_dict(load_int8(outputs / INT8))
     assert ctx.progress().metrics["bytes_int8"] == int8["bytes"]
+
+
+class _Payload:
+    """What a hostile rank program could pickle into a checkpoint's `.metadata`."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, ("owned",))
+
+
+def test_a_checkpoint_whose_metadata_runs_code_is_refused(
+    trained: tuple[Path, dict[str, object]], tmp_path: Path
+) -> None:
+    """A version shared with a reader is loaded in the reader's job: its metadata (a
+    pickle) may name DCP's classes only, and its model entries must be tensors."""
+    forged = tmp_path / "forged"
+    shutil.copytree(trained[0], forged)
+    (forged / ".metadata").write_bytes(pickle.dumps(_Payload()))
+    with pytest.raises(pickle.UnpicklingError, match=r"may not name builtins\.print"):
+        consolidated("gpt-tiny", forged)

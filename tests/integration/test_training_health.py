@@ -93,3 +93,13 @@ def test_skip_drops_the_update_and_goes_on(
     assert all(math.isfinite(loss) for loss in losses[3:])
     assert losses[-1] < losses[0] - 0.2  # the NaN gradients were never applied
     assert skipped["metrics"]["skipped_steps"] == 1
+
+
+def test_skip_gives_up_after_a_window_of_bad_steps_in_a_row(tmp_path: Path) -> None:
+    """A run whose every update is dropped must not end as if it trained."""
+    policy = InstabilityPolicy(action="skip", spike_window=5)
+    spec = TrainSpec(steps=STEPS, batch_size=4, on_instability=policy)
+    with pytest.raises(
+        ProcessRaisedException, match=r"step 5: loss is nan .* 5 bad steps in a row"
+    ):
+        run_engine(PLAN, spec, tmp_path, rank_faults=nan_on_every_rank("engine.loss:nan"))

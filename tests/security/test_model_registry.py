@@ -7,6 +7,7 @@ planted in a checkpoint by the job copies nothing of the service's."""
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -242,3 +243,45 @@ def test_an_owner_cannot_fill_the_disk_with_versions(
     with pytest.raises(Conflict, match="alice's models hold 27 bytes of their 50"):
         alice.register_model("gpt", job_id, step=10)
     assert not (roots[1] / "gpt" / "v2").exists()
+
+
+def test_a_step_folder_linked_to_another_jobs_checkpoint_is_not_taken(
+    clients: dict[str, Client], repo: JobRepository, roots: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A rank may plant `step-99999999 -> <another job's checkpoint>` in its own folder,
+    and a FIFO that would block whoever opens it: neither is read."""
+    alice, mallory = clients["alice"], clients["mallory"]
+    victim = alices_job(alice, repo, roots[0])
+    attacker = mallory.submit(**JOB).id
+    own = checkpoint(roots[0], attacker, 1, {".metadata": b"m", "__0_0.distcp": b"mine"})
+    os.mkfifo(own / "pipe.distcp")
+    stolen = job_directory(roots[0], attacker) / "step-99999999"
+    stolen.symlink_to(checkpoint_path(job_directory(roots[0], victim), 20))
+    made = mallory.register_model("loot", attacker)
+    assert made.step == 1 and sorted(f.path for f in made.files) == [".metadata", "__0_0.distcp"]
+    got = mallory.download_model("loot", 1, tmp_path / "got")
+    assert b"shard" not in b"".join(p.read_bytes() for p in got)
+
+
+def test_version_numbers_are_never_reused(
+    clients: dict[str, Client], repo: JobRepository, roots: tuple[Path, Path]
+) -> None:
+    """A job that pinned gpt v2 never finds other weights under that number: not after v2
+    is deleted and another registered, nor after every version is deleted and a
+    stranger asks for the name."""
+    alice, mallory = clients["alice"], clients["mallory"]
+    job_id = alices_job(alice, repo, roots[0])
+    alice.register_model("gpt", job_id, step=10)
+    alice.register_model("gpt", job_id, step=20)
+    alice.delete_model_version("gpt", 2)
+    assert alice.register_model("gpt", job_id, step=20).version == 3
+    alice.delete_model_version("gpt", 1)
+    alice.delete_model_version("gpt", 3)
+    with pytest.raises(NotFound):  # the name stays alice's
+        mallory.register_model("gpt", mallory.submit(**JOB).id)
+    for ref in ("99999999999999999999", "2147483648"):
+        assert alice._http.get(f"/v1/models/gpt/versions/{ref}").status_code == 404
+    too_big = {"model": "gpt", "version": 10**30}
+    with pytest.raises(ValidationFailed) as refused:
+        alice.submit(**JOB | {"init_from": too_big})
+    assert refused.value.field is not None and refused.value.field.startswith("init_from")

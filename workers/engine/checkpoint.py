@@ -14,6 +14,7 @@ Layout and completeness: `workers.engine.checkpoint_layout`. The newest `keep_la
 from __future__ import annotations
 
 import contextlib
+import pickle
 import shutil
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -106,7 +108,7 @@ class Checkpointer:
         if not done:
             return 0
         models, optims = self._state_dicts()
-        saved = FileSystemReader(done[-1]).read_metadata().state_dict_metadata
+        saved = MetadataReader(done[-1]).read_metadata().state_dict_metadata
         held = [name for name in counters if f"trainer.{name}" in saved]
         state = _merged(models, optims, 0, dict.fromkeys(held, 0))
         state["extra"] = dict(self.extra)  # what the checkpoint lacks keeps its value
@@ -128,7 +130,7 @@ class Checkpointer:
         state = _merged(models, [{} for _ in models], 0, {})
         del state["trainer"]
         state["extra"] = {}
-        saved = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+        saved = MetadataReader(checkpoint).read_metadata().state_dict_metadata
         _load(state, checkpoint, saved)
         for part, model_sd in zip(self.parts, models, strict=True):
             set_model_state_dict(part, model_sd)
@@ -174,9 +176,60 @@ def _load(state: dict[str, Any], checkpoint: Path, saved: Mapping[str, Any]) -> 
     """Fill `state`'s tensors in place from `checkpoint` (whose metadata is `saved`),
     reading the layouts of older releases too."""
     hand_out_head = read_older_layouts(state, saved)
+    _only_tensors(state["model"], saved)
     with _single_process_is_intended():  # DCP fills the tensors of every dict in place
-        state_dict_loader.load(state, checkpoint_id=str(checkpoint), no_dist=_single_process())
+        state_dict_loader.load(
+            state, storage_reader=MetadataReader(checkpoint), no_dist=_single_process()
+        )
     hand_out_head()
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's `.metadata` is a pickle: read as it is, a checkpoint could run code in
+    whoever loads it (a reader's job started from a shared model version). Only the
+    classes a DCP metadata file holds may be named in it."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (
+            module == "torch.distributed.checkpoint.metadata"
+            or (module, name) in _METADATA_GLOBALS
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        )
+        if not allowed:
+            raise pickle.UnpicklingError(f"checkpoint metadata may not name {module}.{name}")
+        return super().find_class(module, name)
+
+
+_METADATA_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class MetadataReader(FileSystemReader):
+    """`FileSystemReader` whose metadata is read by `_MetadataUnpickler`."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = _MetadataUnpickler(stream).load()
+        if not isinstance(metadata, Metadata):
+            raise pickle.UnpicklingError("checkpoint metadata is not DCP's Metadata")
+        storage = metadata.storage_meta or StorageMeta()
+        storage.load_id = self.load_id
+        metadata.storage_meta = storage
+        return metadata
+
+
+def _only_tensors(model: dict[str, Any], saved: Mapping[str, Any]) -> None:
+    """Every model entry to load is a tensor in the checkpoint: DCP reads an entry saved
+    as bytes with `torch.load(weights_only=False)`, which runs whatever it holds."""
+    for key in model:
+        if not isinstance(saved.get(f"model.{key}"), TensorStorageMetadata | type(None)):
+            raise ValueError(f"the checkpoint holds model.{key} as bytes, not as a tensor")
 
 
 def _single_process() -> bool:

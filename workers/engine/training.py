@@ -219,7 +219,9 @@ def _train_sync(
             break
         step += 1
         metrics, bad = loop.step(step, optimizers)
-        if bad is not None and (restored := recovery.act(bad)) is not None:
+        if bad is None:
+            recovery.good_step()
+        elif (restored := recovery.act(bad)) is not None:
             step = restored
             del result.losses[step - result.resumed_from :]  # one loss per step kept
             continue
@@ -544,6 +546,10 @@ class _Recovery:
       (`ROLLBACKS`), so `max_rollbacks` holds across attempts (a rollback after the
       newest save is counted again by an attempt that resumes from it). With no
       checkpoint yet, it skips.
+
+    Skipping gives up after `spike_window` bad steps in a row: a loss that settled at a
+    new level never joins the window, and a run that applies no update must not end as
+    if it trained.
     """
 
     def __init__(
@@ -557,6 +563,7 @@ class _Recovery:
         self.schedulers, self.event = schedulers, event
         self.policy = loop.spec.on_instability
         self.skipped = 0  # this attempt's
+        self.in_a_row = 0  # bad steps since the last good one
 
     def act(self, bad: BadStep) -> int | None:
         """The step rolled back to, or None: the step stands without its update."""
@@ -574,7 +581,13 @@ class _Recovery:
         else:
             self.event(f"instability at {bad}; update skipped")
         self.skipped += 1
+        self.in_a_row += 1
+        if self.in_a_row >= self.policy.spike_window:
+            raise InstabilityError(f"{bad}; {self.in_a_row} bad steps in a row were skipped")
         return None
+
+    def good_step(self) -> None:
+        self.in_a_row = 0
 
     def counts(self) -> dict[str, float]:
         return {"rollbacks": float(self.loop.rollbacks), "skipped_steps": float(self.skipped)}

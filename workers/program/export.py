@@ -8,8 +8,10 @@ API process should not spend. The files go to the job's OUTPUTS_DIR, so its owne
 downloads them as any job's outputs (`gangway download JOB`); `export.json` beside them
 says what each holds.
 
-Nothing is unpickled: the checkpoint is read by DCP into a freshly built model, the
-files written are safetensors (tensors and string metadata only).
+No code in the checkpoint runs: DCP reads it into a freshly built model through
+`Checkpointer.load_weights` (its metadata through an unpickler that admits DCP's classes
+only, model entries only as tensors); the files written are safetensors (tensors and
+string metadata only).
 
 int8: every 2-D weight (linear layers and embeddings) is quantized per output row,
 symmetric (scale = max |w| / 127, what `torch.quantize_per_channel` computes; torch's

@@ -295,6 +295,11 @@ class RankSupervisor:
             mounts.append(sandbox.Mount(checkpoints, INSIDE_CHECKPOINTS, writable=True))
             layout.checkpoints = checkpoints
         if job.model_dir is not None:
+            if not Path(job.model_dir).is_dir():
+                raise RuntimeError(
+                    "the model version this job starts from (init_from) is gone: it was "
+                    "deleted after the job was submitted"
+                )
             mounts.append(sandbox.Mount(Path(job.model_dir), INSIDE_MODEL))
             layout.model = Path(job.model_dir)
         mounts += [sandbox.Mount(Path(p), p) for p in self._host_paths() if Path(p).exists()]

@@ -274,9 +274,10 @@ def export(
         entrypoint=Function(target=EXPORT_TARGET, kwargs=_export_kwargs(version.spec, body)),
         init_from=ModelRef(model=name, version=version.version),
     )
-    record, _ = create_job(submit, caller, repo=repo, request=request)
+    nodes = repo.nodes()
+    record, _ = create_job(submit, caller, repo=repo, request=request, nodes=nodes)
     on_change()
-    return job_info(record, {n.id: n.name for n in repo.nodes()}, shows_env=True)
+    return job_info(record, {n.id: n.name for n in nodes}, shows_env=True)
 
 
 def _export_kwargs(spec: dict[str, Any], body: ModelExport) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -52,7 +52,7 @@ from gangway.models import (
     Script,
     submit_body,
 )
-from scheduler.model import RESOURCE_HOLDING_STATES
+from scheduler.model import RESOURCE_HOLDING_STATES, Node
 from scheduler.store import JobRecord, JobRepository, NewJob, QueueRepository
 from scheduler.store.packages import PackageStore
 from scheduler.store.reported import MAX_PAGE
@@ -123,14 +123,16 @@ def submit_job(
     ] = None,
 ) -> JobInfo:
     submit = _admissible(submit, caller, request)
+    nodes = repo.nodes()
     record, created = create_job(
-        submit, caller, repo=repo, request=request, idempotency_key=idempotency_key
+        submit, caller, repo=repo, request=request, nodes=nodes, idempotency_key=idempotency_key
     )
     if created:
         on_change()
     else:
         response.headers["Idempotent-Replayed"] = "true"
-    return job_info(record, _node_names(repo), shows_env=sees_env(caller, record.user))
+    names = {n.id: n.name for n in nodes}
+    return job_info(record, names, shows_env=sees_env(caller, record.user))
 
 
 def create_job(
@@ -139,6 +141,7 @@ def create_job(
     *,
     repo: JobRepository,
     request: Request,
+    nodes: Sequence[Node],
     idempotency_key: str | None = None,
 ) -> tuple[JobRecord, bool]:
     """Check and store a job whose entrypoint the admins' policy has allowed (or which
@@ -153,7 +156,7 @@ def create_job(
     submit = resolved.submit
     spec = submit_body(submit)  # stored with its secrets, which the ranks get
     job_spec = spec_from_json(spec)
-    validate_submission(submit, job_spec, repo.nodes())
+    validate_submission(submit, job_spec, nodes)
     if submit.package is not None:
         _use_package(request.app.state.packages, submit.package)
     elif isinstance(submit.entrypoint, Script):  # ranks may start in another directory

@@ -13,7 +13,7 @@ from scheduler.store.registry import ModelNotFound, ModelRegistry
 
 def pinned_init_from(submit: JobSubmit, caller: Principal, registry: ModelRegistry) -> JobSubmit:
     ref = submit.init_from
-    if ref is None:
+    if not isinstance(ref, ModelRef):  # none, or a job's checkpoint (api.dependency_checks)
         return submit
     try:
         model = registry.model(ref.model)

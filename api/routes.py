@@ -23,6 +23,7 @@ from api.convert import (
     prediction_accuracy,
     queue_infos,
 )
+from api.dependency_checks import checked_dependencies
 from api.errors import FieldError
 from api.estimate import Estimator
 from api.limits import Limits
@@ -157,6 +158,7 @@ def create_job(
     spec = submit_body(submit)  # stored with its secrets, which the ranks get
     job_spec = spec_from_json(spec)
     validate_submission(submit, job_spec, nodes)
+    depends_on = checked_dependencies(submit, caller, repo)
     if submit.package is not None:
         _use_package(request.app.state.packages, submit.package)
     elif isinstance(submit.entrypoint, Script):  # ranks may start in another directory
@@ -172,6 +174,7 @@ def create_job(
             total_steps=getattr(submit.entrypoint, "steps", None),
             idempotency_key=idempotency_key,
             request_digest=digest,
+            depends_on=depends_on,
         ),
         reason=f"submitted; parallelism auto chose {resolved.choice.reason}"
         if resolved.choice

@@ -314,6 +314,42 @@ class ModelRef(_Strict):
     ) = Field(description="a version number, or an alias (production, staging, ...)")
 
 
+JOB_ID = Annotated[Int, Field(ge=1, le=2**31 - 1)]
+STEP_NAME = r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$"
+# A job by id; within a pipeline also an earlier step by its name.
+JobOrStep = JOB_ID | Annotated[str, Field(pattern=STEP_NAME)]
+ConditionName = Literal["succeeded", "ended", "failed", "started"]
+MAX_DEPENDENCIES = 64
+
+
+class Dependency(_Strict):
+    """Wait for another job until `on` holds (Slurm's afterok / afterany / afternotok /
+    after): it `succeeded`; `ended` in any way; `failed` (FAILED or CANCELLED); or
+    `started` running. A condition that can no longer hold cancels the waiting job."""
+
+    job: JobOrStep = Field(description="a job id (yours); in a pipeline, an earlier step's name")
+    on: ConditionName = "succeeded"
+
+
+class CheckpointRef(_Strict):
+    """Another job's checkpoint: its newest complete one when this job starts, or the one
+    at `step`. The job must be the caller's; this job waits for it to succeed unless
+    `depends_on` names it with another condition."""
+
+    job: JobOrStep = Field(description="a job id (yours); in a pipeline, an earlier step's name")
+    step: Annotated[Int, Field(ge=1, le=2**31 - 1)] | None = None
+
+
+def _init_kind(value: Any) -> str:
+    return "checkpoint" if isinstance(value, dict) and "job" in value else "model"
+
+
+InitFrom = Annotated[
+    Annotated[ModelRef, Tag("model")] | Annotated[CheckpointRef, Tag("checkpoint")],
+    Discriminator(_init_kind),
+]
+
+
 class Objective(_Strict):
     """A metric the job reports and which way is better."""
 
@@ -359,11 +395,18 @@ class JobSubmit(_Strict):
     )
     preemptible: bool = Field(True, description="may be stopped for a higher-priority job")
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
-    init_from: ModelRef | None = Field(
+    init_from: InitFrom | None = Field(
         None,
-        description="start from a registered model version's weights (the built-in "
-        "trainer loads them when the job has no checkpoint of its own; any rank reads its "
-        "files at MODEL_DIR); the caller must be able to read the model",
+        description="start from weights: a registered model version's ({model, version}: "
+        "the caller must be able to read the model) or another of the caller's jobs' "
+        "checkpoint ({job, step?}); the built-in trainer loads them when the job has no "
+        "checkpoint of its own, and any rank reads the files at MODEL_DIR",
+    )
+    depends_on: list[Dependency] = Field(
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description="jobs this one waits for, each with a condition; until all hold it "
+        "stays PENDING and takes no place in the queue",
     )
     objective: Objective | None = Field(
         None,
@@ -400,6 +443,16 @@ class JobSubmit(_Strict):
         "to anyone: a job shows only their names (`secret_names`); a name is in env or "
         "here, not both",
     )
+
+    @field_validator("depends_on")
+    @classmethod
+    def _each_job_once(cls, deps: list[Dependency]) -> list[Dependency]:
+        """One condition per upstream job: two would be a contradiction or a repeat."""
+        seen = [d.job for d in deps]
+        repeated = sorted({str(j) for j in seen if seen.count(j) > 1})
+        if repeated:
+            raise ValueError(f"job {', '.join(repeated)} named more than once")
+        return deps
 
     @field_validator("secrets")
     @classmethod
@@ -529,6 +582,23 @@ class JobInfo(BaseModel):
     estimated_end_at: datetime | None = Field(
         None, description="running: now + predicted remaining; pending: start + run time"
     )
+
+
+class DependencyLink(BaseModel):
+    """One end of a dependency: the other job, the condition, and whether it still waits
+    (`waiting`), was met (`met_at`), or neither (the waiting job was cancelled)."""
+
+    job: int
+    name: str
+    state: JobState
+    on: ConditionName
+    waiting: bool
+    met_at: datetime | None = None
+
+
+class JobDependencies(BaseModel):
+    upstream: list[DependencyLink]  # the jobs this one waits (or waited) for
+    downstream: list[DependencyLink]  # the jobs that wait (or waited) for this one
 
 
 class JobPatch(_Strict):

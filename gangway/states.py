@@ -25,3 +25,14 @@ class JobState(enum.StrEnum):
     @property
     def is_terminal(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class Condition(enum.StrEnum):
+    """When a job that waits for another may start (Slurm's afterok, afterany, afternotok,
+    after): the upstream job succeeded; ended in any way; ended without succeeding
+    (FAILED or CANCELLED); or has started running (or ended after running)."""
+
+    SUCCEEDED = "succeeded"
+    ENDED = "ended"
+    FAILED = "failed"
+    STARTED = "started"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from gangway.states import Condition as Condition  # re-exported, as JobState is
 from gangway.states import JobState as JobState  # re-exported: part of this contract
 
 # States in which a job's placement is reserved on the cluster.
@@ -201,6 +202,23 @@ class ObjectiveSpec:
         return value < than if self.mode == "min" else value > than
 
 
+@dataclass(frozen=True, slots=True)
+class ModelInit:
+    """Start from a registered model's version (an alias was pinned to its number)."""
+
+    name: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInit:
+    """Start from another job's checkpoint: the one at `step`, or its newest complete one
+    when this job launches."""
+
+    job_id: int
+    step: int | None = None
+
+
 # What a built-in trainer job keeps when it declares no objective of its own.
 BUILTIN_OBJECTIVE = ObjectiveSpec("val_loss", "min")
 
@@ -220,7 +238,7 @@ class JobSpec:
     checkpoint: CheckpointSpec
     code: CodeSpec = CodeSpec()
     objective: ObjectiveSpec | None = None  # the declared one, or the built-in default
-    init_from: tuple[str, int] | None = None  # a registered model's (name, version)
+    init_from: ModelInit | CheckpointInit | None = None  # the weights it starts from
 
     def placed(self, placement: Sequence[str] | None) -> GangShape:
         """The gang as placed: an elastic job runs at the dp its placement shows."""

@@ -17,6 +17,7 @@ class Blocker(enum.StrEnum):
     RESERVATION = "reservation"  # would delay the start reserved for a job ahead of it
     PREEMPTING = "preempting"  # lower-priority jobs are checkpointing to make room for it
     QUOTA = "quota"  # its queue would exceed its GPU limit
+    DEPENDENCY = "dependency"  # it waits for another job (`depends_on`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from scheduler.core.decisions import (
     Resize,
     Wait,
 )
+from scheduler.core.dependencies import Upstream, dependency_waits
 from scheduler.core.elastic import grown, replica_nodes, shrunk
 from scheduler.core.ordering import attained_gpu_s, queue_order, rank, remaining_gpu_s
 from scheduler.core.placement import (
@@ -116,11 +117,14 @@ def schedule(
     *,
     queues: Mapping[str, QueueQuota] | None = None,
     usage: Mapping[tuple[str, str], float] | None = None,
+    waiting: Mapping[int, Sequence[Upstream]] | None = None,
 ) -> list[Decision]:
     """One pass: one Admit or Wait per pending job, in queue order, plus the Preempt and
     Resize decisions that make room. `queues`: quotas by queue name (missing: no
     guarantee, no limit, weight 1). `usage`: recent decayed GPU-seconds by (queue, user),
-    for fair share between queues (over their weights) and users (`fairshare.decayed_usage`)."""
+    for fair share between queues (over their weights) and users (`fairshare.decayed_usage`).
+    `waiting`: pending jobs held for other jobs (`dependencies.settle`), with the upstream
+    jobs they wait for: they take no place in the queue and wait last, for those jobs."""
     config = config or PolicyConfig()
     quotas = queues or {}
     holders = [j for j in jobs if j.state in RESOURCE_HOLDING_STATES]
@@ -137,13 +141,17 @@ def schedule(
         queue_used=gpus_by_queue(holders),
         borrowed=borrowing_jobs(holders, quotas),
     )
-    pending = [j for j in jobs if j.state is JobState.PENDING]
+    held = waiting or {}
+    pending = [j for j in jobs if j.state is JobState.PENDING and j.id not in held]
     weights = {name: quota.weight for name, quota in quotas.items()}
     for position, job in enumerate(queue_order(pending, now, config, usage, weights), start=1):
         _decide(state, job, position)
     if config.elastic_resize:
         _grow_elastic(state)
     _fill_rough_etas(state)
+    if held:
+        by_id = {j.id: j for j in jobs}
+        state.decisions += dependency_waits(held, by_id, state.decisions, now, config)
     return state.decisions
 
 

@@ -57,6 +57,14 @@ def expected_runtime_s(job: JobView, config: PolicyConfig) -> float:
     return config.default_runtime_s
 
 
+def runtime_known(job: JobView) -> bool:
+    """Something tells the job's run time (a limit, measured steps, a prediction), not
+    only the policy's default guess: an estimate built on it is worth showing."""
+    run = job.run
+    measured = run is not None and run.step_time_s is not None and run.total_steps is not None
+    return job.time_limit_s is not None or measured or job.predicted_remaining_s is not None
+
+
 def _predicted_only(job: JobView) -> bool:
     """No time limit and no measured steps left: only a prediction can tell the end."""
     run = job.run

@@ -13,6 +13,7 @@ from typing import Any
 
 from scheduler.model import (
     BuiltinEntrypoint,
+    CheckpointInit,
     CommandEntrypoint,
     FunctionEntrypoint,
     JobSpec,
@@ -20,7 +21,7 @@ from scheduler.model import (
 )
 from scheduler.store.model_files import version_directory
 from workers import faults
-from workers.engine.checkpoint_layout import job_directory
+from workers.engine.checkpoint_layout import checkpoint_path, completed, job_directory
 from workers.launch import (
     BuiltinRun,
     CommandRun,
@@ -110,13 +111,24 @@ def job_launch(
 
 
 def _model_dir(spec: JobSpec, policy: LaunchPolicy) -> str | None:
-    """The files of the model version the job starts from, mounted read-only."""
-    if spec.init_from is None:
+    """The weights the job starts from, mounted read-only: a model version's files, or
+    another job's checkpoint (the one at the step it names, else its newest complete one
+    now; where there is none, a path that does not exist, which the supervisor refuses
+    with the reason)."""
+    init = spec.init_from
+    if init is None:
         return None
+    if isinstance(init, CheckpointInit):
+        if policy.checkpoint_root is None:
+            raise ValueError("a job that starts from a checkpoint needs the checkpoint directory")
+        directory = job_directory(policy.checkpoint_root, init.job_id)
+        if init.step is not None:
+            return str(checkpoint_path(directory, init.step))
+        saved = completed(directory)
+        return str(saved[-1] if saved else checkpoint_path(directory, 0))
     if policy.models_root is None:
         raise ValueError("a job that starts from a model version needs the models directory")
-    name, version = spec.init_from
-    return str(version_directory(policy.models_root, name, version))
+    return str(version_directory(policy.models_root, init.name, init.version))
 
 
 def _run(spec: JobSpec) -> Run:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from scheduler.core import PolicyConfig, schedule
+from scheduler.core.dependencies import Upstream
 from scheduler.core.fairshare import HALF_LIFE_S, decayed_usage
 from scheduler.model import (
     RESOURCE_HOLDING_STATES,
@@ -31,6 +32,7 @@ from scheduler.model import (
 from scheduler.runtime import metrics
 from scheduler.runtime.applier import Applier
 from scheduler.runtime.cluster import ClusterSource
+from scheduler.runtime.dependencies import DependencyGate
 from scheduler.runtime.executor import Executor, GuardedExecutor
 from scheduler.runtime.gangs.status import GroupStatus
 from scheduler.runtime.ingest import ProgressIngest
@@ -96,6 +98,7 @@ class SchedulerLoop:
         self._applier = Applier(
             repo, executor, clock, self._policy, self._nodes.suspect, written=self._jobs.written
         )
+        self._dependencies = DependencyGate(repo, self._jobs.written)
         self._ingest = ProgressIngest(repo, stragglers or StragglerWatch())
         self._leadership = Leadership(
             repo,
@@ -127,11 +130,12 @@ class SchedulerLoop:
         its way somewhere (starting, stopping, resizing): the next pass should come soon."""
         with metrics.PASS_SECONDS.time():
             nodes = self._nodes.refresh()  # 1. Ray's nodes, suspects marked dead
-            jobs = self._jobs.load()  # 2. what the core decides on (what changed, reloaded)
-            self._release_inactive_groups()  # 3. gangs whose job ended in the store
-            self._schedule(nodes, jobs)  # 4. decide, write, act
-            busy = self._poll_groups()  # 5. what the gangs report
-            self._leadership.after_pass()  # 6. now and then, reap what no job owns
+            waiting = self._dependencies.settle()  # 2. jobs held for jobs; hopeless cancelled
+            jobs = self._jobs.load()  # 3. what the core decides on (what changed, reloaded)
+            self._release_inactive_groups()  # 4. gangs whose job ended in the store
+            self._schedule(nodes, jobs, waiting)  # 5. decide, write, act
+            busy = self._poll_groups()  # 6. what the gangs report
+            self._leadership.after_pass()  # 7. now and then, reap what no job owns
             return busy
 
     def run(
@@ -175,7 +179,9 @@ class SchedulerLoop:
             if job is None or job.state not in RESOURCE_HOLDING_STATES:
                 self._executor.release(job_id)
 
-    def _schedule(self, nodes: list[Node], jobs: list[JobRecord]) -> None:
+    def _schedule(
+        self, nodes: list[Node], jobs: list[JobRecord], waiting: Mapping[int, tuple[Upstream, ...]]
+    ) -> None:
         now = self._clock()
         views = self._predictions.views(jobs, self._jobs, nodes, now)
         decisions = schedule(
@@ -185,6 +191,7 @@ class SchedulerLoop:
             self._policy,
             queues=self._queues(),
             usage=self._recent_usage(now),
+            waiting=waiting,
         )
         faults.inject("scheduler.decided")  # a pass stalled between deciding and writing
         notes, versions = self._applier.decisions(self._jobs.records, decisions)

@@ -29,7 +29,13 @@ from scheduler.store.records import (
     job_record,
     job_row,
 )
-from scheduler.store.tables import JobEventRow, JobRow, fresh_versions, written_version
+from scheduler.store.tables import (
+    JobDependencyRow,
+    JobEventRow,
+    JobRow,
+    fresh_versions,
+    written_version,
+)
 from scheduler.store.text_limits import MAX_REASON_CHARS, bounded_fields, keep_tail
 
 _TIMESTAMP_ON_ENTRY = {
@@ -90,6 +96,12 @@ class JobStore(JobReads):
                 JobEventRow(
                     job_id=row.id, at=now, from_state=None, to_state=row.state, reason=reason
                 )
+            )
+            session.add_all(
+                JobDependencyRow(
+                    job_id=row.id, upstream_id=upstream, condition=condition.value, waiting=True
+                )
+                for upstream, condition in new.depends_on
             )
             session.flush()
             return job_record(row)

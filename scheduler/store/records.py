@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from scheduler.model import JobSpec, JobState
+from scheduler.model import Condition, JobSpec, JobState
 from scheduler.store.specs import spec_from_json
 from scheduler.store.tables import JobEventRow, JobRow
 
@@ -66,6 +66,8 @@ class NewJob:
     user: str = "default"
     idempotency_key: str | None = None
     request_digest: str | None = None  # of the submitted body, to tell a retry from a reuse
+    # (upstream job id, condition): jobs it waits for, written with it in one transaction
+    depends_on: tuple[tuple[int, Condition], ...] = ()
 
 
 @dataclass(frozen=True)

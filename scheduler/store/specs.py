@@ -16,6 +16,7 @@ from gangway.models import Builtin, Command, Function, JobSubmit, Script
 from scheduler.model import (
     BUILTIN_OBJECTIVE,
     BuiltinEntrypoint,
+    CheckpointInit,
     CheckpointSpec,
     CodeSpec,
     CommandEntrypoint,
@@ -23,6 +24,7 @@ from scheduler.model import (
     FunctionEntrypoint,
     GangShape,
     JobSpec,
+    ModelInit,
     ObjectiveSpec,
     Parallelism,
     ScriptEntrypoint,
@@ -65,11 +67,17 @@ def spec_from_json(stored: Mapping[str, Any]) -> JobSpec:
     )
 
 
-def _init_from(stored: Mapping[str, Any] | None) -> tuple[str, int] | None:
-    """A stored job names the version by number (an alias is resolved at submit)."""
-    if stored is None or not isinstance(stored.get("version"), int):
+def _init_from(stored: Mapping[str, Any] | None) -> ModelInit | CheckpointInit | None:
+    """A stored job names a model version by number (an alias is resolved at submit) and
+    a job by id (a pipeline's step names are resolved at submit)."""
+    if stored is None:
         return None
-    return str(stored["model"]), int(stored["version"])
+    if isinstance(stored.get("job"), int):
+        step = stored.get("step")
+        return CheckpointInit(int(stored["job"]), int(step) if step is not None else None)
+    if isinstance(stored.get("version"), int):
+        return ModelInit(str(stored["model"]), int(stored["version"]))
+    return None
 
 
 def _objective(

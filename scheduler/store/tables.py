@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Text,
     case,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -125,6 +126,32 @@ def written_version(seen: BindParameter[int], fresh: BindParameter[int]) -> Colu
     wrote since the writer read it), else counted up, so the writer's copy no longer
     matches and is read again. `seen` of -1 matches nothing (a plain write)."""
     return case((JobRow.version == seen, fresh), else_=JobRow.version + 1)
+
+
+class JobDependencyRow(Base):
+    """Job `job_id` waits for job `upstream_id` until `condition` holds. `waiting` until
+    the condition held (`met_at`) or the job stopped waiting without it (cancelled); the
+    loop reads only waiting rows, through a partial index, so the dependencies of jobs
+    long gone cost its pass nothing."""
+
+    __tablename__ = "job_dependencies"
+    __table_args__ = (
+        Index("ix_job_dependencies_upstream_id", "upstream_id"),
+        Index(
+            "ix_job_dependencies_waiting",
+            "job_id",
+            sqlite_where=text("waiting"),
+            postgresql_where=text("waiting"),
+        ),
+    )
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    upstream_id: Mapped[int] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    condition: Mapped[str] = mapped_column(String(16))
+    waiting: Mapped[bool] = mapped_column(Boolean)
+    met_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class JobEventRow(Base):

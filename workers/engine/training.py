@@ -156,7 +156,7 @@ def train(
     step = checkpointer.load_latest(NEXT_SAMPLE, ROLLBACKS, *_RULE_COUNTERS)
     if step == 0 and init_dir is not None:
         checkpointer.load_weights(init_dir)
-        reporter.event("started from the weights of the model version it names (init_from)")
+        reporter.event("started from the weights its init_from names")
     _resume_rule(rule, params, checkpointer.counters, step)
     rollbacks = checkpointer.counters.get(ROLLBACKS, 0)
     _schedule_at(schedulers, spec, step, rollbacks)

@@ -297,8 +297,9 @@ class RankSupervisor:
         if job.model_dir is not None:
             if not Path(job.model_dir).is_dir():
                 raise RuntimeError(
-                    "the model version this job starts from (init_from) is gone: it was "
-                    "deleted after the job was submitted"
+                    "the weights this job starts from (init_from) are not there: a model "
+                    "version deleted since the job was submitted, or a job's checkpoint "
+                    "that was never completed or is deleted"
                 )
             mounts.append(sandbox.Mount(Path(job.model_dir), INSIDE_MODEL))
             layout.model = Path(job.model_dir)

@@ -1,0 +1,46 @@
+"""The loop's step for jobs that wait for jobs: read the open dependencies, let the pure
+core judge them (`core.dependencies.settle`), then write what it found: cancellations
+first (one transition and one event each, upstream before dependents), then the rows it
+closed. A crash between the two leaves open rows of a cancelled job, which the next pass
+closes; the reverse order could let a job run whose condition never held."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from scheduler.core.dependencies import Upstream, settle
+from scheduler.model import JobState
+from scheduler.store import JobRecord, JobRepository, StaleState
+
+log = logging.getLogger(__name__)
+
+
+class DependencyGate:
+    def __init__(self, repo: JobRepository, written: Callable[[JobRecord], None]) -> None:
+        self._repo = repo
+        self._written = written  # each cancelled job's row, for the working set
+
+    def settle(self) -> Mapping[int, tuple[Upstream, ...]]:
+        """Settle every open dependency; the pending jobs still held, with what they wait
+        for (the scheduling pass leaves them out of the queue)."""
+        found = self._repo.open_dependencies()
+        if not found:
+            return {}
+        settlement = settle(found)
+        cancelled = [job_id for job_id, reason in settlement.cancel if self._cancel(job_id, reason)]
+        self._repo.close_dependencies(settlement.met, [*settlement.closed, *cancelled])
+        return settlement.waiting
+
+    def _cancel(self, job_id: int, reason: str) -> bool:
+        """Cancel a pending job whose condition can no longer hold; a job someone else
+        moved meanwhile (a user cancelled it) is left as they left it."""
+        try:
+            record = self._repo.transition(
+                job_id, JobState.CANCELLED, reason=reason, expected=JobState.PENDING
+            )
+        except StaleState as exc:
+            log.info("job %s: %s; not cancelling it for its dependency", job_id, exc)
+            return False
+        self._written(record)
+        return True

@@ -14,7 +14,6 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from api.admin import router as admin_router
 from api.auth import AuthConfig
 from api.browser import CrossSiteGuard
-from api.dependencies import router as dependencies_router
 from api.errors import install_error_handlers
 from api.estimate import Estimator
 from api.limits import Limits, RequestLimits
@@ -115,7 +114,6 @@ def create_app(
     app.include_router(packages_router)
     app.include_router(outputs_router)
     app.include_router(registry_router)
-    app.include_router(dependencies_router)
     app.include_router(admin_router)
     app.include_router(health_router)
     app.include_router(logstream_router)

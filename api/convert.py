@@ -16,7 +16,9 @@ from gangway.models import (
     STORED,
     CheckpointInfo,
     ClusterInfo,
+    DependencyLink,
     JobCheckpoints,
+    JobDependencies,
     JobEvent,
     JobExplanation,
     JobInfo,
@@ -38,6 +40,7 @@ from scheduler.model import JobState, Node, Parallelism, QueueQuota
 from scheduler.predict.runtime import accuracy
 from scheduler.runtime.views import job_view
 from scheduler.store import EventRecord, JobRecord
+from scheduler.store.dependencies import Link, Links
 from scheduler.store.predictions import AccuracyPair, JobPrediction
 from scheduler.store.reported import ObjectiveBest
 from workers.engine.checkpoint_layout import ListingCache, job_directory
@@ -94,8 +97,27 @@ def queue_infos(
     return infos
 
 
-def job_explanation(job: JobRecord, now: datetime) -> JobExplanation:
+def job_dependencies(links: Links) -> JobDependencies:
+    return JobDependencies(
+        upstream=[_link(link) for link in links.upstream],
+        downstream=[_link(link) for link in links.downstream],
+    )
+
+
+def _link(link: Link) -> DependencyLink:
+    return DependencyLink(
+        job=link.job_id,
+        name=link.name,
+        state=link.state,
+        on=link.condition.value,
+        waiting=link.waiting,
+        met_at=link.met_at,
+    )
+
+
+def job_explanation(job: JobRecord, now: datetime, links: Links) -> JobExplanation:
     why = job.explanation or {}
+    linked = job_dependencies(links)
     pending = job.state is JobState.PENDING
     queued_s = (now - job.queued_at).total_seconds() if pending and job.queued_at else None
     return JobExplanation(
@@ -112,6 +134,8 @@ def job_explanation(job: JobRecord, now: datetime) -> JobExplanation:
         blocking_job_id=why.get("blocking_job_id"),
         queued_s=queued_s,
         attained_gpu_hours=job.attained_gpu_s / 3600.0,
+        upstream=linked.upstream,
+        downstream=linked.downstream,
     )
 
 

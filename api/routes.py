@@ -16,6 +16,7 @@ from api.auth import Caller, Forbidden, Principal, current_caller, require_owner
 from api.convert import (
     cluster_info,
     job_checkpoints,
+    job_dependencies,
     job_event,
     job_explanation,
     job_info,
@@ -36,6 +37,7 @@ from gangway.models import (
     ErrorBody,
     Estimate,
     JobCheckpoints,
+    JobDependencies,
     JobEvent,
     JobExplanation,
     JobInfo,
@@ -341,7 +343,17 @@ def change_job(
 def explain_job(job_id: JobId, repo: Repo) -> JobExplanation:
     """Why the job is in its state; for a pending job the blocking constraint, what would
     unblock it, its queue position and estimated start, as of the latest scheduling pass."""
-    return job_explanation(repo.get(job_id), repo.now())
+    return job_explanation(repo.get(job_id), repo.now(), repo.links(job_id))
+
+
+@router.get(
+    "/v1/jobs/{job_id}/dependencies", response_model=JobDependencies, responses=ERROR_RESPONSES
+)
+def get_dependencies(job_id: JobId, repo: Repo) -> JobDependencies:
+    """The jobs this one waits (or waited) for, and the jobs that wait for it, each with
+    the condition and whether it still waits or was met (when)."""
+    repo.get(job_id)  # 404 for an unknown job
+    return job_dependencies(repo.links(job_id))
 
 
 @router.get("/v1/jobs/{job_id}/events", response_model=list[JobEvent], responses=ERROR_RESPONSES)

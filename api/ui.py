@@ -27,6 +27,7 @@ from api.charts import Series, line_chart, sparkline
 from api.convert import (
     cluster_info,
     job_checkpoints,
+    job_dependencies,
     job_event,
     job_info,
     placed_mesh,
@@ -243,6 +244,7 @@ def job_summary(request: Request, job_id: JobId, caller: Caller, repo: Repo) -> 
         eta=_eta(record.estimated_start_at, now),
         ends=_eta(info.estimated_end_at, now) if info.estimated_end_at else None,
         predicted=_predicted(predicted),
+        links=job_dependencies(repo.links(job_id)),
     )
 
 

@@ -30,6 +30,7 @@ from gangway.errors import NotFound, TransportError
 from gangway.logfollow import END, LogCursor
 from gangway.models import (
     JobCheckpoints,
+    JobDependencies,
     JobEvent,
     JobExplanation,
     JobInfo,
@@ -118,6 +119,7 @@ class AsyncClient:
     set_priority = _sends_job(calls.set_priority)
     cancel = _sends_job(calls.cancel)
     explain = _sends(calls.explain)
+    dependencies = _sends(calls.dependencies)
     events = _sends(calls.events)
     logs = _sends(calls.logs)
     metrics = _sends(calls.metrics)
@@ -317,6 +319,9 @@ class AsyncJob(JobInfo):
 
     async def explain(self) -> JobExplanation:
         return await self._client.explain(self.id)
+
+    async def dependencies(self) -> JobDependencies:
+        return await self._client.dependencies(self.id)
 
     async def events(self) -> list[JobEvent]:
         return await self._client.events(self.id)

@@ -21,6 +21,7 @@ from gangway.models import (
     Estimate,
     IssuedApiKey,
     JobCheckpoints,
+    JobDependencies,
     JobEvent,
     JobExplanation,
     JobInfo,
@@ -182,6 +183,11 @@ def cancel(job_id: int) -> Call[JobInfo]:
 def explain(job_id: int) -> Call[JobExplanation]:
     """Why the job is where it is; for a pending one: blocker, queue position, ETA."""
     return Call("GET", f"/v1/jobs/{job_id}/explain", _reader(JobExplanation))
+
+
+def dependencies(job_id: int) -> Call[JobDependencies]:
+    """The jobs it waits (or waited) for and the jobs that wait for it."""
+    return Call("GET", f"/v1/jobs/{job_id}/dependencies", _reader(JobDependencies))
 
 
 def events(job_id: int) -> Call[list[JobEvent]]:

@@ -109,6 +109,13 @@ def submit(
             "NAME (NAME=VALUE: taken as given) and never shown back; repeatable",
         ),
     ] = None,
+    after: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="JOB[:CONDITION]: wait for job JOB until it succeeded (the default), ended, "
+            "failed or started; repeatable",
+        ),
+    ] = None,
     pip_options: Annotated[
         bool,
         typer.Option(
@@ -129,6 +136,8 @@ def submit(
     ships the directory and runs the command on every rank."""
     spec = job_spec(flags, command=command, workdir=workdir)
     fields = _code_fields(spec, requirements, env or []) | _secret_fields(spec, secret or [])
+    if after:
+        fields["depends_on"] = [*submit_body(spec)["depends_on"], *map(_dependency, after)]
     spec = _with_fields(spec, fields)
     if not pip_options:
         _check_requirements(spec.requirements)
@@ -144,6 +153,15 @@ def submit(
         if wait:
             job = _wait(client, job, show_progress=not as_json)
     _print_job(job, as_json)
+
+
+def _dependency(flag: str) -> dict[str, Any]:
+    """`12` or `12:ended` as a `depends_on` entry (the server checks the condition)."""
+    job, _, condition = flag.partition(":")
+    if not job.isdigit():
+        echo(f"error: --after {flag!r}: give JOB[:CONDITION], e.g. 12 or 12:ended", err=True)
+        raise typer.Exit(2)
+    return {"job": int(job), "on": condition or "succeeded"}
 
 
 def _with_fields(spec: JobSubmit, fields: dict[str, Any]) -> JobSubmit:
@@ -326,6 +344,11 @@ def explain(job_id: int, url: Url = DEFAULT_URL, as_json: AsJson = False) -> Non
             echo(f"  unblocks when: {why.unblock}")
         if why.queued_s is not None:
             echo(f"  queued for {why.queued_s / 60:.1f} min")
+    for title, links in (("waits for", why.upstream), ("waited for by", why.downstream)):
+        for link in links:
+            status = "waiting" if link.waiting else "met" if link.met_at else "not met"
+            job = f"job {link.job} {link.name!r} ({link.state.value})"
+            echo(f"  {title}: {job} on {link.on}: {status}")
     echo(f"  GPU time so far: {why.attained_gpu_hours:.2f} GPU-hours")
 
 

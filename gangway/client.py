@@ -23,6 +23,7 @@ from gangway.errors import JobFailed, NotFound, TransportError, WaitTimeout, err
 from gangway.logfollow import END, LogCursor
 from gangway.models import (
     JobCheckpoints,
+    JobDependencies,
     JobEvent,
     JobExplanation,
     JobInfo,
@@ -119,6 +120,7 @@ class Client:
     set_priority = _sends_job(calls.set_priority)
     cancel = _sends_job(calls.cancel)
     explain = _sends(calls.explain)
+    dependencies = _sends(calls.dependencies)
     events = _sends(calls.events)
     logs = _sends(calls.logs)
     metrics = _sends(calls.metrics)
@@ -317,6 +319,9 @@ class Job(JobInfo):
 
     def explain(self) -> JobExplanation:
         return self._client.explain(self.id)
+
+    def dependencies(self) -> JobDependencies:
+        return self._client.dependencies(self.id)
 
     def events(self) -> list[JobEvent]:
         return self._client.events(self.id)

@@ -341,7 +341,9 @@ class CheckpointRef(_Strict):
 
 
 def _init_kind(value: Any) -> str:
-    return "checkpoint" if isinstance(value, dict) and "job" in value else "model"
+    """A body's `{job: ...}` or a parsed CheckpointRef (when dumped) is a checkpoint."""
+    job = isinstance(value, CheckpointRef) or (isinstance(value, dict) and "job" in value)
+    return "checkpoint" if job else "model"
 
 
 InitFrom = Annotated[
@@ -623,6 +625,12 @@ class JobExplanation(BaseModel):
     blocking_job_id: int | None = None
     queued_s: float | None = Field(None, description="pending jobs: time in the queue so far")
     attained_gpu_hours: float = Field(description="GPU time this job has had, all attempts")
+    upstream: list[DependencyLink] = Field(
+        default_factory=list, description="the jobs it waits (or waited) for"
+    )
+    downstream: list[DependencyLink] = Field(
+        default_factory=list, description="the jobs that wait (or waited) for it"
+    )
 
 
 class JobPage(BaseModel):

@@ -114,6 +114,7 @@ def test_a_job_waits_for_its_upstream_and_starts_once_it_succeeds(
 def test_each_condition_on_an_upstream_outcome(
     repo: JobRepository,
     loop: SchedulerLoop,
+    *,
     executor: FakeExecutor,
     outcome: GroupPhase,
     on: Condition,

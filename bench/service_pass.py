@@ -27,14 +27,14 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.schedule_pass import QUEUES, TRACE, USERS, trace_sizes
 from gangway.models import JobSubmit
 from scheduler.core import schedule
-from scheduler.model import JobState, Node
+from scheduler.model import Condition, JobState, Node
 from scheduler.runtime import loop as loop_module
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.lease import LeaderLease
@@ -123,12 +123,22 @@ def body(gpus: int, rng: random.Random, index: int) -> dict[str, Any]:
     ).model_dump(mode="json")
 
 
-def submit(repo: JobRepository, sizes: list[int], count: int, rng: random.Random) -> list[int]:
+def submit(
+    repo: JobRepository,
+    sizes: list[int],
+    count: int,
+    rng: random.Random,
+    after: Sequence[int] = (),
+) -> list[int]:
+    """`count` jobs; with `after`, each waits for the success of one of those jobs."""
     ids = []
     for index in range(count):
         gpus = rng.choice(sizes)
         spec = body(gpus, rng, index)
-        new = NewJob(spec["name"], spec["queue"], spec["priority"], spec, gpus, 10_000)
+        upstream = ((rng.choice(after), Condition.SUCCEEDED),) if after else ()
+        new = NewJob(
+            spec["name"], spec["queue"], spec["priority"], spec, gpus, 10_000, depends_on=upstream
+        )
         ids.append(repo.create(new).id)
     return ids
 
@@ -182,6 +192,12 @@ def main() -> None:
     parser.add_argument("--pending", type=int, default=10_000)
     parser.add_argument("--finished", type=int, default=1000)
     parser.add_argument("--churn", type=int, default=20, help="submits before each busy pass")
+    parser.add_argument(
+        "--held",
+        type=int,
+        default=0,
+        help="of the pending jobs, this many wait for a running job's success (depends_on)",
+    )
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
@@ -229,11 +245,13 @@ def run(
     assert loop.lead()
     for _ in range(4):  # admit, start, run
         loop.tick()
-    running = len(repo.in_states([JobState.RUNNING]))
-    submit(repo, sizes, args.pending, rng)
+    running = [job.id for job in repo.in_states([JobState.RUNNING])]
+    submit(repo, sizes, args.pending - args.held, rng)
+    submit(repo, sizes, args.held, rng, after=running)
     print(
-        f"store: {args.finished} finished, {running} running on {args.nodes} x 8 GPUs, "
-        f"{args.pending} submitted; filled in {time.perf_counter() - started:.0f} s"
+        f"store: {args.finished} finished, {len(running)} running on {args.nodes} x 8 GPUs, "
+        f"{args.pending} submitted ({args.held} waiting for a running job); "
+        f"filled in {time.perf_counter() - started:.0f} s"
     )
 
     first = timed(loop.tick, 1)

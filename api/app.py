@@ -23,6 +23,7 @@ from api.metrics import router as metrics_router
 from api.metrics import store_registry
 from api.outputs import router as outputs_router
 from api.packages import router as packages_router
+from api.pipelines import router as pipelines_router
 from api.policy import SubmitPolicy
 from api.registry import router as registry_router
 from api.routes import health_router
@@ -114,6 +115,7 @@ def create_app(
     app.include_router(packages_router)
     app.include_router(outputs_router)
     app.include_router(registry_router)
+    app.include_router(pipelines_router)
     app.include_router(admin_router)
     app.include_router(health_router)
     app.include_router(logstream_router)

@@ -222,6 +222,7 @@ def job_info(
         estimated_end_at=None
         if prediction is None or job.state.is_terminal
         else prediction.estimated_end_at,
+        pipeline_id=job.pipeline_id,
         progress=Progress(
             step=job.step,
             total_steps=job.total_steps,

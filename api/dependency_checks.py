@@ -11,50 +11,70 @@ them, so the graph has no cycle; a pipeline's steps name only earlier steps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from api.auth import Principal
 from api.errors import FieldError
 from gangway.models import CheckpointRef, JobSubmit
 from scheduler.core.dependencies import Holds, Upstream, holds
 from scheduler.model import Condition
 from scheduler.store import JobNotFound, JobRecord, JobRepository
+from scheduler.store.records import Step
 
 
 def checked_dependencies(
-    submit: JobSubmit, caller: Principal, repo: JobRepository
-) -> tuple[tuple[int, Condition], ...]:
-    """The (upstream id, condition) pairs the job waits for, each checked: the jobs named
+    submit: JobSubmit, caller: Principal, repo: JobRepository, steps: Mapping[str, int] | None
+) -> tuple[tuple[int | Step, Condition], ...]:
+    """The (upstream job, condition) pairs the job waits for, each checked: the jobs named
     in `depends_on`, and the job whose checkpoint `init_from` names (its success, unless
-    `depends_on` names it with another condition)."""
-    pairs: dict[int, Condition] = {}
+    `depends_on` names it with another condition). `steps`: in a pipeline, the earlier
+    steps by name (their place in it), which may be named instead of a job id; None
+    outside one."""
+    naming = _Naming(submit, caller, repo, steps)
+    pairs: dict[int | Step, Condition] = {}
     for index, dep in enumerate(submit.depends_on):
-        field = f"depends_on.{index}.job"
-        upstream = _upstream(dep.job, field, submit, caller, repo)
         condition = Condition(dep.on)
-        _possible(upstream, condition, field)
-        pairs[upstream.id] = condition
+        pairs[naming.upstream(dep.job, condition, f"depends_on.{index}.job")] = condition
     init = submit.init_from
     if isinstance(init, CheckpointRef):
-        upstream = _upstream(init.job, "init_from.job", submit, caller, repo)
-        if upstream.id not in pairs:
-            _possible(upstream, Condition.SUCCEEDED, "init_from.job")
-            pairs[upstream.id] = Condition.SUCCEEDED
+        upstream = naming.upstream(init.job, Condition.SUCCEEDED, "init_from.job")
+        pairs.setdefault(upstream, Condition.SUCCEEDED)
     return tuple(pairs.items())
 
 
-def _upstream(
-    job: int | str, field: str, submit: JobSubmit, caller: Principal, repo: JobRepository
-) -> JobRecord:
-    if isinstance(job, str):
-        raise FieldError(field, f"{job!r} names a pipeline step; outside a pipeline name a job id")
-    try:
-        record = repo.get(job)
-    except JobNotFound as exc:
-        raise FieldError(field, f"no job {job}") from exc
-    if record.user != submit.user and not caller.is_admin:
-        raise FieldError(
-            field, f"job {job} is not {submit.user}'s: a job may name only its owner's jobs"
-        )
-    return record
+@dataclass(frozen=True)
+class _Naming:
+    """What a job may name as upstream: its owner's jobs, or earlier steps."""
+
+    submit: JobSubmit
+    caller: Principal
+    repo: JobRepository
+    steps: Mapping[str, int] | None  # None: not in a pipeline
+
+    def upstream(self, job: int | str, condition: Condition, field: str) -> int | Step:
+        """The job named, checked: the owner's, and able to satisfy `condition`."""
+        if isinstance(job, str):
+            if self.steps is None:
+                raise FieldError(field, f"{job!r} names a pipeline step; name a job id")
+            if job not in self.steps:
+                raise FieldError(field, f"{job!r} is not an earlier step of the pipeline")
+            return Step(self.steps[job])
+        record = self._owned(job, field)
+        _possible(record, condition, field)
+        return record.id
+
+    def _owned(self, job: int, field: str) -> JobRecord:
+        try:
+            record = self.repo.get(job)
+        except JobNotFound as exc:
+            raise FieldError(field, f"no job {job}") from exc
+        owner = self.submit.user
+        if record.user != owner and not self.caller.is_admin:
+            raise FieldError(
+                field, f"job {job} is not {owner}'s: a job may name only its owner's jobs"
+            )
+        return record
 
 
 def _possible(upstream: JobRecord, condition: Condition, field: str) -> None:

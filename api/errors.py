@@ -24,6 +24,7 @@ from scheduler.store import (
     UserNotFound,
 )
 from scheduler.store.model_files import TamperedFile
+from scheduler.store.pipelines import PipelineNotFound
 from scheduler.store.registry import ModelNotFound, QuotaExceeded
 
 
@@ -92,6 +93,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiKeyNotFound)
     @app.exception_handler(QueueNotFound)
     @app.exception_handler(ModelNotFound)
+    @app.exception_handler(PipelineNotFound)
     async def _not_found(_: Request, exc: Exception) -> JSONResponse:
         return error_response(404, [ErrorDetail(code="not_found", message=str(exc))])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -125,7 +125,7 @@ def submit_job(
         ),
     ] = None,
 ) -> JobInfo:
-    submit = _admissible(submit, caller, request)
+    submit = admissible(submit, caller, request)
     nodes = repo.nodes()
     record, created = create_job(
         submit, caller, repo=repo, request=request, nodes=nodes, idempotency_key=idempotency_key
@@ -150,6 +150,25 @@ def create_job(
     """Check and store a job whose entrypoint the admins' policy has allowed (or which
     the service itself chose: a model export): the job, and whether it is new (an
     idempotent retry finds the first)."""
+    new, reason = prepared_job(
+        submit, caller, repo=repo, request=request, nodes=nodes, idempotency_key=idempotency_key
+    )
+    return repo.create_once(new, reason=reason)
+
+
+def prepared_job(
+    submit: JobSubmit,
+    caller: Principal,
+    *,
+    repo: JobRepository,
+    request: Request,
+    nodes: Sequence[Node],
+    idempotency_key: str | None = None,
+    steps: Mapping[str, int] | None = None,
+) -> tuple[NewJob, str]:
+    """Every check of a job to store, and the row to store with the first event's reason.
+    `steps`: in a pipeline, the earlier steps by name (their place in it), which this one
+    may wait for and start from."""
     # Of the body as sent: a retry of an "auto" job matches even if the plan would differ;
     # its secrets count too (other secrets are another job).
     sent = json.dumps(submit_body(submit), sort_keys=True)
@@ -160,28 +179,25 @@ def create_job(
     spec = submit_body(submit)  # stored with its secrets, which the ranks get
     job_spec = spec_from_json(spec)
     validate_submission(submit, job_spec, nodes)
-    depends_on = checked_dependencies(submit, caller, repo)
+    depends_on = checked_dependencies(submit, caller, repo, steps)
     if submit.package is not None:
         _use_package(request.app.state.packages, submit.package)
     elif isinstance(submit.entrypoint, Script):  # ranks may start in another directory
         spec["entrypoint"]["path"] = str(Path(submit.entrypoint.path).resolve())
-    return repo.create_once(
-        NewJob(
-            name=submit.name,
-            queue=submit.queue,
-            user=submit.user,
-            priority=submit.priority,
-            spec=spec,
-            num_gpus=job_spec.shape.num_gpus,
-            total_steps=getattr(submit.entrypoint, "steps", None),
-            idempotency_key=idempotency_key,
-            request_digest=digest,
-            depends_on=depends_on,
-        ),
-        reason=f"submitted; parallelism auto chose {resolved.choice.reason}"
-        if resolved.choice
-        else "submitted",
+    new = NewJob(
+        name=submit.name,
+        queue=submit.queue,
+        user=submit.user,
+        priority=submit.priority,
+        spec=spec,
+        num_gpus=job_spec.shape.num_gpus,
+        total_steps=getattr(submit.entrypoint, "steps", None),
+        idempotency_key=idempotency_key,
+        request_digest=digest,
+        depends_on=depends_on,
     )
+    chose = resolved.choice
+    return new, f"submitted; parallelism auto chose {chose.reason}" if chose else "submitted"
 
 
 def estimator(request: Request) -> Estimator:
@@ -193,7 +209,7 @@ def estimator(request: Request) -> Estimator:
 def estimate_job(submit: JobSubmit, caller: Caller, request: Request) -> Estimate:
     """What the job would get if submitted now: predicted step time (built-in trainer),
     run time, earliest start on this cluster; with `"parallelism": "auto"` the plan."""
-    submit = _admissible(submit, caller, request)
+    submit = admissible(submit, caller, request)
     return estimator(request).estimate(submit, request.app.state.queue_store.quotas())
 
 
@@ -215,13 +231,13 @@ def _use_package(packages: PackageStore, sha256: str) -> None:
     packages.touch(sha256)
 
 
-def _who(caller: Principal, request: Request) -> str:
+def who(caller: Principal, request: Request) -> str:
     """Who to name in a job's timeline: the key's user with auth on; "user" without it,
     where every caller is the same anonymous admin."""
     return caller.name if request.app.state.auth.required else "user"
 
 
-def _admissible(submit: JobSubmit, caller: Principal, request: Request) -> JobSubmit:
+def admissible(submit: JobSubmit, caller: Principal, request: Request) -> JobSubmit:
     """What submit and estimate check first: whose job it is, the admins' policy on
     entrypoints, and the requirement lines pip would get."""
     submit = _on_behalf_of(submit, caller, request.app.state.auth.required)
@@ -311,7 +327,7 @@ def cancel_job(
     Cancelling a job that already ended is a 409 (its outcome is kept, not overwritten).
     """
     require_owner(caller, repo.get(job_id).user, f"job {job_id}")
-    reason = f"cancelled by {_who(caller, request)}"
+    reason = f"cancelled by {who(caller, request)}"
     record = repo.transition(job_id, JobState.CANCELLED, reason=reason)
     on_change()
     return job_info(record, _node_names(repo), shows_env=sees_env(caller, record.user))

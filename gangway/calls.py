@@ -40,6 +40,8 @@ from gangway.models import (
     ModelVersionInfo,
     OutputsPage,
     PackageInfo,
+    PipelineInfo,
+    PipelineSubmit,
     PredictionAccuracy,
     QueueInfo,
     QueueSpec,
@@ -113,11 +115,38 @@ def submit(
         spec = _checked(JobSubmit, **fields, **_optional(package=package))
     elif package is not None:
         spec = spec.model_copy(update={"package": package})
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    return Call("POST", "/v1/jobs", _reader(JobInfo), json=_sent_body(spec), headers=headers)
+
+
+def _sent_body(spec: JobSubmit) -> dict[str, Any]:
     body = submit_body(spec)  # with its secrets: the one place they travel
     if "user" not in spec.model_fields_set:
         del body["user"]  # the server fills in the caller
-    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-    return Call("POST", "/v1/jobs", _reader(JobInfo), json=body, headers=headers)
+    return body
+
+
+# -- pipelines ------------------------------------------------------------------------
+
+
+def submit_pipeline(spec: PipelineSubmit | None = None, **fields: Any) -> Call[PipelineInfo]:
+    """Submit several jobs at once, all or none: `submit_pipeline(PipelineSubmit(...))` or
+    `submit_pipeline(name=..., jobs=[...])`; a step names earlier steps by their job names
+    in `depends_on` and `init_from` (`{"job": "pretrain"}`)."""
+    if spec is None:
+        spec = _checked(PipelineSubmit, **fields)
+    body = {"name": spec.name, "jobs": [_sent_body(job) for job in spec.jobs]}
+    return Call("POST", "/v1/pipelines", _reader(PipelineInfo), json=body)
+
+
+def pipeline(pipeline_id: int) -> Call[PipelineInfo]:
+    """The pipeline's steps as jobs and its state as theirs add up."""
+    return Call("GET", f"/v1/pipelines/{pipeline_id}", _reader(PipelineInfo))
+
+
+def cancel_pipeline(pipeline_id: int) -> Call[PipelineInfo]:
+    """Cancel every step that has not ended."""
+    return Call("POST", f"/v1/pipelines/{pipeline_id}/cancel", _reader(PipelineInfo))
 
 
 def estimate(spec: JobSubmit | None = None, **fields: Any) -> Call[Estimate]:

@@ -20,9 +20,10 @@ from gangway.cli_admin import queues_app, users_app, whoami
 from gangway.cli_metrics import metrics
 from gangway.cli_models import models_app
 from gangway.cli_outputs import download, outputs
+from gangway.cli_pipelines import is_pipeline, pipeline_app, pipeline_from, submit_pipeline
 from gangway.cli_predict import accuracy, describe, estimate, when
 from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run, terminal_safe
-from gangway.cli_spec import SpecFlags, job_spec, with_spec_flags
+from gangway.cli_spec import SpecFlags, job_spec, read_body, with_spec_flags
 from gangway.client import Client
 from gangway.errors import validation_failed
 from gangway.models import (
@@ -42,6 +43,7 @@ app = typer.Typer(
 app.add_typer(queues_app, name="queues")
 app.add_typer(users_app, name="users")
 app.add_typer(models_app, name="models")
+app.add_typer(pipeline_app, name="pipeline")
 app.command()(whoami)
 app.command()(estimate)
 app.command()(accuracy)
@@ -132,8 +134,12 @@ def submit(
     as_json: AsJson = False,
 ) -> None:
     """Submit a job: from flags, or from a job file (the REST body, as YAML or JSON;
-    --name then overrides its name). `gangway submit --workdir . -- python train.py`
-    ships the directory and runs the command on every rank."""
+    --name then overrides its name), or several as a pipeline (a file with `name` and
+    `jobs`). `gangway submit --workdir . -- python train.py` ships the directory and runs
+    the command on every rank."""
+    if flags.file is not None and is_pipeline(body := read_body(flags.file)):
+        submit_pipeline(pipeline_from(body, flags.file), url, as_json)
+        return
     spec = job_spec(flags, command=command, workdir=workdir)
     fields = _code_fields(spec, requirements, env or []) | _secret_fields(spec, secret or [])
     if after:

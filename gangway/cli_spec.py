@@ -134,15 +134,21 @@ def job_spec(
     )
 
 
-def spec_from_file(path: Path, name: str | None) -> JobSubmit:
-    """YAML is a superset of JSON: one loader reads both."""
+def read_body(path: Path) -> Any:
+    """A job or pipeline file. YAML is a superset of JSON: one loader reads both."""
     try:
-        body = yaml.safe_load(path.read_text())
-        if name is not None and isinstance(body, dict):
-            body["name"] = name
-        return JobSubmit.model_validate(body)
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         echo(f"error: {path} is not YAML or JSON: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def spec_from_file(path: Path, name: str | None) -> JobSubmit:
+    body = read_body(path)
+    if name is not None and isinstance(body, dict):
+        body["name"] = name
+    try:
+        return JobSubmit.model_validate(body)
     except ValidationError as exc:
         echo(f"error: {path}: {validation_failed(exc)}", err=True)
     raise typer.Exit(1)

@@ -584,6 +584,40 @@ class JobInfo(BaseModel):
     estimated_end_at: datetime | None = Field(
         None, description="running: now + predicted remaining; pending: start + run time"
     )
+    pipeline_id: int | None = Field(None, description="the pipeline it is a step of")
+
+
+MAX_PIPELINE_JOBS = 100
+
+
+class PipelineSubmit(_Strict):
+    """Jobs submitted together, all or none: each job's `name` is its step name, unique in
+    the pipeline, and a step's `depends_on` and `init_from` may name an earlier step by
+    it (its success is what `init_from` waits for). Every step is the same user's."""
+
+    name: str = Field(min_length=1, max_length=200)
+    jobs: list[JobSubmit] = Field(min_length=1, max_length=MAX_PIPELINE_JOBS)
+
+    @field_validator("jobs")
+    @classmethod
+    def _step_names_unique(cls, jobs: list[JobSubmit]) -> list[JobSubmit]:
+        names = [job.name for job in jobs]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"step name {', '.join(map(repr, repeated))} used more than once")
+        return jobs
+
+
+class PipelineInfo(BaseModel):
+    id: int
+    name: str
+    user: str
+    submitted_at: datetime
+    state: JobState = Field(
+        description="RUNNING while a step holds GPUs, PENDING while steps only wait; once "
+        "all ended: SUCCEEDED if all did, else FAILED if one did, else CANCELLED"
+    )
+    jobs: list[JobInfo] = Field(description="its steps, in the order submitted")
 
 
 class DependencyLink(BaseModel):

@@ -55,6 +55,13 @@ class StaleState(RuntimeError):
         self.job_id, self.expected, self.actual = job_id, expected, actual
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """An earlier job of the same pipeline, by its place in the batch (it has no id yet)."""
+
+    index: int
+
+
 @dataclass(frozen=True)
 class NewJob:
     name: str
@@ -66,8 +73,9 @@ class NewJob:
     user: str = "default"
     idempotency_key: str | None = None
     request_digest: str | None = None  # of the submitted body, to tell a retry from a reuse
-    # (upstream job id, condition): jobs it waits for, written with it in one transaction
-    depends_on: tuple[tuple[int, Condition], ...] = ()
+    # (upstream job, condition): jobs it waits for, written with it in one transaction;
+    # within a pipeline an upstream job may be an earlier step of the batch
+    depends_on: tuple[tuple[int | Step, Condition], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,7 @@ class JobRecord:
     attained_gpu_s: float = 0.0
     stragglers: tuple[dict[str, Any], ...] = ()
     version: int = 0  # moves with every write to the job's row
+    pipeline_id: int | None = None
     # The body as submitted (JobSubmit's JSON): what the API shows back.
     spec_json: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -227,6 +236,7 @@ def job_record(row: JobRow, spec: JobSpec | None = None) -> JobRecord:
         attained_gpu_s=row.attained_gpu_s,
         stragglers=tuple(row.stragglers or ()),
         version=row.version,
+        pipeline_id=row.pipeline_id,
     )
 
 

@@ -67,6 +67,28 @@ def spec_from_json(stored: Mapping[str, Any]) -> JobSpec:
     )
 
 
+def with_step_ids(body: dict[str, Any], ids: Mapping[str, int]) -> dict[str, Any]:
+    """A pipeline step's body with the earlier steps it names (by step name, in
+    `depends_on` and `init_from`) named by their job ids. A name not in `ids` is an
+    error: the API checks that every name is an earlier step's."""
+    out = dict(body)
+    out["depends_on"] = [
+        {**dep, "job": _step_id(dep["job"], ids)} for dep in body.get("depends_on", [])
+    ]
+    init = body.get("init_from")
+    if isinstance(init, dict) and "job" in init:
+        out["init_from"] = {**init, "job": _step_id(init["job"], ids)}
+    return out
+
+
+def _step_id(job: int | str, ids: Mapping[str, int]) -> int:
+    if isinstance(job, int):
+        return job
+    if job not in ids:
+        raise ValueError(f"{job!r} is not an earlier step of the pipeline")
+    return ids[job]
+
+
 def _init_from(stored: Mapping[str, Any] | None) -> ModelInit | CheckpointInit | None:
     """A stored job names a model version by number (an alias is resolved at submit) and
     a job by id (a pipeline's step names are resolved at submit)."""

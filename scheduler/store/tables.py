@@ -58,6 +58,18 @@ class Base(DeclarativeBase):
     )
 
 
+class PipelineRow(Base):
+    """Jobs submitted together, each a named step that may wait for and start from the
+    steps before it. The jobs carry `pipeline_id`; this row names the group."""
+
+    __tablename__ = "pipelines"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    user: Mapped[str] = mapped_column(String(100), index=True)
+    submitted_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 class JobRow(Base):
     __tablename__ = "jobs"
 
@@ -104,6 +116,10 @@ class JobRow(Base):
     # (see __table_args__): one user's key never finds another user's job.
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The pipeline it was submitted in (with its other steps, in one transaction), if any.
+    pipeline_id: Mapped[int | None] = mapped_column(
+        ForeignKey("pipelines.id", ondelete="SET NULL"), nullable=True, index=True
+    )
 
     __table_args__ = (
         Index("ix_jobs_user_idempotency_key", "user", "idempotency_key", unique=True),

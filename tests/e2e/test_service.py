@@ -169,6 +169,58 @@ def test_train_register_export_and_start_from_a_version(service: Service, tmp_pa
     assert any("started from the weights" in e.reason for e in client.events(finetune.id))
 
 
+def test_a_pipeline_runs_unattended_each_step_from_the_last_ones_weights(
+    service: Service,
+) -> None:
+    """Issue 28: pretrain -> fine-tune (from pretrain's checkpoint) -> evaluate (from the
+    fine-tune's), submitted at once; each later step validates the weights it starts from
+    before its first step, and that loss is the earlier step's last: the same held-out
+    samples, as the global batch is the same (dp 2 x 4 sequences, then dp 1 x 8)."""
+    client = service.start()
+    tiny = {"model": "gpt-tiny", "batch_size": 8}
+    info = client.submit_pipeline(
+        name="pretrain-finetune-evaluate",
+        jobs=[
+            {
+                "name": "pretrain",
+                "parallelism": {"dp": 2},
+                "entrypoint": {
+                    "kind": "builtin",
+                    **tiny,
+                    "batch_size": 4,
+                    "steps": 12,
+                    "eval_every": 6,
+                },
+            },
+            {
+                "name": "finetune",
+                "entrypoint": {"kind": "builtin", **tiny, "steps": 4, "learning_rate": 1e-4},
+                "init_from": {"job": "pretrain"},
+            },
+            {
+                "name": "evaluate",
+                "entrypoint": {"kind": "builtin", **tiny, "steps": 1, "learning_rate": 1e-9},
+                "init_from": {"job": "finetune"},
+            },
+        ],
+    )
+    pretrain, finetune, evaluate = (job.id for job in info.jobs)
+    client.wait(evaluate, timeout_s=300, poll_s=0.3)
+    assert client.pipeline(info.id).state is JobState.SUCCEEDED
+
+    def val_losses(job_id: int) -> dict[int, float]:
+        return {p.step: p.values["val_loss"] for p in client.metric_points(job_id, ["val_loss"])}
+
+    before, tuned, evaluated = val_losses(pretrain), val_losses(finetune), val_losses(evaluate)
+    assert tuned[0] == pytest.approx(before[12], abs=1e-5)  # pretrain's last weights
+    assert evaluated[0] == pytest.approx(tuned[4], abs=1e-5)  # the fine-tune's last
+    # Each later step waited for the one before it: started after it ended.
+    jobs = {job.id: job for job in client.pipeline(info.id).jobs}
+    for earlier, later in ((pretrain, finetune), (finetune, evaluate)):
+        ended, started = jobs[earlier].finished_at, jobs[later].started_at
+        assert ended is not None and started is not None and started >= ended
+
+
 def test_a_user_error_fails_the_job_with_the_traceback(service: Service) -> None:
     client = service.start()
     job = client.submit(

@@ -174,6 +174,8 @@ def train(
     )
     loop.next_sample = _saved_position(checkpointer.counters, step, loop.samples_per_step)
     loop.rollbacks = rollbacks
+    if step == 0 and init_dir is not None:
+        _validate_start(reporter, loop)
     if plan.update_mode == "async" and plan.dp > 1:
         return _train_async(
             reporter,
@@ -191,6 +193,17 @@ def train(
         schedulers=schedulers,
         step=step,
     )
+
+
+def _validate_start(reporter: Reporter, loop: _Loop) -> None:
+    """A job that starts from other weights validates them before its first step and
+    reports that as step 0: the baseline its training is measured against (a fine-tune's
+    is the pretrained model's validation loss on this job's held-out split). Not in
+    `async` mode, which has no validation passes."""
+    evaluator = loop.evaluator()
+    sync = loop.plan.update_mode != "async"
+    if evaluator is not None and loop.spec.eval_every is not None and sync:
+        reporter.report(step=0, **evaluator.run())
 
 
 def _train_sync(

@@ -306,6 +306,8 @@ class JobView:
     # unknown. Used where no time limit or measured progress says more: ends on the
     # release timeline (backfill, ETAs), service order within a band, preemption payoff.
     predicted_remaining_s: float | None = None
+    # Why it may not start until someone releases it (a paused sweep trial); None: free.
+    hold: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """job dependencies and pipelines: a job waits for other jobs until a condition on each
-holds; jobs submitted together as the named steps of a pipeline
+holds; jobs submitted together as the named steps of a pipeline; a hold that keeps a
+pending job from starting
 
 Revision ID: 0021
 Revises: 0020
@@ -28,6 +29,7 @@ def upgrade() -> None:
     op.create_index("ix_pipelines_user", "pipelines", ["user"], unique=False)
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("pipeline_id", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("hold", sa.Text(), nullable=True))
         batch.create_foreign_key(
             op.f("fk_jobs_pipeline_id_pipelines"),
             "pipelines",
@@ -75,5 +77,6 @@ def downgrade() -> None:
         batch.drop_index("ix_jobs_pipeline_id")
         batch.drop_constraint(op.f("fk_jobs_pipeline_id_pipelines"), type_="foreignkey")
         batch.drop_column("pipeline_id")
+        batch.drop_column("hold")
     op.drop_index("ix_pipelines_user", table_name="pipelines")
     op.drop_table("pipelines")

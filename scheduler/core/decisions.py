@@ -18,6 +18,7 @@ class Blocker(enum.StrEnum):
     PREEMPTING = "preempting"  # lower-priority jobs are checkpointing to make room for it
     QUOTA = "quota"  # its queue would exceed its GPU limit
     DEPENDENCY = "dependency"  # it waits for another job (`depends_on`)
+    HOLD = "hold"  # held until released (a sweep's paused trial, until promoted)
 
 
 @dataclass(frozen=True, slots=True)

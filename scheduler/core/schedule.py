@@ -143,6 +143,9 @@ def schedule(
     )
     held = waiting or {}
     pending = [j for j in jobs if j.state is JobState.PENDING and j.id not in held]
+    on_hold = [j for j in pending if j.hold is not None]
+    if on_hold:
+        pending = [j for j in pending if j.hold is None]
     weights = {name: quota.weight for name, quota in quotas.items()}
     for position, job in enumerate(queue_order(pending, now, config, usage, weights), start=1):
         _decide(state, job, position)
@@ -152,7 +155,13 @@ def schedule(
     if held:
         by_id = {j.id: j for j in jobs}
         state.decisions += dependency_waits(held, by_id, state.decisions, now, config)
+    state.decisions += [_held(job) for job in on_hold]
     return state.decisions
+
+
+def _held(job: JobView) -> Wait:
+    """A job on hold waits for its release, whatever the cluster looks like."""
+    return Wait(job.id, Explanation(Blocker.HOLD, f"held: {job.hold}", "starts once released"))
 
 
 def _free_now(snapshot: ClusterSnapshot, releases: Sequence[Release]) -> dict[str, Capacity]:

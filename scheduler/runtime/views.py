@@ -21,6 +21,7 @@ def job_view(record: JobRecord) -> JobView:
         user=record.user,
         attained_gpu_s=record.attained_gpu_s,
         queued_at=record.queued_at,
+        hold=record.hold,
     )
 
 

@@ -71,59 +71,8 @@ class JobStore(JobReads):
         if any(isinstance(upstream, Step) for upstream, _ in new.depends_on):
             raise ValueError("a job outside a pipeline names its upstream jobs by id")
         with Session(self._engine) as session, session.begin():
-            row = self._insert(session, new, reason, self._clock())
+            row = insert_job(session, new, reason, self._clock())
             return job_record(row)
-
-    @staticmethod
-    def _insert(
-        session: Session,
-        new: NewJob,
-        reason: str,
-        now: datetime,
-        *,
-        pipeline_id: int | None = None,
-        steps: Sequence[int] = (),
-    ) -> JobRow:
-        """The job's row, its first event and its dependencies; `steps`: the ids of the
-        batch's earlier jobs, for upstream jobs named by their place in it."""
-        row = JobRow(
-            name=new.name,
-            queue=new.queue,
-            user=new.user,
-            priority=new.priority,
-            state=JobState.PENDING.value,
-            spec=new.spec,
-            num_gpus=new.num_gpus,
-            total_steps=new.total_steps,
-            submitted_at=now,
-            updated_at=now,
-            queued_at=now,
-            waited_s=0.0,
-            attained_gpu_s=0.0,
-            status_reason="waiting for the scheduler",
-            attempt=0,
-            restarts=0,
-            step=0,
-            idempotency_key=new.idempotency_key,
-            request_digest=new.request_digest,
-            pipeline_id=pipeline_id,
-        )
-        session.add(row)
-        session.flush()
-        session.add(
-            JobEventRow(job_id=row.id, at=now, from_state=None, to_state=row.state, reason=reason)
-        )
-        session.add_all(
-            JobDependencyRow(
-                job_id=row.id,
-                upstream_id=steps[upstream.index] if isinstance(upstream, Step) else upstream,
-                condition=condition.value,
-                waiting=True,
-            )
-            for upstream, condition in new.depends_on
-        )
-        session.flush()
-        return row
 
     def create_once(self, new: NewJob, *, reason: str = "submitted") -> tuple[JobRecord, bool]:
         """`create`, unless `new.user` already submitted a job with `new.idempotency_key`: then
@@ -301,6 +250,57 @@ class JobStore(JobReads):
             )
             session.flush()
             return job_record(row)
+
+
+def insert_job(
+    session: Session,
+    new: NewJob,
+    reason: str,
+    now: datetime,
+    *,
+    pipeline_id: int | None = None,
+    steps: Sequence[int] = (),
+) -> JobRow:
+    """The job's row, its first event and its dependencies; `steps`: the ids of the
+    batch's earlier jobs, for upstream jobs named by their place in it."""
+    row = JobRow(
+        name=new.name,
+        queue=new.queue,
+        user=new.user,
+        priority=new.priority,
+        state=JobState.PENDING.value,
+        spec=new.spec,
+        num_gpus=new.num_gpus,
+        total_steps=new.total_steps,
+        submitted_at=now,
+        updated_at=now,
+        queued_at=now,
+        waited_s=0.0,
+        attained_gpu_s=0.0,
+        status_reason="waiting for the scheduler",
+        attempt=0,
+        restarts=0,
+        step=0,
+        idempotency_key=new.idempotency_key,
+        request_digest=new.request_digest,
+        pipeline_id=pipeline_id,
+    )
+    session.add(row)
+    session.flush()
+    session.add(
+        JobEventRow(job_id=row.id, at=now, from_state=None, to_state=row.state, reason=reason)
+    )
+    session.add_all(
+        JobDependencyRow(
+            job_id=row.id,
+            upstream_id=steps[upstream.index] if isinstance(upstream, Step) else upstream,
+            condition=condition.value,
+            waiting=True,
+        )
+        for upstream, condition in new.depends_on
+    )
+    session.flush()
+    return row
 
 
 def _current_state(session: Session, job_id: int) -> JobState:

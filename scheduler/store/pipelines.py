@@ -16,7 +16,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from scheduler.store.jobs import JobStore
+from scheduler.store.base import Repository
+from scheduler.store.jobs import insert_job
 from scheduler.store.records import JobRecord, NewJob, job_record
 from scheduler.store.specs import with_step_ids
 from scheduler.store.tables import JobRow, PipelineRow
@@ -37,7 +38,7 @@ class PipelineRecord:
     jobs: list[JobRecord]  # its steps, in the order they were given
 
 
-class PipelineStore(JobStore):
+class PipelineStore(Repository):
     def create_pipeline(self, name: str, user: str, steps: Sequence[NewJob]) -> PipelineRecord:
         """The pipeline and its steps, all written or none. A step's upstream jobs may be
         earlier steps (`records.Step`), and its body may name them by step name."""
@@ -51,7 +52,7 @@ class PipelineStore(JobStore):
                 named = {row.name: row.id for row in rows}
                 body = with_step_ids(new.spec, named)
                 reason = f"submitted as step {new.name!r} of pipeline {group.id} ({name})"
-                row = self._insert(
+                row = insert_job(
                     session,
                     replace(new, spec=body),
                     reason,

@@ -113,6 +113,7 @@ class JobRecord:
     stragglers: tuple[dict[str, Any], ...] = ()
     version: int = 0  # moves with every write to the job's row
     pipeline_id: int | None = None
+    hold: str | None = None  # why it may not start until released (a paused sweep trial)
     # The body as submitted (JobSubmit's JSON): what the API shows back.
     spec_json: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -237,6 +238,7 @@ def job_record(row: JobRow, spec: JobSpec | None = None) -> JobRecord:
         stragglers=tuple(row.stragglers or ()),
         version=row.version,
         pipeline_id=row.pipeline_id,
+        hold=row.hold,
     )
 
 

@@ -9,6 +9,7 @@ database take this.
 from __future__ import annotations
 
 from scheduler.store.dependencies import DependencyStore
+from scheduler.store.jobs import JobStore
 from scheduler.store.leases import LeaseStore
 from scheduler.store.nodes import NodeStore
 from scheduler.store.pipelines import PipelineStore
@@ -18,6 +19,7 @@ from scheduler.store.telemetry import TelemetryStore
 
 
 class JobRepository(
+    JobStore,
     PipelineStore,
     DependencyStore,
     TelemetryStore,

@@ -116,6 +116,9 @@ class JobRow(Base):
     # (see __table_args__): one user's key never finds another user's job.
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Why a pending job may not start until someone releases it (a sweep pauses a trial
+    # here until it is promoted); None: not held.
+    hold: Mapped[str | None] = mapped_column(Text, nullable=True)
     # The pipeline it was submitted in (with its other steps, in one transaction), if any.
     pipeline_id: Mapped[int | None] = mapped_column(
         ForeignKey("pipelines.id", ondelete="SET NULL"), nullable=True, index=True

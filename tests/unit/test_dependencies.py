@@ -3,6 +3,7 @@ outcome, cascades, and what a held job is told by a scheduling pass."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -180,3 +181,13 @@ def test_a_prediction_on_another_day_names_the_date() -> None:
 
 def _config() -> PolicyConfig:
     return PolicyConfig()
+
+
+def test_a_job_on_hold_waits_for_its_release_and_takes_no_gpus() -> None:
+    held = replace(pending(1), hold="paused by sweep 3 at rung 1")
+    decisions = schedule(Cluster().nodes(1, 1).snapshot(), [held, pending(2)], NOW)
+    assert isinstance(decisions[0], Admit) and decisions[0].job_id == 2
+    wait = decisions[1]
+    assert isinstance(wait, Wait) and wait.job_id == 1
+    assert wait.explanation.blocker is Blocker.HOLD
+    assert wait.reason == "held: paused by sweep 3 at rung 1; starts once released"

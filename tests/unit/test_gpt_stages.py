@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.older_models import WholeMLP, linears
+from bench.harness.older_models import WholeMLP, linears
 from tests.random_biases import randomise_biases
 from workers.engine.gpt import (
     GPT,

@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 import torch
 
 from bench.engine_modes import run
+from bench.harness.older_models import WholeMLP
 from gangway.models import PipelineSchedule
-from tests.older_models import WholeMLP
 from workers.engine import balance, item_costs
 from workers.engine.gpt import GPT, Block, next_token_loss, splits_head
 from workers.engine.model_configs import MODEL_CONFIGS, GPTConfig
@@ -138,7 +138,7 @@ def bench_stages(args: argparse.Namespace) -> None:
 def bench_mlp(args: argparse.Namespace) -> None:
     """What the MLP's slices (there for the stage split) cost a whole model: forward +
     backward of the model with its MLPs in slices and of the same weights as one fc and
-    one proj (`tests.older_models.WholeMLP`), alternated, the fastest of `--repeats`
+    one proj (`bench.harness.older_models.WholeMLP`), alternated, the fastest of `--repeats`
     each, in CPU time on one thread."""
     torch.set_num_threads(1)
     config = MODEL_CONFIGS[args.model]

@@ -1,6 +1,6 @@
 """A NaN in the middle of a run, and on every step: what `on_instability: rollback` does.
 
-Trains gpt-tiny at dp=2 on local gloo processes (`tests.engine_harness`) for `--steps`
+Trains gpt-tiny at dp=2 on local gloo processes (`bench.harness.engine`) for `--steps`
 with a checkpoint every `--interval` steps, three times: clean; with the loss made NaN on
 every rank at step `--at` (`GANGWAY_FAULTS` `engine.loss:nan@N`); and with a NaN on every
 step. Prints the rollback events, the final training and validation losses of the first
@@ -15,7 +15,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from tests.engine_harness import run_engine
+from bench.harness.engine import run_engine
 from workers.engine.plan import ParallelPlan
 from workers.engine.training import TrainSpec
 

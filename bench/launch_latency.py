@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.harness.service import Service
 from gangway import Builtin, Client, JobState, Parallelism
-from tests.e2e.service import Service
 
 
 def measure_one(client: Client, steps: int) -> dict[str, float]:

@@ -21,9 +21,9 @@ from typing import Any
 
 import ray
 
+from bench.harness.service import Service
 from gangway import Builtin, Client, Parallelism
 from scheduler.runtime.local_ray import LocalClusterShape, ray_directory, start_local_cluster
-from tests.e2e.service import Service
 
 
 class _FirstStep:

@@ -4,7 +4,7 @@ Starts a local Ray (two nodes x 4 logical GPUs, the service's external Ray) and 
 `gangway serve` on a SQLite file. Each cycle submits a counting job that checkpoints every
 5 steps (`workers.examples:checkpointed_steps`), injects one fault drawn at random from
 the kinds below, waits for every job to end, and runs the invariant check of
-`tests/faults/invariants.py` (no job lost, none run twice, nothing stranded on Ray, GPUs
+`bench/harness/invariants.py` (no job lost, none run twice, nothing stranded on Ray, GPUs
 accounted, steps lost <= the interval). Prints the cycles, the faults of each kind and the
 violations.
 
@@ -26,10 +26,7 @@ from typing import Any
 
 import ray
 
-from gangway import Client
-from scheduler.runtime.local_ray import LocalClusterShape, ray_directory, start_local_cluster
-from tests.e2e.service import Service
-from tests.faults.harness import (
+from bench.harness.faults import (
     EVERY,
     killed_by_fault,
     make_service,
@@ -37,7 +34,10 @@ from tests.faults.harness import (
     wait_state,
     wait_until_step,
 )
-from tests.faults.invariants import finished, violations
+from bench.harness.invariants import finished, violations
+from bench.harness.service import Service
+from gangway import Client
+from scheduler.runtime.local_ray import LocalClusterShape, ray_directory, start_local_cluster
 
 
 def service_kill9_admitted(service: Service, client: Client) -> int:

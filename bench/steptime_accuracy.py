@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.steptime_accuracy --steps 4
 
 Measures real step times of the built-in trainer (gloo CPU ranks, gpt-mini-sized models,
-through tests/engine_harness.run_engine) on a calibration set of models x plans, fits the
+through `bench.harness.engine.run_engine`) on a calibration set of models x plans, fits the
 model's coefficients for this machine (`scheduler.predict.steptime.calibrate`), then
 measures held-out configurations (models AND plans not in the calibration set) and
 prints each prediction against the measurement, the median absolute percentage error,
@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from bench.harness.engine import run_engine
 from scheduler.predict.steptime import (
     Measured,
     ModelShape,
@@ -30,7 +31,6 @@ from scheduler.predict.steptime import (
     calibrate,
     mdape,
 )
-from tests.engine_harness import run_engine
 from workers.engine.model_configs import GPTConfig
 from workers.engine.plan import ParallelPlan
 from workers.engine.training import TrainSpec

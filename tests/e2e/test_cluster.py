@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.service import ADMIN_KEY
 from gangway import Builtin, Client, Function, JobState, Parallelism, Resources
-from tests.e2e.service import ADMIN_KEY
 
 pytestmark = pytest.mark.cluster
 

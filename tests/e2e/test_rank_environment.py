@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.harness.service import ADMIN_KEY, Service
 from gangway import JobState
-from tests.e2e.service import ADMIN_KEY, Service
 
 pytestmark = pytest.mark.ray
 

@@ -23,9 +23,9 @@ import ray
 import safetensors.torch
 import torch
 
+from bench.harness.service import ADMIN_KEY, Service, wait_for
 from gangway import Builtin, Client, Command, Function, JobState, Parallelism, Resources
 from scheduler.runtime.cluster import NODE_NAME_LABEL
-from tests.e2e.service import ADMIN_KEY, Service, wait_for
 
 pytestmark = pytest.mark.ray
 

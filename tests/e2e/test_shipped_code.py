@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.service import ADMIN_KEY, Service
 from gangway import Command, JobState, Parallelism, Resources
-from tests.e2e.service import ADMIN_KEY, Service
 
 pytestmark = pytest.mark.ray
 

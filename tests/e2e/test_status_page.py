@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from bench.harness.service import Service, wait_for
 from gangway import Builtin, Function, JobState, Parallelism, Resources
-from tests.e2e.service import Service, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.browser]
 

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.service import Service
-from tests.faults.harness import make_service
+from bench.harness.faults import make_service
+from bench.harness.service import Service
 
 
 @pytest.fixture
 def clean_ray(ray_cluster: Any) -> Iterator[None]:
     """No Gangway gang on Ray before or after a case: each case checks what it leaves."""
+    from bench.harness.invariants import gangway_on_ray
     from scheduler.runtime.gangs.group import reap
-    from tests.faults.invariants import gangway_on_ray
 
     for job_id, attempt in gangway_on_ray()[0]:
         reap(job_id, attempt)

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import ray
 
-from gangway import JobState, Resources
-from gangway.models import ElasticDP
-from tests.e2e.service import Service
-from tests.faults.harness import (
+from bench.harness.faults import (
     EVERY,
     killed_by_fault,
     submit_counter,
     wait_state,
     wait_until_step,
 )
-from tests.faults.invariants import check, finished
+from bench.harness.invariants import check, finished
+from bench.harness.service import Service
+from gangway import JobState, Resources
+from gangway.models import ElasticDP
 
 # Gangs start slowly on shared cores (each rank imports torch): more than the default.
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from bench.harness.faults import EVERY, make_service, submit_counter, wait_state
+from bench.harness.invariants import check, finished, ledger_violations
+from bench.harness.service import Service
 from gangway import JobState
 from scheduler.runtime.cluster import NODE_NAME_LABEL
 from scheduler.runtime.ray_watchdog import session_processes
-from tests.e2e.service import Service
-from tests.faults.harness import EVERY, make_service, submit_counter, wait_state
-from tests.faults.invariants import check, finished, ledger_violations
 
 pytestmark = [pytest.mark.faults_slow, pytest.mark.timeout(900)]
 

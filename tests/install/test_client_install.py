@@ -18,9 +18,9 @@ import uvicorn
 
 from api.app import create_app
 from api.auth import AuthConfig
+from bench.harness.service import free_port
 from scheduler.model import Node
 from scheduler.store import JobRepository, make_engine, upgrade_to_head
-from tests.e2e.service import free_port
 
 pytestmark = pytest.mark.install
 

@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 from torch import nn
 
 from api.app import create_app
+from bench.harness.older_models import OlderGPT, WholeMLP, linears
 from gangway.models import Builtin, JobSubmit
 from scheduler.store import JobRepository, NewJob, make_engine, upgrade_to_head
-from tests.older_models import OlderGPT, WholeMLP, linears
 from workers.engine import checkpoint as checkpoint_module
 from workers.engine.checkpoint import Checkpointer
 from workers.engine.checkpoint_layout import checkpoint_path, completed, listing, partial_path

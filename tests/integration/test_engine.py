@@ -22,7 +22,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from tests.engine_harness import run_engine
+from bench.harness.engine import run_engine
 from workers.engine.data import VALIDATION_OFFSET, SyntheticTokens, TokenFile, rank_slice
 from workers.engine.model_configs import MODEL_CONFIGS
 from workers.engine.plan import ParallelPlan, PlanError, validate_plan

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine_harness import run_engine
+from bench.harness.engine import run_engine
 from workers.engine.plan import ParallelPlan
 from workers.engine.training import TrainSpec
 

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.engine_harness import run_engine
+from bench.harness.engine import run_engine
 from workers.engine.gpt import GPT
 from workers.engine.model_configs import MODEL_CONFIGS
 from workers.engine.plan import ParallelPlan

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from torch.multiprocessing import ProcessRaisedException
 
-from tests.engine_harness import run_engine
+from bench.harness.engine import run_engine
 from workers.engine.health import InstabilityPolicy
 from workers.engine.plan import ParallelPlan
 from workers.engine.training import TrainSpec

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.service import ADMIN_KEY, Service
 from gangway import Client
 from scheduler.runtime.local_ray import ray_directory
 from tests.conftest import postgres_schema
-from tests.e2e.service import ADMIN_KEY, Service
 from tests.e2e.test_cluster import cluster_command, running_in
 from tests.security.sandbox_attack import Outcome, Target, attack
 

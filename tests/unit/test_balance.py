@@ -10,17 +10,19 @@ from hypothesis import strategies as st
 
 from workers.engine.balance import (
     CUT_GAIN,
+    MAX_PAIR_ITEMS,
     StageSplit,
     balanced_split,
     batch_shares,
     equal_layers,
+    levels,
     share_slice,
     stage_costs,
     stage_items,
 )
 from workers.engine.gpt import PIECES, splits_head
 from workers.engine.item_costs import ItemCost
-from workers.engine.model_configs import GPTConfig
+from workers.engine.model_configs import MODEL_CONFIGS, GPTConfig
 from workers.engine.stage_plan import equal_units
 
 
@@ -204,6 +206,58 @@ def test_zbv_pairs_the_head_with_the_embeddings_on_one_rank() -> None:
     assert split.time_ratio < 1.06
     kept = balanced_split(items, v_shape(4), MINI, cut_blocks=False, cut_head=False)
     assert whole(kept, MINI) and tiles(kept, MINI)
+
+
+SMALL = MODEL_CONFIGS["gpt-small"]  # 12 blocks, a 50k vocabulary's head in 4 slices
+
+
+def small_items() -> list[ItemCost]:
+    """gpt-small's item costs in ms as `bench/engine_balance.py stages --model gpt-small
+    --batch 1` measured them (2026-12-05): embeddings 62, a block's attention 177 and MLP
+    slices 53, 53, 54, 49, the head's slices 521, 501, 504, 502 (the head ~5 blocks)."""
+    block = [177.0, 53.0, 53.0, 54.0, 49.0]
+    return costs([62.0, *block * SMALL.n_layer, 521.0, 501.0, 504.0, 502.0])
+
+
+def test_zbv_cuts_gpt_smalls_head_though_its_blocks_in_pieces_are_too_many_items() -> None:
+    """65 items in pieces are beyond the pair programme's gate, 17 with whole blocks and
+    the head in slices are not: the head goes to four stages, one per rank, where whole it
+    was rank 0's alone (2,090 of a 1,680 share: 1.36)."""
+    ranks = v_shape(8)  # pp = 4
+    assert 1 + PIECES * SMALL.n_layer + 4 > MAX_PAIR_ITEMS
+    split = balanced_split(small_items(), ranks, SMALL)
+    assert [(r.start, r.stop) for r in split.units] == [
+        (0, 15), (15, 30), (30, 45), (45, 50), (50, 61), (61, 62), (62, 63), (63, 64)
+    ]  # fmt: skip
+    assert [stage_items(SMALL, r, first=False) for r in split.units[4:]] == [
+        "layers 10-11 + head slice 0 of 4",
+        "head slice 1 of 4",
+        "head slice 2 of 4",
+        "head slice 3 of 4",
+    ]
+    assert split.rank_time_s == pytest.approx([1722, 1662, 1659, 1679])
+    whole_head = balanced_split(small_items(), ranks, SMALL, cut_head=False)
+    assert whole_head.units[-1] == range(60, 64) and whole_head.time_ratio > 1.35
+
+
+def test_each_level_is_gated_on_its_own_item_count() -> None:
+    """Under ZB-V gpt-small tries whole blocks, then whole blocks with the head in slices;
+    one stage per rank, or gpt-mini's 6 layers, every level with blocks in pieces."""
+    counts = {
+        (name, v): [
+            len(g) for g in levels(MODEL_CONFIGS[name], ranks, cut_blocks=True, cut_head=True)
+        ]
+        for name in ("gpt-small", "gpt-mini")
+        for v, ranks in ((True, v_shape(8)), (False, one_each(4)))
+    }
+    assert counts == {
+        ("gpt-small", True): [13, 16],
+        ("gpt-small", False): [13, 61, 64],
+        ("gpt-mini", True): [7, 31, 34],
+        ("gpt-mini", False): [7, 31, 34],
+    }
+    tp = levels(SMALL, v_shape(8), cut_blocks=False, cut_head=True)  # tensor parallel's blocks
+    assert [len(g) for g in tp] == [13, 16]
 
 
 def test_an_equal_split_fills_every_stage_it_can_and_under_a_v_spares_rank_0() -> None:

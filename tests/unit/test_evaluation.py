@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from tests.random_biases import randomise_biases
 from tests.unit.test_gpt_stages import CONFIG, stages_of
 from workers.engine.evaluation import StepLoss, Tally
 from workers.engine.gpt import GPT, token_losses_and_hits
@@ -14,7 +15,7 @@ from workers.engine.gpt import GPT, token_losses_and_hits
 
 def test_a_split_heads_last_stage_counts_what_the_full_logits_do() -> None:
     torch.manual_seed(0)
-    full = GPT(CONFIG).eval()
+    full = randomise_biases(GPT(CONFIG)).eval()  # as `stages_of` draws them
     tokens = torch.randint(CONFIG.vocab_size, (2, CONFIG.seq_len))
     targets = torch.randint(CONFIG.vocab_size, (2, CONFIG.seq_len))
     with torch.no_grad():

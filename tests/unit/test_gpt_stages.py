@@ -1,5 +1,7 @@
 """Pipeline stages cut inside blocks and inside the head: the stages, run one after the
-other, are the model (its loss and its gradients)."""
+other, are the model (its loss and its gradients). Every model here has random biases
+(`tests.random_biases`): as built they are zero, and a bias added twice would leave the
+outputs as they were."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.older_models import WholeMLP, linears
+from bench.harness.older_models import WholeMLP, linears
+from tests.random_biases import randomise_biases
 from workers.engine.gpt import (
     GPT,
     MLP_SLICES,
@@ -32,7 +35,7 @@ def stages_of(cuts: list[int]) -> list[GPT]:
     stages = []
     for s, held in enumerate(units):
         torch.manual_seed(0)
-        model = GPT(CONFIG)
+        model = randomise_biases(GPT(CONFIG))  # drawn before the cut, as the full model's
         model.keep_only(held, first=s == 0)
         stages.append(model)
     return stages
@@ -44,7 +47,7 @@ def test_stages_cut_anywhere_compute_the_full_model_and_share_no_parameter(
     cuts: list[int],
 ) -> None:
     torch.manual_seed(0)
-    full = GPT(CONFIG)
+    full = randomise_biases(GPT(CONFIG))
     tokens = torch.randint(CONFIG.vocab_size, (2, CONFIG.seq_len))
     targets = torch.randint(CONFIG.vocab_size, (2, CONFIG.seq_len))
     expected = next_token_loss(full(tokens), targets)
@@ -70,7 +73,7 @@ def test_stages_cut_anywhere_compute_the_full_model_and_share_no_parameter(
 def test_the_full_head_is_the_concatenated_slices() -> None:
     """One matrix product over the slices' rows in order: the logits of an unsplit head."""
     torch.manual_seed(0)
-    model = GPT(CONFIG)
+    model = randomise_biases(GPT(CONFIG))  # ln_f's bias among them
     hidden = torch.randn(2, CONFIG.seq_len, CONFIG.n_embd)
     assert model.ln_f is not None
     normed = model.ln_f(hidden)
@@ -84,7 +87,7 @@ def test_the_mlp_is_one_fc_and_one_proj_in_slices_of_its_hidden_width() -> None:
     """The slices' weights side by side (fc's rows, proj's columns) are the unsliced MLP:
     the same output, so a checkpoint of one loads into the other."""
     torch.manual_seed(0)
-    mlp = cast(Block, GPT(CONFIG).blocks["0"]).mlp
+    mlp = cast(Block, randomise_biases(GPT(CONFIG)).blocks["0"]).mlp
     assert len(mlp.fc) == MLP_SLICES
     assert all(piece.bias is None for piece in linears(mlp.proj)[1:])  # proj.0 has it
     h = torch.randn(2, CONFIG.seq_len, CONFIG.n_embd)

@@ -40,8 +40,9 @@ from workers.engine.model_configs import GPTConfig
 # What a finer split (blocks cut, then the head) must gain over a coarser one (slowest or
 # fastest rank).
 CUT_GAIN = 0.01
-# Items up to which ZB-V's pair programme (O(items^4)) also tries block pieces: 9 layers
-# and a head in 4 slices.
+# Items ([embeddings, groups...]) up to which ZB-V's pair programme (O(items^4)) tries a
+# level of granularity: 9 layers in pieces and a head in 4 slices. Each level is gated on
+# its own count (`levels`), so a deeper model still gets the finer levels it can afford.
 MAX_PAIR_ITEMS = 1 + 9 * PIECES + 4
 
 
@@ -177,13 +178,8 @@ def balanced_split(
     blocks), then also inside the head (`cut_head`), each only where that gains over the
     coarser split chosen so far (`_better`): cutting the head costs the most (the target
     ids travel, the logits are no longer one product). Under ZB-V the pair programme
-    grows as items^4, so beyond MAX_PAIR_ITEMS items it keeps blocks and the head whole."""
-    coarse_to_fine = [unit_groups(config, cut_blocks=False, cut_head=False)]
-    if not (mirrored(ranks) and len(costs) > MAX_PAIR_ITEMS):
-        if cut_blocks:
-            coarse_to_fine.append(unit_groups(config, cut_blocks=True, cut_head=False))
-        if cut_head:
-            coarse_to_fine.append(unit_groups(config, cut_blocks=cut_blocks, cut_head=True))
+    grows as items^4, so each level is tried only within MAX_PAIR_ITEMS (`levels`)."""
+    coarse_to_fine = levels(config, ranks, cut_blocks=cut_blocks, cut_head=cut_head)
     chosen: StageSplit | None = None
     for groups in coarse_to_fine:
         split = _split_groups(costs, ranks, groups, memory_budget)
@@ -191,6 +187,34 @@ def balanced_split(
             chosen = split
     if chosen is None:
         raise ValueError(_unfillable(len(coarse_to_fine[-1]), ranks, memory_budget))
+    return chosen
+
+
+def levels(
+    config: GPTConfig, ranks: Sequence[Sequence[int]], *, cut_blocks: bool, cut_head: bool
+) -> list[list[range]]:
+    """The granularities `balanced_split` tries, coarse to fine, each as its groups of
+    units: whole blocks and a whole head; blocks in pieces (`cut_blocks`); the head in
+    slices too (`cut_head`), with blocks in pieces where that level is affordable and
+    whole where it is not. Under ZB-V a level is affordable when its 1 + groups items are
+    within MAX_PAIR_ITEMS; the coarsest is always tried. Why per level and not one gate on
+    the finest: gpt-small's 12 layers in pieces are 65 items, beyond the gate, but whole
+    blocks with the head in slices are 17, and its head (5 blocks' time) is what needs
+    cutting: with one gate its head stayed whole, slowest/fastest rank 1.36 predicted at
+    pp = 4 against 1.04 with the head in slices (BENCHMARKS.md)."""
+
+    def affordable(groups: list[range]) -> bool:
+        return not mirrored(ranks) or 1 + len(groups) <= MAX_PAIR_ITEMS
+
+    chosen = [unit_groups(config, cut_blocks=False, cut_head=False)]
+    pieces = unit_groups(config, cut_blocks=True, cut_head=False)
+    if cut_blocks and affordable(pieces):
+        chosen.append(pieces)
+    if cut_head:
+        finest_first = [
+            unit_groups(config, cut_blocks=b, cut_head=True) for b in (cut_blocks, False)
+        ]
+        chosen.extend(next(([g] for g in finest_first if affordable(g)), []))
     return chosen
 
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness.service import Service
 from gangway import Client, Function, JobInfo, Parallelism
-from tests.e2e.service import Service
 
 EVERY = 5  # the checkpoint interval of the cases' jobs, in steps
 

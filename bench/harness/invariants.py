@@ -164,7 +164,7 @@ def finished(client: Client, job_ids: Iterable[int], timeout_s: float = 180) -> 
     ids = list(job_ids)
     deadline = time.monotonic() + timeout_s
     while True:
-        jobs = [client.get(i) for i in ids]
+        jobs: list[JobInfo] = [client.get(i) for i in ids]
         if all(j.state.is_terminal for j in jobs) or time.monotonic() > deadline:
             return jobs
         time.sleep(0.5)

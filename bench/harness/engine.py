@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import start_processes
 
-from tests.e2e.service import free_port
+from bench.harness.service import free_port
 from workers import faults
 from workers.engine import item_costs
 from workers.engine.model_configs import MODEL_CONFIGS, GPTConfig
@@ -73,7 +73,9 @@ def run_engine(
         "item_times": item_times,
         "faults": rank_faults or {},
     }
-    mp.start_processes(_rank_main, args=(job,), nprocs=plan.world_size, start_method="spawn")
+    start_processes(  # type: ignore[no-untyped-call]
+        _rank_main, args=(job,), nprocs=plan.world_size, start_method="spawn"
+    )
     result: dict[str, Any] = json.loads((out / "rank0.json").read_text())
     return result
 
@@ -84,7 +86,7 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
         MODEL_CONFIGS[name] = GPTConfig(**config)
     if job["item_times"] is not None:
         forced = [item_costs.ItemCost(t, 1) for t in job["item_times"]]
-        item_costs.measure_costs = lambda *args, **kwargs: forced  # type: ignore[assignment]
+        item_costs.measure_costs = lambda *args, **kwargs: forced
     faults.configure(job["faults"].get(rank, ""))
     url = f"tcp://127.0.0.1:{job['port']}"
     dist.init_process_group("gloo", init_method=url, rank=rank, world_size=job["world"])

@@ -46,7 +46,7 @@ class OlderGPT(nn.Module):
             if name != "head":
                 self.add_module(name, child)
         for block in sliced.blocks.values():
-            block.mlp = WholeMLP(cast(Block, block).mlp)  # type: ignore[assignment]
+            block.mlp = WholeMLP(cast(Block, block).mlp)
         self.head = nn.Linear(sliced.config.n_embd, sliced.config.vocab_size, bias=False)
         with torch.no_grad():
             self.head.weight.copy_(torch.cat([p.weight for p in linears(sliced.head)]))

@@ -28,6 +28,7 @@ from api.policy import SubmitPolicy
 from api.registry import router as registry_router
 from api.routes import health_router
 from api.routes import router as api_router
+from api.sweeps import router as sweeps_router
 from api.ui import fragments as ui_fragments
 from api.ui import shells as ui_shells
 from gangway.packaging import DEFAULT_MAX_BYTES
@@ -116,6 +117,7 @@ def create_app(
     app.include_router(outputs_router)
     app.include_router(registry_router)
     app.include_router(pipelines_router)
+    app.include_router(sweeps_router)
     app.include_router(admin_router)
     app.include_router(health_router)
     app.include_router(logstream_router)

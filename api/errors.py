@@ -26,6 +26,7 @@ from scheduler.store import (
 from scheduler.store.model_files import TamperedFile
 from scheduler.store.pipelines import PipelineNotFound
 from scheduler.store.registry import ModelNotFound, QuotaExceeded
+from scheduler.store.sweeps import SweepNotFound
 
 
 def _allowed_methods(app: FastAPI, path: str) -> list[str]:
@@ -94,6 +95,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(QueueNotFound)
     @app.exception_handler(ModelNotFound)
     @app.exception_handler(PipelineNotFound)
+    @app.exception_handler(SweepNotFound)
     async def _not_found(_: Request, exc: Exception) -> JSONResponse:
         return error_response(404, [ErrorDetail(code="not_found", message=str(exc))])
 

@@ -47,6 +47,8 @@ from gangway.models import (
     QueueSpec,
     ReadersSet,
     Role,
+    SweepInfo,
+    SweepSubmit,
     UserCreate,
     UserInfo,
     WhoAmI,
@@ -147,6 +149,28 @@ def pipeline(pipeline_id: int) -> Call[PipelineInfo]:
 def cancel_pipeline(pipeline_id: int) -> Call[PipelineInfo]:
     """Cancel every step that has not ended."""
     return Call("POST", f"/v1/pipelines/{pipeline_id}/cancel", _reader(PipelineInfo))
+
+
+# -- sweeps ---------------------------------------------------------------------------
+
+
+def submit_sweep(spec: SweepSubmit | None = None, **fields: Any) -> Call[SweepInfo]:
+    """Start a search: `submit_sweep(SweepSubmit(...))` or the same fields (`name`,
+    `base`, `space`, `searcher`, `early_stopping`, `max_trials`, ...)."""
+    if spec is None:
+        spec = _checked(SweepSubmit, **fields)
+    body = {**spec.model_dump(mode="json", exclude={"base"}), "base": _sent_body(spec.base)}
+    return Call("POST", "/v1/sweeps", _reader(SweepInfo), json=body)
+
+
+def sweep(sweep_id: int) -> Call[SweepInfo]:
+    """The sweep's trials (parameters, objective per rung, state, GPU-seconds) and best."""
+    return Call("GET", f"/v1/sweeps/{sweep_id}", _reader(SweepInfo))
+
+
+def cancel_sweep(sweep_id: int) -> Call[SweepInfo]:
+    """End the sweep and cancel every trial that has not ended."""
+    return Call("POST", f"/v1/sweeps/{sweep_id}/cancel", _reader(SweepInfo))
 
 
 def estimate(spec: JobSubmit | None = None, **fields: Any) -> Call[Estimate]:

@@ -24,6 +24,7 @@ from gangway.cli_pipelines import is_pipeline, pipeline_app, pipeline_from, subm
 from gangway.cli_predict import accuracy, describe, estimate, when
 from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run, terminal_safe
 from gangway.cli_spec import SpecFlags, job_spec, read_body, with_spec_flags
+from gangway.cli_sweeps import sweep_app
 from gangway.client import Client
 from gangway.errors import validation_failed
 from gangway.models import (
@@ -44,6 +45,7 @@ app.add_typer(queues_app, name="queues")
 app.add_typer(users_app, name="users")
 app.add_typer(models_app, name="models")
 app.add_typer(pipeline_app, name="pipeline")
+app.add_typer(sweep_app, name="sweep")
 app.command()(whoami)
 app.command()(estimate)
 app.command()(accuracy)

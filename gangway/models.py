@@ -620,6 +620,154 @@ class PipelineInfo(BaseModel):
     jobs: list[JobInfo] = Field(description="its steps, in the order submitted")
 
 
+class Uniform(_Strict):
+    """A float between `low` and `high`; a grid takes `points` evenly spaced values."""
+
+    kind: Literal["uniform"]
+    low: float
+    high: float
+    points: Int = Field(3, ge=1, le=100, description="values on a grid")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Uniform:
+        if not self.low < self.high:
+            raise ValueError("low must be below high")
+        return self
+
+
+class LogUniform(_Strict):
+    """A float between `low` and `high`, drawn evenly in log space (learning rates)."""
+
+    kind: Literal["log_uniform"]
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+    points: Int = Field(3, ge=1, le=100, description="values on a grid (log-spaced)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LogUniform:
+        if not self.low < self.high:
+            raise ValueError("low must be below high")
+        return self
+
+
+class IntRange(_Strict):
+    """An integer in [low, high], every `step`-th (a grid takes them all)."""
+
+    kind: Literal["int"]
+    low: Int
+    high: Int
+    step: Int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntRange:
+        if not self.low <= self.high or (self.high - self.low) // self.step >= 1000:
+            raise ValueError("need low <= high and at most 1000 values")
+        return self
+
+
+Scalar = bool | Int | float | Annotated[str, Field(max_length=1000)]
+
+
+class Choice(_Strict):
+    """One of `values` (batch sizes, schedules, an argument's words)."""
+
+    kind: Literal["choice"]
+    values: list[Scalar] = Field(min_length=1, max_length=50)
+
+
+Dimension = Annotated[Uniform | LogUniform | IntRange | Choice, Field(discriminator="kind")]
+# A field of the job body by dotted path: a key, or a list index (`entrypoint.argv.2`).
+SWEEP_PATH = (
+    r"^(entrypoint|parallelism|resources|env|checkpoint)(\.[A-Za-z0-9_]+)+$"
+    r"|^(time_limit_s|max_restarts)$"
+)
+
+
+class EarlyStopping(_Strict):
+    """ASHA: rungs at `min_steps x reduction_factor^k` steps; a trial goes past a rung only
+    in the top 1/reduction_factor there, else it pauses (checkpoint kept, GPUs freed) until
+    promoted. `min_steps` null: the budget / reduction_factor^2 (three rungs)."""
+
+    rule: Literal["asha"] = "asha"
+    min_steps: Int | None = Field(None, ge=1)
+    reduction_factor: Int = Field(3, ge=2, le=10)
+    max_steps: Int | None = Field(
+        None, ge=1, description="a trial's whole budget; null: the built-in trainer's steps"
+    )
+
+
+class SweepSubmit(_Strict):
+    """A search over a job's fields. Trials are ordinary jobs of the base job's user,
+    queue and priority, each with its parameters applied to the base body at their paths;
+    at most `max_concurrent` at a time, `max_trials` in all."""
+
+    name: str = Field(min_length=1, max_length=200)
+    base: JobSubmit
+    space: dict[Annotated[str, Field(pattern=SWEEP_PATH, max_length=200)], Dimension] = Field(
+        min_length=1,
+        max_length=10,
+        description="dotted paths into the job body (entrypoint.learning_rate, "
+        "entrypoint.batch_size, entrypoint.argv.2, env.WARMUP, ...) and their ranges",
+    )
+    objective: Objective | None = Field(
+        None, description="null: the built-in trainer's val_loss, lowest best"
+    )
+    searcher: Literal["grid", "random", "tpe"] = "random"
+    early_stopping: EarlyStopping | None = None
+    max_trials: Int | None = Field(
+        None, ge=1, le=1000, description="null: the grid's size (grid), else 16"
+    )
+    max_concurrent: Int = Field(4, ge=1, le=100)
+    seed: Int = Field(0, ge=0, le=2**31 - 1)
+
+    @model_validator(mode="after")
+    def _not_kind_or_code(self) -> SweepSubmit:
+        """A trial runs the base job's code: the kind, script and target stay put."""
+        fixed = {"entrypoint.kind", "entrypoint.path", "entrypoint.target"}
+        touched = sorted(fixed & set(self.space))
+        if touched:
+            raise ValueError(f"{', '.join(touched)} cannot be searched: trials run one code")
+        return self
+
+
+class SweepTrialInfo(BaseModel):
+    number: int
+    job_id: int
+    params: dict[str, Any]
+    state: Literal["running", "paused", "completed", "stopped", "failed"]
+    job_state: JobState
+    rung: int = Field(description="the rung it works toward, or stopped at")
+    objective: float | None = Field(None, description="its value at the highest rung reached")
+    rung_values: dict[int, float] = Field(description="rung -> the objective there")
+    step: int
+    gpu_seconds: float
+
+
+class SweepBest(BaseModel):
+    trial: int
+    value: float
+    params: dict[str, Any]
+    job: JobSubmit = Field(description="the base job with the best parameters: submit it")
+
+
+class SweepInfo(BaseModel):
+    id: int
+    name: str
+    user: str
+    state: Literal["RUNNING", "SUCCEEDED", "CANCELLED"]
+    reason: str
+    submitted_at: datetime
+    finished_at: datetime | None
+    objective: Objective
+    searcher: str
+    rung_steps: list[int] = Field(description="ASHA's rungs in steps; empty without it")
+    max_trials: int
+    max_concurrent: int
+    trials: list[SweepTrialInfo]
+    best: SweepBest | None = Field(None, description="among trials that ran their budget")
+    gpu_seconds: float
+
+
 class DependencyLink(BaseModel):
     """One end of a dependency: the other job, the condition, and whether it still waits
     (`waiting`), was met (`met_at`), or neither (the waiting job was cancelled)."""

@@ -131,6 +131,17 @@ class Applier:
             self._executor.stop(job.id)
             faults.inject("scheduler.preempted")
 
+    def pause(self, job: JobRecord, hold: str, reason: str) -> JobRecord:
+        """Stop a running gang with its checkpoint, as a preemption does, and hold the job:
+        it returns to PENDING and waits there until released (a sweep's paused trial)."""
+        deadline = self._clock() + timedelta(seconds=self._policy.checkpoint_grace_s)
+        paused = self.transition(
+            job, JobState.PREEMPTING, reason, preempt_deadline=deadline, hold=hold
+        )
+        if paused.state is JobState.PREEMPTING:
+            self._executor.stop(job.id)
+        return paused
+
     def _resize(self, job: JobRecord, decision: Resize) -> None:
         """Take the new placement in the store at once (the core counts it from now on)
         and send the stop notice; the gang restarts at the new dp once it has saved."""

@@ -42,6 +42,7 @@ from scheduler.runtime.lifecycle import LifecycleConfig, next_transition, quiet_
 from scheduler.runtime.nodes import NodeWatch
 from scheduler.runtime.predictions import Predictions
 from scheduler.runtime.stragglers import StragglerWatch
+from scheduler.runtime.sweeps import SweepController
 from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import Fenced, FenceSlot, JobRecord, JobRepository, ProgressNote
 from scheduler.store.base import utcnow
@@ -99,6 +100,7 @@ class SchedulerLoop:
             repo, executor, clock, self._policy, self._nodes.suspect, written=self._jobs.written
         )
         self._dependencies = DependencyGate(repo, self._jobs.written)
+        self._sweeps = SweepController(repo, self._applier, clock)
         self._ingest = ProgressIngest(repo, stragglers or StragglerWatch())
         self._leadership = Leadership(
             repo,
@@ -130,12 +132,13 @@ class SchedulerLoop:
         its way somewhere (starting, stopping, resizing): the next pass should come soon."""
         with metrics.PASS_SECONDS.time():
             nodes = self._nodes.refresh()  # 1. Ray's nodes, suspects marked dead
-            waiting = self._dependencies.settle()  # 2. jobs held for jobs; hopeless cancelled
-            jobs = self._jobs.load()  # 3. what the core decides on (what changed, reloaded)
-            self._release_inactive_groups()  # 4. gangs whose job ended in the store
-            self._schedule(nodes, jobs, waiting)  # 5. decide, write, act
-            busy = self._poll_groups()  # 6. what the gangs report
-            self._leadership.after_pass()  # 7. now and then, reap what no job owns
+            self._sweeps.advance()  # 2. sweeps: trials recorded, paused, promoted, started
+            waiting = self._dependencies.settle()  # 3. jobs held for jobs; hopeless cancelled
+            jobs = self._jobs.load()  # 4. what the core decides on (what changed, reloaded)
+            self._release_inactive_groups()  # 5. gangs whose job ended in the store
+            self._schedule(nodes, jobs, waiting)  # 6. decide, write, act
+            busy = self._poll_groups()  # 7. what the gangs report
+            self._leadership.after_pass()  # 8. now and then, reap what no job owns
             return busy
 
     def run(

@@ -173,6 +173,24 @@ class ReportedMetricStore(Repository):
                 merged |= values
         return merged
 
+    def latest_value(self, job_id: int, name: str, at_most_step: int) -> float | None:
+        """The job's newest report of `name` at a step up to `at_most_step` (a sweep's
+        objective at a rung); None if it reported none there."""
+        query = (
+            select(JobMetricPointRow.values)
+            .where(JobMetricPointRow.job_id == job_id, JobMetricPointRow.step <= at_most_step)
+            .order_by(
+                JobMetricPointRow.step.desc(),
+                JobMetricPointRow.attempt.desc(),
+                JobMetricPointRow.id.desc(),
+            )
+        )
+        with Session(self._engine) as session:
+            for values in session.scalars(query.execution_options(yield_per=256)):
+                if name in values:
+                    return float(values[name])
+        return None
+
     def metric_names(self, job_id: int) -> list[str]:
         """Every name the job has reported, sorted."""
         query = (

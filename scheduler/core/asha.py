@@ -1,0 +1,200 @@
+"""Asynchronous successive halving (ASHA, Li et al. 2020), as a pure rule over a sweep's
+trials: which to continue, pause, promote, stop, and how many new ones to start.
+
+Rungs are step counts `min_steps x factor^k` up to the trial's whole budget. A trial that
+reaches a rung has its objective recorded there; it goes on at once if it is in the top
+1/`factor` of every value recorded at that rung so far, else it pauses (its job stops with
+a checkpoint and is held: it frees its GPUs). Whenever a trial slot is free, the best
+paused trial that has since become top 1/`factor` at its rung is promoted (it resumes from
+its checkpoint, never from step 0), highest rung first; else a new trial starts while the
+budget lasts. When nothing runs, nothing can be promoted and the budget is spent, the
+paused trials are stopped and the sweep ends.
+
+Determined's adaptive ASHA and Ray Tune's ASHA scheduler follow the same paper; the
+difference here is that a pause is the scheduler's own preemption (checkpoint, hold), so a
+paused trial costs nothing until it is promoted.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+class TrialState(enum.StrEnum):
+    RUNNING = "running"  # its job is working toward its next rung (or its end)
+    PAUSED = "paused"  # stopped at a rung with its checkpoint, held until promoted
+    COMPLETED = "completed"  # ran its whole budget
+    STOPPED = "stopped"  # ended by the sweep: never promoted, or the sweep cancelled
+    FAILED = "failed"  # its job failed or was cancelled by someone else
+
+    @property
+    def ended(self) -> bool:
+        return self in (TrialState.COMPLETED, TrialState.STOPPED, TrialState.FAILED)
+
+
+@dataclass(frozen=True, slots=True)
+class Rungs:
+    """Rung k is at `min_steps x factor^k` steps; the last is the whole budget."""
+
+    min_steps: int
+    factor: int
+    max_steps: int
+
+    def __post_init__(self) -> None:
+        if self.min_steps < 1 or self.factor < 2 or self.max_steps < self.min_steps:
+            raise ValueError("rungs need 1 <= min_steps <= max_steps and factor >= 2")
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        found, at = [], self.min_steps
+        while at < self.max_steps:
+            found.append(at)
+            at *= self.factor
+        return (*found, self.max_steps)
+
+    @property
+    def last(self) -> int:
+        return len(self.steps) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TrialView:
+    number: int
+    state: TrialState
+    rung: int  # the rung it works toward (running) or stopped at (paused)
+    values: dict[int, float] = field(default_factory=dict)  # rung -> objective there
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    number: int
+    rung: int  # the next rung it now works toward
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    number: int
+    rung: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Promote:
+    number: int
+    rung: int  # the next rung it now works toward
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start one new trial."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    number: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    reason: str
+
+
+Action = Continue | Pause | Promote | Start | Stop | Finish
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    max_trials: int
+    max_concurrent: int
+
+
+def advance(
+    trials: Sequence[TrialView], rungs: Rungs | None, budget: Budget, *, minimize: bool
+) -> list[Action]:
+    """What to do now. `rungs` None: no early stopping (every trial runs its budget)."""
+    board = _Board(trials, rungs, minimize)
+    actions: list[Action] = []
+    active = 0
+    for trial in trials:
+        if trial.state is not TrialState.RUNNING:
+            continue
+        if rungs is None or trial.rung >= rungs.last or trial.rung not in trial.values:
+            active += 1
+        elif (why := board.promotable(trial.number, trial.rung)) is not None:
+            actions.append(Continue(trial.number, trial.rung + 1, f"went on: {why}"))
+            active += 1
+        else:
+            actions.append(Pause(trial.number, trial.rung, board.not_top(trial.rung)))
+    pausing = {a.number for a in actions if isinstance(a, Pause)}
+    paused = [t for t in trials if t.state is TrialState.PAUSED or t.number in pausing]
+    started = len(trials)
+    while active < budget.max_concurrent:
+        candidate = board.best_paused(paused)
+        if candidate is not None:
+            trial, why = candidate
+            actions.append(Promote(trial.number, trial.rung + 1, f"promoted: {why}"))
+            paused.remove(trial)
+        elif started < budget.max_trials:
+            actions.append(Start())
+            started += 1
+        else:
+            break
+        active += 1
+    if active == 0 and started >= budget.max_trials:
+        reason = "the sweep ended before it was promoted"
+        actions += [Stop(t.number, reason) for t in paused]
+        actions.append(Finish(f"{started} trials run; none left to start or promote"))
+    return actions
+
+
+class _Board:
+    """The objective values recorded at each rung, best first."""
+
+    def __init__(self, trials: Sequence[TrialView], rungs: Rungs | None, minimize: bool) -> None:
+        self.rungs, self.minimize = rungs, minimize
+        self.at: dict[int, list[tuple[float, int]]] = {}
+        for trial in trials:
+            for rung, value in trial.values.items():
+                self.at.setdefault(rung, []).append((value, trial.number))
+        for entries in self.at.values():
+            entries.sort(key=lambda e: (e[0] if minimize else -e[0], e[1]))
+
+    def top(self, rung: int) -> list[int]:
+        entries = self.at.get(rung, [])
+        factor = self.rungs.factor if self.rungs else 1
+        return [number for _, number in entries[: math.floor(len(entries) / factor)]]
+
+    def promotable(self, number: int, rung: int) -> str | None:
+        top = self.top(rung)
+        if number not in top:
+            return None
+        return f"in the top {len(top)} of {len(self.at[rung])} at rung {rung}"
+
+    def not_top(self, rung: int) -> str:
+        count = len(self.at.get(rung, []))
+        steps = self.rungs.steps[rung] if self.rungs else 0
+        return (
+            f"paused at rung {rung} (step {steps}): not in the top "
+            f"{len(self.top(rung))} of {count} recorded there"
+        )
+
+    def best_paused(self, paused: Sequence[TrialView]) -> tuple[TrialView, str] | None:
+        """The paused trial to promote: highest rung first, then the best value there."""
+        by_rung = sorted(paused, key=lambda t: -t.rung)
+        for trial in by_rung:
+            if self.rungs is None or trial.rung >= self.rungs.last:
+                continue
+            top = self.top(trial.rung)
+            if trial.number in top:
+                candidates = [t for t in by_rung if t.rung == trial.rung and t.number in top]
+                best = min(candidates, key=lambda t: top.index(t.number))
+                why = self.promotable(best.number, best.rung)
+                assert why is not None
+                return best, why
+        return None

@@ -1,0 +1,273 @@
+"""The loop's step for sweeps: each pass, every running sweep is brought up to date and
+moved on (`SweepController.advance`).
+
+1. Each trial's job is read: a job that succeeded completes its trial (its final objective
+   recorded); one that failed or was cancelled by someone else fails it; a running one that
+   passed its rung's step has its objective there recorded (the newest report of the
+   objective metric at or before that step).
+2. The pure rule (`core.asha.advance`) says which trials go on, pause, are promoted or
+   stopped, how many new ones start, and whether the sweep is done.
+3. Those are applied: a pause stops the gang with its checkpoint and holds the job (the
+   scheduler's own preemption), a promotion releases the hold (it resumes from the
+   checkpoint), a new trial is asked of the searcher and written with its job in one
+   transaction, a stop cancels the held job.
+
+Everything it knows is in the store, so a restarted service or a new leader carries on
+where the last pass left off; a trial is never made twice (its number is a key).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gangway.models import Builtin, SweepSubmit, submit_body
+from scheduler.core.asha import (
+    Budget,
+    Continue,
+    Finish,
+    Pause,
+    Promote,
+    Rungs,
+    Start,
+    Stop,
+    TrialState,
+    TrialView,
+    advance,
+)
+from scheduler.model import BUILTIN_OBJECTIVE, JobState
+from scheduler.runtime.applier import Applier
+from scheduler.runtime.searchers import suggest, trial_budget
+from scheduler.store import IllegalTransition, JobRecord, JobRepository, NewJob, StaleState
+from scheduler.store.specs import spec_from_json
+from scheduler.store.sweeps import SweepRecord, SweepState, TrialRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What a sweep's stored request means for the controller."""
+
+    request: SweepSubmit
+    rungs: Rungs | None
+    budget: Budget
+    metric: str
+    minimize: bool
+
+    @property
+    def rung_steps(self) -> tuple[int, ...]:
+        return self.rungs.steps if self.rungs else ()
+
+
+def sweep_plan(spec: Mapping[str, Any]) -> SweepPlan:
+    request = SweepSubmit.model_validate(spec, context={"stored": True})
+    objective = request.objective
+    metric, mode = (
+        (objective.metric, objective.mode)
+        if objective
+        else (BUILTIN_OBJECTIVE.metric, BUILTIN_OBJECTIVE.mode)
+    )
+    return SweepPlan(
+        request=request,
+        rungs=rungs_of(request),
+        budget=Budget(trial_budget(request), request.max_concurrent),
+        metric=metric,
+        minimize=mode == "min",
+    )
+
+
+def rungs_of(request: SweepSubmit) -> Rungs | None:
+    """ASHA's rungs: up to the trial's budget (the built-in trainer's steps unless the
+    rule names one), from `min_steps` (default: three rungs)."""
+    rule = request.early_stopping
+    if rule is None:
+        return None
+    entry = request.base.entrypoint
+    budget = rule.max_steps or (entry.steps if isinstance(entry, Builtin) else None)
+    if budget is None:
+        raise ValueError("early stopping needs max_steps for a job that is not the built-in")
+    first = rule.min_steps or max(1, budget // rule.reduction_factor**2)
+    return Rungs(min(first, budget), rule.reduction_factor, budget)
+
+
+def trial_body(plan: SweepPlan, number: int, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The base job with the trial's parameters at their paths; the built-in trainer
+    validates at every rung (the rungs are multiples of the first)."""
+    body = submit_body(plan.request.base)
+    for path, value in params.items():
+        set_path(body, path, value)
+    body["name"] = f"{plan.request.name}-{number}"
+    if plan.rungs is not None and body["entrypoint"]["kind"] == "builtin":
+        body["entrypoint"]["eval_every"] = plan.rungs.min_steps
+    return body
+
+
+def set_path(body: dict[str, Any], path: str, value: Any) -> None:
+    """Set a dotted path (keys, or list indices) in a job body; KeyError/IndexError where
+    the base body has nothing there (the API checks every path at submit)."""
+    *parents, last = path.split(".")
+    node: Any = body
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    if isinstance(node, list):
+        node[int(last)] = value
+    elif isinstance(node, dict) and (last in node or parents[:1] == ["env"]):
+        node[last] = value
+    else:
+        raise KeyError(path)
+
+
+def _passed_its_rung(trial: TrialRecord, job: JobRecord, steps: tuple[int, ...]) -> bool:
+    """A running trial whose job is past the rung it works toward, not yet recorded."""
+    rung = trial.rung
+    running = trial.state is TrialState.RUNNING and rung < len(steps)
+    return running and rung not in trial.values and job.step >= steps[rung]
+
+
+class SweepController:
+    def __init__(
+        self,
+        repo: JobRepository,
+        applier: Applier,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self._repo, self._applier, self._clock = repo, applier, clock
+        self._plans: dict[int, SweepPlan] = {}
+
+    def advance(self) -> None:
+        """Bring every running sweep up to date and move it on (one query when none)."""
+        sweeps = self._repo.running_sweeps()
+        for sweep in sweeps:
+            try:
+                self._advance(sweep)
+            except (StaleState, IllegalTransition) as exc:  # a user moved a job meanwhile
+                log.info("sweep %s: %s; trying again next pass", sweep.id, exc)
+        if len(self._plans) > len(sweeps):
+            running = {s.id for s in sweeps}
+            self._plans = {i: p for i, p in self._plans.items() if i in running}
+
+    def _plan(self, sweep: SweepRecord) -> SweepPlan:
+        plan = self._plans.get(sweep.id)
+        if plan is None:
+            plan = self._plans[sweep.id] = sweep_plan(sweep.spec)
+        return plan
+
+    def _advance(self, sweep: SweepRecord) -> None:
+        plan = self._plan(sweep)
+        jobs = {j.id: j for j in self._repo.many(t.job_id for t in sweep.trials)}
+        trials = [self._observed(sweep.id, plan, t, jobs[t.job_id]) for t in sweep.trials]
+        views = [TrialView(t.number, t.state, t.rung, t.values) for t in trials]
+        by_number = {t.number: t for t in trials}
+        for action in advance(views, plan.rungs, plan.budget, minimize=plan.minimize):
+            if isinstance(action, Continue):
+                self._repo.update_trial(sweep.id, action.number, rung=action.rung)
+            elif isinstance(action, Pause):
+                self._pause(sweep, plan, by_number[action.number], jobs, action)
+            elif isinstance(action, Promote):
+                self._promote(sweep, by_number[action.number], jobs, action)
+            elif isinstance(action, Start):
+                trials.append(self._start(sweep, plan, trials))
+            elif isinstance(action, Stop):
+                self._stop(sweep, by_number[action.number], jobs, action.reason)
+            else:
+                assert isinstance(action, Finish)
+                self._repo.end_sweep(sweep.id, SweepState.SUCCEEDED, action.reason)
+
+    # -- step 1: what the trials' jobs did -----------------------------------------------
+
+    def _observed(
+        self, sweep_id: int, plan: SweepPlan, trial: TrialRecord, job: JobRecord
+    ) -> TrialRecord:
+        """The trial with what its job did since the last pass written."""
+        if trial.state.ended:
+            return trial
+        values = dict(trial.values)
+        state, rung = trial.state, trial.rung
+        steps = plan.rung_steps
+        if job.state is JobState.SUCCEEDED:
+            final = self._repo.latest_value(job.id, plan.metric, job.step)
+            if final is not None:
+                values[len(steps) - 1 if steps else 0] = final
+            state, rung = TrialState.COMPLETED, max(len(steps) - 1, 0)
+        elif job.state.is_terminal:
+            state = TrialState.FAILED
+        elif (
+            state is TrialState.RUNNING and steps and rung not in values and job.step >= steps[rung]
+        ):
+            found = self._repo.latest_value(job.id, plan.metric, steps[rung])
+            if found is not None:
+                values[rung] = found
+        if (state, rung, values) == (trial.state, trial.rung, trial.values):
+            return trial
+        self._repo.update_trial(sweep_id, trial.number, state=state, rung=rung, values=values)
+        return TrialRecord(trial.number, trial.job_id, trial.params, state, rung, values)
+
+    # -- step 3: acting on the rule -------------------------------------------------------
+
+    def _pause(
+        self,
+        sweep: SweepRecord,
+        plan: SweepPlan,
+        trial: TrialRecord,
+        jobs: Mapping[int, JobRecord],
+        action: Pause,
+    ) -> None:
+        """Stop the trial's gang with its checkpoint and hold it; a trial whose job is
+        between states (starting, stopping) is paused on a later pass."""
+        job = jobs[trial.job_id]
+        value = trial.values[action.rung]
+        hold = f"trial {trial.number} of sweep {sweep.id}: {action.reason}"
+        reason = f"paused by sweep {sweep.id} ({plan.metric} {value:.6g}): {action.reason}"
+        if job.state is JobState.RUNNING:
+            self._applier.pause(job, hold, reason)
+        elif job.state is JobState.PENDING:
+            self._repo.annotate(job.id, reason, hold=hold)
+        else:
+            return
+        self._repo.update_trial(sweep.id, trial.number, state=TrialState.PAUSED)
+
+    def _promote(
+        self, sweep: SweepRecord, trial: TrialRecord, jobs: Mapping[int, JobRecord], action: Promote
+    ) -> None:
+        """Release the hold: the job resumes from its checkpoint toward the next rung."""
+        job = jobs[trial.job_id]
+        reason = f"{action.reason} (sweep {sweep.id}); resumes toward rung {action.rung}"
+        if not job.state.is_terminal:
+            self._repo.annotate(job.id, reason, hold=None)
+        self._repo.update_trial(sweep.id, trial.number, state=TrialState.RUNNING, rung=action.rung)
+
+    def _start(self, sweep: SweepRecord, plan: SweepPlan, trials: list[TrialRecord]) -> TrialRecord:
+        number = len(trials)
+        params = suggest(plan.request, number, trials, plan.rung_steps)
+        body = trial_body(plan, number, params)
+        spec = spec_from_json(body)
+        entry = body["entrypoint"]
+        new = NewJob(
+            name=body["name"],
+            queue=body["queue"],
+            user=body["user"],
+            priority=body["priority"],
+            spec=body,
+            num_gpus=spec.shape.num_gpus,
+            total_steps=entry.get("steps") if entry["kind"] == "builtin" else None,
+        )
+        shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+        reason = f"submitted as trial {number} of sweep {sweep.id} ({sweep.name}): {shown}"
+        trial, _ = self._repo.add_trial(sweep.id, number, params, new, reason)
+        return trial
+
+    def _stop(
+        self, sweep: SweepRecord, trial: TrialRecord, jobs: Mapping[int, JobRecord], reason: str
+    ) -> None:
+        job = jobs[trial.job_id]
+        if not job.state.is_terminal:
+            with contextlib.suppress(StaleState, IllegalTransition):
+                self._repo.transition(
+                    job.id, JobState.CANCELLED, reason=f"stopped by sweep {sweep.id}: {reason}"
+                )
+        self._repo.update_trial(sweep.id, trial.number, state=TrialState.STOPPED)

@@ -1,0 +1,188 @@
+"""A sweep driven by the scheduler loop on a real database (SQLite and PostgreSQL), with a
+fake cluster whose "trainer" reports a validation loss that depends on the learning rate:
+ASHA pauses trials (checkpoint, hold), promotes the good ones (released, they resume from
+the step they stopped at), starts new ones within the budget and the concurrency, stops
+the rest and ends; a service restart in the middle loses no trial and makes none twice."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gangway.models import SweepSubmit
+from scheduler.core.asha import TrialState
+from scheduler.model import JobState
+from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
+from scheduler.runtime.loop import SchedulerLoop
+from scheduler.store import JobRepository
+from scheduler.store.records import ReportedPoint
+from scheduler.store.sweeps import SweepState
+from tests.integration.test_loop import Clock, FakeExecutor, make_loop
+
+STEPS_PER_PASS = 2
+BUDGET = 27  # rungs at 3, 9, 27
+
+
+def val_loss(learning_rate: float, step: int) -> float:
+    """Best near 1e-2; lower the longer it trains."""
+    return (math.log10(learning_rate) + 2) ** 2 + 1 + 10 / step
+
+
+@dataclass
+class FakeTrainer:
+    """Every gang advances STEPS_PER_PASS steps a pass, reports val_loss every
+    `eval_every` steps and at its end, and stops with a checkpoint when told to."""
+
+    repo: JobRepository
+    executor: FakeExecutor
+    steps: dict[int, int] = field(default_factory=dict)
+    seq: dict[tuple[int, int], int] = field(default_factory=dict)
+    stops_seen: int = 0
+
+    def move(self) -> None:
+        stopped = set(self.executor.stopped[self.stops_seen :])
+        self.stops_seen = len(self.executor.stopped)
+        for job_id in list(self.executor.statuses):
+            job = self.repo.get(job_id)
+            step = self.steps.get(job_id, job.step)
+            if job_id in stopped or job.state is JobState.PREEMPTING:
+                self.executor.statuses[job_id] = GroupStatus(
+                    GroupPhase.SUCCEEDED, True, step=step, checkpoint_step=step, stop_seen=True
+                )
+                continue
+            if job.state not in (JobState.STARTING, JobState.RUNNING):
+                continue
+            entry = job.spec_json["entrypoint"]
+            total, every = entry["steps"], entry["eval_every"]
+            after = min(total, step + STEPS_PER_PASS)
+            points = []
+            for at in range(step + 1, after + 1):
+                if at % every == 0 or at == total:
+                    seq = self.seq[(job_id, job.attempt)] = (
+                        self.seq.get((job_id, job.attempt), 0) + 1
+                    )
+                    value = val_loss(entry["learning_rate"], at)
+                    points.append(ReportedPoint(seq, at, time.time(), {"val_loss": value}))
+            self.steps[job_id] = after
+            phase = GroupPhase.SUCCEEDED if after >= total else GroupPhase.RUNNING
+            self.executor.statuses[job_id] = GroupStatus(
+                phase, True, step=after, checkpoint_step=after, points=tuple(points)
+            )
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def repo(repo: JobRepository, clock: Clock) -> JobRepository:
+    return repo.with_clock(clock)
+
+
+def create_sweep(repo: JobRepository, **fields: Any) -> int:
+    request = SweepSubmit.model_validate(
+        {
+            "name": "lr",
+            "base": {
+                "name": "tiny",
+                "parallelism": {"dp": 1},
+                "entrypoint": {"kind": "builtin", "steps": BUDGET},
+            },
+            "space": {"entrypoint.learning_rate": {"kind": "log_uniform", "low": 1e-4, "high": 1}},
+            "searcher": "random",
+            "early_stopping": {"rule": "asha", "min_steps": 3, "reduction_factor": 3},
+            "max_trials": 9,
+            "max_concurrent": 3,
+            "seed": 1,
+            **fields,
+        }
+    )
+    return repo.create_sweep("lr", "default", request.model_dump(mode="json")).id
+
+
+def drive(loop: SchedulerLoop, trainer: FakeTrainer, passes: int) -> Iterator[int]:
+    for index in range(passes):
+        trainer.move()
+        loop.tick()
+        yield index
+
+
+def test_asha_pauses_promotes_and_ends_a_sweep_within_its_budget(
+    repo: JobRepository, clock: Clock
+) -> None:
+    sweep_id = create_sweep(repo, max_concurrent=2)
+    executor = FakeExecutor()
+    loop = make_loop(repo, executor, clock)
+    trainer = FakeTrainer(repo, executor)
+    most_at_once = 0
+    for _ in drive(loop, trainer, 400):
+        running = [t for t in repo.sweep(sweep_id).trials if t.state is TrialState.RUNNING]
+        most_at_once = max(most_at_once, len(running))
+        if repo.sweep(sweep_id).state is not SweepState.RUNNING:
+            break
+    sweep = repo.sweep(sweep_id)
+    assert sweep.state is SweepState.SUCCEEDED, sweep.reason
+    assert [t.number for t in sweep.trials] == list(range(9))
+    assert most_at_once == 2
+    states = {t.state for t in sweep.trials}
+    assert states <= {TrialState.COMPLETED, TrialState.STOPPED}
+    completed = [t for t in sweep.trials if t.state is TrialState.COMPLETED]
+    assert 1 <= len(completed) <= 3  # 9 -> 3 -> 1 (+ early promotions)
+    jobs = {t.number: repo.get(t.job_id) for t in sweep.trials}
+    assert all(job.state.is_terminal for job in jobs.values())
+    steps_spent = sum(job.step for job in jobs.values())
+    assert steps_spent < 9 * BUDGET / 2  # what early stopping saves
+    # The best completed trial is the best learning rate among those tried.
+    best = min(completed, key=lambda t: t.values[2])
+    tried = [t.params["entrypoint.learning_rate"] for t in sweep.trials]
+    assert best.params["entrypoint.learning_rate"] == min(
+        tried, key=lambda lr: abs(math.log10(lr) + 2)
+    )
+    # Trial 2 paused at rung 0 (held: it waited), was promoted when it became the top
+    # third there, and resumed where it stopped.
+    assert jobs[2].attempt == 2
+    events = repo.events(jobs[2].id)
+    paused = next(i for i, e in enumerate(events) if e.reason.startswith("paused by sweep"))
+    stopped, promoted = events[paused + 1 : paused + 3]
+    assert [e.to_state for e in events[paused : paused + 4]] == [
+        JobState.PREEMPTING,
+        JobState.PENDING,
+        JobState.PENDING,  # held until then: no admission in between
+        JobState.ADMITTED,
+    ]
+    assert "resumes from its checkpoint at step 6" in stopped.reason
+    assert "promoted: in the top 2 of 7 at rung 0" in promoted.reason
+
+
+def test_a_restart_mid_sweep_loses_no_trial_and_makes_none_twice(
+    repo: JobRepository, clock: Clock
+) -> None:
+    sweep_id = create_sweep(repo)
+    executor = FakeExecutor()
+    trainer = FakeTrainer(repo, executor)
+    for _ in drive(make_loop(repo, executor, clock), trainer, 12):
+        pass
+    before = repo.sweep(sweep_id).trials
+    assert before, "trials started before the restart"
+
+    # The service dies; Ray keeps the gangs; a new service reattaches and carries on.
+    restarted = FakeExecutor(attachable=set(executor.statuses))
+    again = make_loop(repo, restarted, clock)
+    again.reconcile()
+    trainer = FakeTrainer(repo, restarted, steps=dict(trainer.steps))
+    for _ in drive(again, trainer, 400):
+        if repo.sweep(sweep_id).state is not SweepState.RUNNING:
+            break
+    after = repo.sweep(sweep_id)
+    assert after.state is SweepState.SUCCEEDED
+    assert [t.number for t in after.trials] == list(range(9))
+    assert len({t.job_id for t in after.trials}) == 9
+    for old in before:
+        kept = after.trials[old.number]
+        assert (kept.job_id, kept.params) == (old.job_id, old.params)

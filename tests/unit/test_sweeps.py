@@ -1,0 +1,177 @@
+"""Sweeps, the pure parts: ASHA's rule over trials, the rungs, the searchers (grid order,
+seeded random and TPE reproduced from the same history), and paths into a job body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gangway.models import SweepSubmit
+from scheduler.core.asha import (
+    Budget,
+    Continue,
+    Finish,
+    Pause,
+    Promote,
+    Rungs,
+    Start,
+    Stop,
+    TrialState,
+    TrialView,
+    advance,
+)
+from scheduler.runtime.searchers import grid, suggest, trial_budget
+from scheduler.runtime.sweeps import rungs_of, set_path, sweep_plan, trial_body
+from scheduler.store.sweeps import TrialRecord
+
+R, P, C = TrialState.RUNNING, TrialState.PAUSED, TrialState.COMPLETED
+RUNGS = Rungs(min_steps=10, factor=3, max_steps=90)  # rungs at 10, 30, 90
+
+
+def trial(number: int, state: TrialState, rung: int, **values: float) -> TrialView:
+    return TrialView(number, state, rung, {int(k[1:]): v for k, v in values.items()})
+
+
+def test_rungs_grow_by_the_factor_up_to_the_budget() -> None:
+    assert RUNGS.steps == (10, 30, 90) and RUNGS.last == 2
+    assert Rungs(10, 3, 100).steps == (10, 30, 90, 100)
+    assert Rungs(5, 2, 5).steps == (5,)
+    with pytest.raises(ValueError, match="factor"):
+        Rungs(10, 1, 90)
+
+
+def test_an_empty_sweep_starts_as_many_trials_as_run_at_once() -> None:
+    actions = advance([], RUNGS, Budget(max_trials=9, max_concurrent=3), minimize=True)
+    assert actions == [Start(), Start(), Start()]
+
+
+def test_a_trial_not_in_the_top_third_at_its_rung_pauses_and_a_new_one_starts() -> None:
+    trials = [
+        trial(0, P, 0, r0=1.0),
+        trial(1, P, 0, r0=2.0),
+        trial(2, R, 0, r0=3.0),  # just reached rung 0: third of three
+    ]
+    actions = advance(trials, RUNGS, Budget(9, 1), minimize=True)
+    assert isinstance(actions[0], Pause) and actions[0].number == 2
+    assert "not in the top 1 of 3" in actions[0].reason
+    # trial 0 is the top 1 of 3 at rung 0: promoted into the free slot before a new start
+    assert isinstance(actions[1], Promote) and (actions[1].number, actions[1].rung) == (0, 1)
+    assert len(actions) == 2
+
+
+def test_a_trial_in_the_top_goes_on_at_once() -> None:
+    trials = [trial(0, P, 0, r0=2.0), trial(1, P, 0, r0=3.0), trial(2, R, 0, r0=1.0)]
+    actions = advance(trials, RUNGS, Budget(9, 1), minimize=True)
+    assert actions == [Continue(2, 1, "went on: in the top 1 of 3 at rung 0")]
+
+
+def test_maximising_ranks_the_highest_first() -> None:
+    trials = [trial(0, P, 0, r0=2.0), trial(1, P, 0, r0=3.0), trial(2, R, 0, r0=1.0)]
+    actions = advance(trials, RUNGS, Budget(9, 1), minimize=False)
+    assert isinstance(actions[0], Pause) and actions[0].number == 2
+    assert isinstance(actions[1], Promote) and actions[1].number == 1
+
+
+def test_promotion_takes_the_highest_rung_first() -> None:
+    trials = [
+        *(trial(i, P, 0, r0=float(i)) for i in range(6)),  # top 2 at rung 0: 0, 1
+        trial(6, C, 2, r0=0.5, r1=0.4, r2=0.3),
+        trial(7, P, 1, r0=0.6, r1=0.2),
+        trial(8, P, 1, r0=0.7, r1=0.9),
+    ]
+    actions = advance(trials, RUNGS, Budget(20, 1), minimize=True)
+    # rung 1 has 3 values (0.4, 0.2, 0.9): top 1 is trial 7
+    assert actions == [Promote(7, 2, "promoted: in the top 1 of 3 at rung 1")]
+
+
+def test_a_spent_budget_with_nothing_running_stops_the_paused_and_finishes() -> None:
+    trials = [trial(0, C, 2, r0=1.0, r1=1.0, r2=1.0), trial(1, P, 0, r0=5.0)]
+    actions = advance(trials, RUNGS, Budget(2, 2), minimize=True)
+    assert actions == [
+        Stop(1, "the sweep ended before it was promoted"),
+        Finish("2 trials run; none left to start or promote"),
+    ]
+
+
+def test_without_early_stopping_trials_run_to_the_end() -> None:
+    trials = [trial(0, R, 0, r0=9.0), trial(1, C, 0, r0=1.0)]
+    assert advance(trials, None, Budget(3, 2), minimize=True) == [Start()]
+    done = [trial(0, C, 0, r0=9.0), trial(1, C, 0, r0=1.0)]
+    assert advance(done, None, Budget(2, 2), minimize=True) == [
+        Finish("2 trials run; none left to start or promote")
+    ]
+
+
+SPACE: dict[str, Any] = {
+    "entrypoint.learning_rate": {"kind": "log_uniform", "low": 1e-5, "high": 3e-1},
+    "entrypoint.batch_size": {"kind": "choice", "values": [4, 8, 16]},
+}
+
+
+def sweep(**fields: Any) -> SweepSubmit:
+    body: dict[str, Any] = {
+        "name": "lr",
+        "base": {"name": "tiny", "entrypoint": {"kind": "builtin", "steps": 81}},
+        "space": SPACE,
+        **fields,
+    }
+    return SweepSubmit.model_validate(body)
+
+
+def test_a_grid_walks_every_combination_last_dimension_fastest() -> None:
+    points = grid(sweep(searcher="grid").space)
+    assert len(points) == 9 and trial_budget(sweep(searcher="grid")) == 9
+    assert [p["entrypoint.batch_size"] for p in points[:3]] == [4, 8, 16]
+    rates = sorted({p["entrypoint.learning_rate"] for p in points})
+    assert rates[0] == pytest.approx(1e-5) and rates[-1] == pytest.approx(3e-1)
+    assert rates[1] == pytest.approx((1e-5 * 3e-1) ** 0.5)  # log-spaced
+
+
+@pytest.mark.parametrize("searcher", ["random", "tpe"])
+def test_a_seeded_searcher_gives_the_same_trial_for_the_same_history(searcher: str) -> None:
+    request = sweep(searcher=searcher, seed=7)
+    history = [
+        TrialRecord(i, 100 + i, suggest(request, i, [], (27, 81)), C, 1, {0: 3.0 - i, 1: 2.0})
+        for i in range(12)
+    ]
+    first = suggest(request, 12, history, (27, 81))
+    assert suggest(request, 12, history, (27, 81)) == first
+    assert 1e-5 <= first["entrypoint.learning_rate"] <= 3e-1
+    assert first["entrypoint.batch_size"] in (4, 8, 16)
+    assert suggest(sweep(searcher=searcher, seed=8), 12, history, (27, 81)) != first
+
+
+def test_a_trial_body_is_the_base_with_its_parameters_at_their_paths() -> None:
+    plan = sweep_plan(sweep(early_stopping={"rule": "asha"}).model_dump(mode="json"))
+    assert plan.rung_steps == (9, 27, 81)  # 81 / 3^2
+    body = trial_body(plan, 4, {"entrypoint.learning_rate": 0.01, "entrypoint.batch_size": 16})
+    entry = body["entrypoint"]
+    assert (entry["learning_rate"], entry["batch_size"], entry["eval_every"]) == (0.01, 16, 9)
+    assert body["name"] == "lr-4"
+
+
+def test_paths_reach_keys_and_list_items_and_new_env_names_only() -> None:
+    body: dict[str, Any] = {"entrypoint": {"argv": ["python", "x.py", "--lr", "0"]}, "env": {}}
+    set_path(body, "entrypoint.argv.3", "0.1")
+    set_path(body, "env.WARMUP", "5")
+    assert body == {
+        "entrypoint": {"argv": ["python", "x.py", "--lr", "0.1"]},
+        "env": {"WARMUP": "5"},
+    }
+    with pytest.raises(KeyError):
+        set_path(body, "entrypoint.nope", 1)
+    with pytest.raises(IndexError):
+        set_path(body, "entrypoint.argv.9", 1)
+
+
+def test_early_stopping_needs_a_budget_for_a_job_that_is_not_the_builtin() -> None:
+    command = sweep(
+        base={"name": "c", "entrypoint": {"kind": "command", "argv": ["python", "t.py", "1"]}},
+        space={"entrypoint.argv.2": {"kind": "choice", "values": ["1", "2"]}},
+        early_stopping={"rule": "asha"},
+    )
+    with pytest.raises(ValueError, match="max_steps"):
+        rungs_of(command)
+    with pytest.raises(ValueError, match="cannot be searched"):
+        sweep(space={"entrypoint.kind": {"kind": "choice", "values": ["command"]}})

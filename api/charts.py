@@ -10,6 +10,7 @@ the chart's title shows the latest value instead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -111,4 +112,45 @@ def line_chart(series: Series, *, title: str, width: int = 560, height: int = 22
         f'<text class="tick" x="{pad + plot_w / 2}" y="{height - 6}" text-anchor="middle">'
         "step</text>"
         f'{breaks}{marks}<polyline class="line" points="{coords}"/></svg>'
+    )
+
+
+def scatter_chart(
+    points: Sequence[tuple[float, float]],
+    *,
+    title: str,
+    x_label: str,
+    log_x: bool = False,
+    width: int = 360,
+    height: int = 220,
+) -> Markup:
+    """One dot per (x, y): a sweep's objective against a parameter or against time.
+    `log_x` spaces x by its logarithm (a learning rate drawn log-uniformly)."""
+    shown = [(x, y) for x, y in points if not log_x or x > 0]
+    if not shown:
+        return Markup(f'<p class="muted">{escape(title)}: no values yet</p>')
+    pad = 48.0
+    plot_w, plot_h = width - 2 * pad, height - 2 * pad
+    xs = [math.log10(x) if log_x else x for x, _ in shown]
+    ys = [y for _, y in shown]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    dots = "".join(
+        f'<circle class="pt" cx="{pad + _scale(x, x0, x1, plot_w):.1f}" '
+        f'cy="{height - pad - _scale(y, y0, y1, plot_h):.1f}" r="3"/>'
+        for x, y in zip(xs, ys, strict=True)
+    )
+    low, high = (10**x0, 10**x1) if log_x else (x0, x1)
+    return Markup(
+        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'role="img" aria-label="{escape(title)}">'
+        f'<text class="title" x="{pad}" y="18">{escape(title)}</text>'
+        f'<rect class="frame" x="{pad}" y="{pad}" width="{plot_w}" height="{plot_h}"/>'
+        f'<text class="tick" x="{pad - 4}" y="{pad + 4}" text-anchor="end">{_tick(y1)}</text>'
+        f'<text class="tick" x="{pad - 4}" y="{pad + plot_h}" text-anchor="end">{_tick(y0)}'
+        "</text>"
+        f'<text class="tick" x="{pad}" y="{height - pad + 14}">{_tick(low)}</text>'
+        f'<text class="tick" x="{pad + plot_w}" y="{height - pad + 14}" text-anchor="end">'
+        f"{_tick(high)}</text>"
+        f'<text class="tick" x="{pad + plot_w / 2}" y="{height - 6}" text-anchor="middle">'
+        f"{escape(x_label)}</text>{dots}</svg>"
     )

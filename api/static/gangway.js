@@ -76,13 +76,14 @@ document.addEventListener("click", (event) => {
     return;
   }
   const cancel = event.target.closest("button[data-cancel]");
-  if (cancel) cancelJob(cancel.dataset.cancel, cancel);
+  if (cancel) cancelIt(cancel.dataset.kind || "job", cancel.dataset.cancel, cancel);
 });
 
-async function cancelJob(jobId, button) {
-  if (!confirm(`Cancel job ${jobId}?`)) return;
+// A job's or a sweep's cancel button: `data-cancel` is its id, `data-kind` what it is.
+async function cancelIt(kind, id, button) {
+  if (!confirm(`Cancel ${kind} ${id}?`)) return;
   button.disabled = true;
-  const response = await fetch(`/v1/jobs/${jobId}/cancel`, {
+  const response = await fetch(`/v1/${kind}s/${id}/cancel`, {
     method: "POST",
     headers: authHeaders(),
   });

@@ -131,3 +131,26 @@ def test_the_cli_starts_shows_and_cancels_a_sweep(cli: CliRunner, tmp_path: Path
     assert "tpe, 0/16 trials, objective val_loss (lowest)" in shown
     assert "rungs at steps 9, 27, 81" in shown
     assert "CANCELLED" in run(cli, "sweep", "cancel", str(info["id"]))
+
+
+def test_the_status_page_shows_a_sweep_its_trials_and_charts(
+    client: TestClient, repo: JobRepository
+) -> None:
+    info = client.post("/v1/sweeps", json=sweep()).json()
+    body = {
+        "name": "lr-batch-0",
+        "parallelism": {"dp": 2, "tp": 1, "pp": 1},
+        "resources": {"gpus_per_rank": 1, "cpus_per_rank": 1.0},
+        "entrypoint": {"kind": "builtin", "model": "gpt-tiny", "steps": 81, "batch_size": 8},
+        "max_restarts": 0,
+        "time_limit_s": None,
+    }
+    params = {"entrypoint.learning_rate": 0.01, "entrypoint.batch_size": 8}
+    _, job = repo.add_trial(info["id"], 0, params, NewJob("t0", "default", 0, body, 2, 81), "t")
+    repo.update_trial(info["id"], 0, values={0: 3.5})
+    assert f'href="/sweeps/{info["id"]}"' in client.get("/ui/sweeps").text
+    assert client.get(f"/sweeps/{info['id']}").status_code == 200
+    page = client.get(f"/ui/sweeps/{info['id']}").text
+    assert f'href="/jobs/{job.id}"' in page and "entrypoint.learning_rate=0.01" in page
+    assert page.count('<circle class="pt"') == 3  # by time, by learning rate, by batch size
+    assert "val_loss by entrypoint.learning_rate" in page

@@ -191,6 +191,12 @@ class Builtin(_Strict):
         4, ge=1, le=100_000, description="batches of batch_size per dp rank in one pass"
     )
     on_instability: Instability = Field(default_factory=Instability)
+    pause_at: list[Annotated[Int, Field(ge=1)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="steps at which the trainer saves a checkpoint and stops; the job then "
+        "waits, held, until released (a sweep's rungs), and resumes from there",
+    )
 
 
 # A function's kwargs travel in the job's stored spec and in every listing of it.

@@ -7,7 +7,10 @@ reaches a rung has its objective recorded there; it goes on at once if it is in 
 a checkpoint and is held: it frees its GPUs). Whenever a trial slot is free, the best
 paused trial that has since become top 1/`factor` at its rung is promoted (it resumes from
 its checkpoint, never from step 0), highest rung first; else a new trial starts while the
-budget lasts. When nothing runs, nothing can be promoted and the budget is spent, the
+budget lasts. Once every trial has started, the top share at a rung is rounded up
+instead of down, so the best trial at each rung can always go on and the sweep ends with
+at least one trial trained to the end (with 4 trials and a factor of 3, none would pass
+rung 1 otherwise). When nothing runs, nothing can be promoted and the budget is spent, the
 paused trials are stopped and the sweep ends.
 
 Determined's adaptive ASHA and Ray Tune's ASHA scheduler follow the same paper; the
@@ -118,7 +121,7 @@ def advance(
     trials: Sequence[TrialView], rungs: Rungs | None, budget: Budget, *, minimize: bool
 ) -> list[Action]:
     """What to do now. `rungs` None: no early stopping (every trial runs its budget)."""
-    board = _Board(trials, rungs, minimize)
+    board = _Board(trials, rungs, minimize, all_started=len(trials) >= budget.max_trials)
     actions: list[Action] = []
     active = 0
     for trial in trials:
@@ -143,6 +146,7 @@ def advance(
         elif started < budget.max_trials:
             actions.append(Start())
             started += 1
+            board.all_started = started >= budget.max_trials
         else:
             break
         active += 1
@@ -156,8 +160,11 @@ def advance(
 class _Board:
     """The objective values recorded at each rung, best first."""
 
-    def __init__(self, trials: Sequence[TrialView], rungs: Rungs | None, minimize: bool) -> None:
+    def __init__(
+        self, trials: Sequence[TrialView], rungs: Rungs | None, minimize: bool, *, all_started: bool
+    ) -> None:
         self.rungs, self.minimize = rungs, minimize
+        self.all_started = all_started  # no new trial will come: round the top share up
         self.at: dict[int, list[tuple[float, int]]] = {}
         for trial in trials:
             for rung, value in trial.values.items():
@@ -168,7 +175,9 @@ class _Board:
     def top(self, rung: int) -> list[int]:
         entries = self.at.get(rung, [])
         factor = self.rungs.factor if self.rungs else 1
-        return [number for _, number in entries[: math.floor(len(entries) / factor)]]
+        share = len(entries) / factor
+        count = math.ceil(share) if self.all_started else math.floor(share)
+        return [number for _, number in entries[:count]]
 
     def promotable(self, number: int, rung: int) -> str | None:
         top = self.top(rung)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from scheduler.model import JobState
+from scheduler.model import BuiltinEntrypoint, JobState
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus, last_line
 from scheduler.runtime.views import run_info
 from scheduler.store import JobRecord
@@ -75,6 +75,13 @@ def _observed(
 
 def _ended(job: JobRecord, status: GroupStatus) -> Transition | None:
     """The gang exited, or never got its placement."""
+    if status.phase is GroupPhase.SUCCEEDED and _paused(job, status):
+        step = status.step
+        return Transition(
+            JobState.PENDING,
+            f"paused at step {step} (its pause_at) with a checkpoint; held until released",
+            {"placement": None, "hold": f"paused at step {step}: waits to be released"},
+        )
     if status.phase is GroupPhase.SUCCEEDED:
         return Transition(JobState.SUCCEEDED, f"all ranks finished at step {status.step}")
     if status.phase is GroupPhase.FAILED:
@@ -84,6 +91,14 @@ def _ended(job: JobRecord, status: GroupStatus) -> Transition | None:
         reason = status.error or "placement timed out"
         return Transition(JobState.PENDING, reason, {"placement": None})
     return None
+
+
+def _paused(job: JobRecord, status: GroupStatus) -> bool:
+    """The built-in trainer stopped at one of its `pause_at` steps, before its last."""
+    entry = job.spec.entrypoint
+    if not isinstance(entry, BuiltinEntrypoint) or job.total_steps is None:
+        return False
+    return status.step < job.total_steps and status.step in entry.settings.get("pause_at", ())
 
 
 def _overrun(

@@ -97,13 +97,16 @@ def rungs_of(request: SweepSubmit) -> Rungs | None:
 
 def trial_body(plan: SweepPlan, number: int, params: Mapping[str, Any]) -> dict[str, Any]:
     """The base job with the trial's parameters at their paths; the built-in trainer
-    validates at every rung (the rungs are multiples of the first)."""
+    validates at every rung (the rungs are multiples of the first) and stops at each but
+    the last, held, for the sweep to release or keep (other jobs are paused by the
+    scheduler's preemption once they pass a rung)."""
     body = submit_body(plan.request.base)
     for path, value in params.items():
         set_path(body, path, value)
     body["name"] = f"{plan.request.name}-{number}"
     if plan.rungs is not None and body["entrypoint"]["kind"] == "builtin":
         body["entrypoint"]["eval_every"] = plan.rungs.min_steps
+        body["entrypoint"]["pause_at"] = list(plan.rungs.steps[:-1])
     return body
 
 
@@ -127,6 +130,14 @@ def _passed_its_rung(trial: TrialRecord, job: JobRecord, steps: tuple[int, ...])
     rung = trial.rung
     running = trial.state is TrialState.RUNNING and rung < len(steps)
     return running and rung not in trial.values and job.step >= steps[rung]
+
+
+def _held_behind(trial: TrialRecord, job: JobRecord, steps: tuple[int, ...]) -> bool:
+    """The trainer stopped at a rung the sweep had already let the trial pass (it went
+    on while the last report was on its way): nothing is left to decide there."""
+    if trial.state is not TrialState.RUNNING or job.state is not JobState.PENDING:
+        return False
+    return job.hold is not None and trial.rung < len(steps) and job.step < steps[trial.rung]
 
 
 class SweepController:
@@ -165,7 +176,7 @@ class SweepController:
         by_number = {t.number: t for t in trials}
         for action in advance(views, plan.rungs, plan.budget, minimize=plan.minimize):
             if isinstance(action, Continue):
-                self._repo.update_trial(sweep.id, action.number, rung=action.rung)
+                self._go_on(sweep, by_number[action.number], jobs, action)
             elif isinstance(action, Pause):
                 self._pause(sweep, plan, by_number[action.number], jobs, action)
             elif isinstance(action, Promote):
@@ -202,6 +213,9 @@ class SweepController:
             found = self._repo.latest_value(job.id, plan.metric, steps[rung])
             if found is not None:
                 values[rung] = found
+        if _held_behind(trial, job, steps):
+            reason = f"sweep {sweep_id} already let it past step {job.step}: resumes"
+            self._repo.annotate(job.id, reason, hold=None)
         if (state, rung, values) == (trial.state, trial.rung, trial.values):
             return trial
         self._repo.update_trial(sweep_id, trial.number, state=state, rung=rung, values=values)
@@ -217,7 +231,8 @@ class SweepController:
         jobs: Mapping[int, JobRecord],
         action: Pause,
     ) -> None:
-        """Stop the trial's gang with its checkpoint and hold it; a trial whose job is
+        """Keep the trial held: its trainer stopped at the rung (PENDING, held), or its
+        gang is stopped with its checkpoint and held (a job without pause points); a job
         between states (starting, stopping) is paused on a later pass."""
         job = jobs[trial.job_id]
         value = trial.values[action.rung]
@@ -230,6 +245,21 @@ class SweepController:
         else:
             return
         self._repo.update_trial(sweep.id, trial.number, state=TrialState.PAUSED)
+
+    def _go_on(
+        self,
+        sweep: SweepRecord,
+        trial: TrialRecord,
+        jobs: Mapping[int, JobRecord],
+        action: Continue,
+    ) -> None:
+        """A trial in the top at its rung goes on at once: released if its trainer
+        stopped there (held), left running otherwise."""
+        job = jobs[trial.job_id]
+        if job.state is JobState.PENDING and job.hold is not None:
+            reason = f"{action.reason} (sweep {sweep.id}); resumes toward rung {action.rung}"
+            self._repo.annotate(job.id, reason, hold=None)
+        self._repo.update_trial(sweep.id, trial.number, rung=action.rung)
 
     def _promote(
         self, sweep: SweepRecord, trial: TrialRecord, jobs: Mapping[int, JobRecord], action: Promote

@@ -221,6 +221,47 @@ def test_a_pipeline_runs_unattended_each_step_from_the_last_ones_weights(
         assert ended is not None and started is not None and started >= ended
 
 
+def test_an_asha_sweep_pauses_and_promotes_real_trials_from_their_checkpoints(
+    service: Service,
+) -> None:
+    """Issue 28: a sweep's trials are real jobs; a paused trial stops with a checkpoint
+    and a promoted one resumes from it (its steps go on, never from 0)."""
+    client = service.start()
+    info = client.submit_sweep(
+        name="lr",
+        base={
+            "name": "tiny",
+            "entrypoint": {"kind": "builtin", "model": "gpt-tiny", "steps": 18, "batch_size": 4},
+        },
+        space={"entrypoint.learning_rate": {"kind": "log_uniform", "low": 1e-4, "high": 0.3}},
+        searcher="random",
+        early_stopping={"rule": "asha", "min_steps": 2, "reduction_factor": 3},
+        max_trials=4,
+        max_concurrent=2,
+        seed=5,
+    )
+    assert info.rung_steps == [2, 6, 18]
+    deadline = time.monotonic() + 300
+    while (sweep := client.sweep(info.id)).state == "RUNNING":
+        assert time.monotonic() < deadline, sweep
+        time.sleep(0.5)
+    assert sweep.state == "SUCCEEDED", sweep.reason
+    assert [t.number for t in sweep.trials] == [0, 1, 2, 3]
+    assert {t.state for t in sweep.trials} <= {"completed", "stopped"}
+    assert sweep.best is not None and sweep.best.value == min(
+        t.objective for t in sweep.trials if t.state == "completed" and t.objective is not None
+    )
+    for trial in sweep.trials:
+        # Each attempt after a stop at a rung resumed from that rung's checkpoint: the
+        # steps go on in order (a save repeats its step's report, no step is trained
+        # twice), and it stopped exactly at a rung.
+        steps = [p.step for p in client.metric_points(trial.job_id, ["loss"])]
+        assert steps == sorted(steps), (trial.number, steps)
+        assert sorted(set(steps)) == list(range(1, trial.step + 1)), (trial.number, steps)
+        assert trial.step in info.rung_steps
+    assert any(client.get(t.job_id).attempt > 1 for t in sweep.trials)  # some went on
+
+
 def test_a_user_error_fails_the_job_with_the_traceback(service: Service) -> None:
     client = service.start()
     job = client.submit(

@@ -36,7 +36,8 @@ def val_loss(learning_rate: float, step: int) -> float:
 @dataclass
 class FakeTrainer:
     """Every gang advances STEPS_PER_PASS steps a pass, reports val_loss every
-    `eval_every` steps and at its end, and stops with a checkpoint when told to."""
+    `eval_every` steps and at its end, stops at its `pause_at` steps and when told to,
+    with a checkpoint, and resumes from the step it stopped at."""
 
     repo: JobRepository
     executor: FakeExecutor
@@ -60,6 +61,8 @@ class FakeTrainer:
             entry = job.spec_json["entrypoint"]
             total, every = entry["steps"], entry["eval_every"]
             after = min(total, step + STEPS_PER_PASS)
+            pause = [p for p in entry["pause_at"] if step < p <= after]
+            after = pause[0] if pause else after  # the trainer stops there, saved
             points = []
             for at in range(step + 1, after + 1):
                 if at % every == 0 or at == total:
@@ -69,7 +72,7 @@ class FakeTrainer:
                     value = val_loss(entry["learning_rate"], at)
                     points.append(ReportedPoint(seq, at, time.time(), {"val_loss": value}))
             self.steps[job_id] = after
-            phase = GroupPhase.SUCCEEDED if after >= total else GroupPhase.RUNNING
+            phase = GroupPhase.SUCCEEDED if after >= total or pause else GroupPhase.RUNNING
             self.executor.statuses[job_id] = GroupStatus(
                 phase, True, step=after, checkpoint_step=after, points=tuple(points)
             )
@@ -144,20 +147,21 @@ def test_asha_pauses_promotes_and_ends_a_sweep_within_its_budget(
     assert best.params["entrypoint.learning_rate"] == min(
         tried, key=lambda lr: abs(math.log10(lr) + 2)
     )
-    # Trial 2 paused at rung 0 (held: it waited), was promoted when it became the top
-    # third there, and resumed where it stopped.
-    assert jobs[2].attempt == 2
+    # Trial 2's trainer stopped at rung 0 (step 3) with a checkpoint; the sweep kept it
+    # held (paused) until it was the top third there, then released it: it resumed from
+    # step 3 (a second attempt) and stopped again at rung 1 (step 9).
+    assert (jobs[2].attempt, jobs[2].step) == (2, 9)
     events = repo.events(jobs[2].id)
-    paused = next(i for i, e in enumerate(events) if e.reason.startswith("paused by sweep"))
-    stopped, promoted = events[paused + 1 : paused + 3]
-    assert [e.to_state for e in events[paused : paused + 4]] == [
-        JobState.PREEMPTING,
-        JobState.PENDING,
-        JobState.PENDING,  # held until then: no admission in between
-        JobState.ADMITTED,
-    ]
-    assert "resumes from its checkpoint at step 6" in stopped.reason
-    assert "promoted: in the top 2 of 7 at rung 0" in promoted.reason
+    reasons = [e.reason for e in events]
+    stopped = reasons.index(
+        "paused at step 3 (its pause_at) with a checkpoint; held until released"
+    )
+    paused = next(i for i, r in enumerate(reasons) if r.startswith("paused by sweep"))
+    promoted = next(i for i, r in enumerate(reasons) if "promoted: in the top" in r)
+    admitted = [i for i, e in enumerate(events) if e.to_state is JobState.ADMITTED]
+    assert stopped < paused < promoted < admitted[1]
+    assert all(not stopped < i < promoted for i in admitted)  # held: never admitted
+    assert {job.step for job in jobs.values()} <= {3, 9, 27}  # each stopped at a rung
 
 
 def test_a_restart_mid_sweep_loses_no_trial_and_makes_none_twice(

@@ -239,3 +239,17 @@ def test_a_resize_relaunch_is_the_next_attempt() -> None:
 def test_a_job_that_has_not_stepped_this_attempt_is_never_hung() -> None:
     fresh = job(JobState.RUNNING, step=0, progress_at=None)
     assert next_transition(fresh, replace(RUNNING, step=0), NOW, CONFIG) is None
+
+
+def test_a_trainer_stopped_at_its_pause_point_is_held_not_done() -> None:
+    paused_spec = {**SPEC, "entrypoint": {"kind": "builtin", "pause_at": [30, 60]}}
+    running = job(JobState.RUNNING, spec=spec_from_json(paused_spec))
+    at_pause = GroupStatus(GroupPhase.SUCCEEDED, True, step=30, checkpoint_step=30)
+    change = next_transition(running, at_pause, NOW, CONFIG)
+    assert change is not None and change.to is JobState.PENDING
+    assert change.fields == {"placement": None, "hold": "paused at step 30: waits to be released"}
+    # Elsewhere (its last step, or a step it was not told to stop at) it is done.
+    for step in (100, 45):
+        ended = GroupStatus(GroupPhase.SUCCEEDED, True, step=step)
+        change = next_transition(running, ended, NOW, CONFIG)
+        assert change is not None and change.to is JobState.SUCCEEDED

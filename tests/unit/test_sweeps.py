@@ -94,6 +94,21 @@ def test_a_spent_budget_with_nothing_running_stops_the_paused_and_finishes() -> 
     ]
 
 
+def test_once_every_trial_started_the_best_at_a_rung_always_goes_on() -> None:
+    """4 trials, factor 3: floor(2 / 3) = 0 would let none past rung 1."""
+    trials = [
+        trial(0, P, 1, r0=1.0, r1=2.0),
+        trial(1, R, 1, r0=1.5, r1=1.0),  # just reached rung 1: the better of two
+        trial(2, P, 0, r0=3.0),
+        trial(3, P, 0, r0=4.0),
+    ]
+    actions = advance(trials, RUNGS, Budget(4, 1), minimize=True)
+    assert actions == [Continue(1, 2, "went on: in the top 1 of 2 at rung 1")]
+    assert advance(trials, RUNGS, Budget(5, 1), minimize=True)[0] == Pause(
+        1, 1, "paused at rung 1 (step 30): not in the top 0 of 2 recorded there"
+    )
+
+
 def test_without_early_stopping_trials_run_to_the_end() -> None:
     trials = [trial(0, R, 0, r0=9.0), trial(1, C, 0, r0=1.0)]
     assert advance(trials, None, Budget(3, 2), minimize=True) == [Start()]

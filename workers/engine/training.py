@@ -20,7 +20,7 @@ import copy
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -94,6 +94,7 @@ class TrainSpec:
     eval_every: int | None = wire_default(Builtin, "eval_every")  # None: no validation
     eval_batches: int = wire_default(Builtin, "eval_batches")
     on_instability: InstabilityPolicy = field(default_factory=InstabilityPolicy)
+    pause_at: Sequence[int] = ()  # Builtin.pause_at: save and stop there (sync modes)
     # The engine's own knobs, not in the job spec:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
@@ -253,6 +254,9 @@ def _train_sync(
         first_of_attempt = step == result.resumed_from + 1
         if is_rank0() and (first_of_attempt or step == spec.steps or step % spec.log_every == 0):
             print(_progress_line(step, spec.steps, metrics), flush=True)
+        if step in spec.pause_at and step < spec.steps:
+            reporter.event(f"paused at step {step} (pause_at): saved to be continued")
+            break
     result.step = step
     ended = step > result.resumed_from or result.stopped
     if ended and loop.save(checkpointer, step):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -134,10 +135,24 @@ def job_spec(
     )
 
 
+class _CoreSchemaLoader(yaml.SafeLoader):
+    """YAML 1.2's booleans: only true and false. YAML 1.1 (PyYAML's default) also reads
+    on, off, yes and no as booleans, so `on: ended` in a dependency became `True: ended`."""
+
+
+_CoreSchemaLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_CoreSchemaLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
 def read_body(path: Path) -> Any:
-    """A job or pipeline file. YAML is a superset of JSON: one loader reads both."""
+    """A job, pipeline or sweep file. YAML is a superset of JSON: one loader reads both."""
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_CoreSchemaLoader)
     except yaml.YAMLError as exc:
         echo(f"error: {path} is not YAML or JSON: {exc}", err=True)
         raise typer.Exit(1) from exc

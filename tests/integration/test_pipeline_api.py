@@ -139,3 +139,19 @@ def test_the_cli_submits_a_pipeline_file_shows_and_cancels_it(
     path.write_text(yaml.safe_dump(pipeline(jobs=[])))
     bad = cli.invoke(gangway.cli.app, ["submit", "--file", str(path)])
     assert bad.exit_code == 1 and "jobs" in bad.output
+
+
+def test_a_pipeline_file_may_say_on_unquoted(cli: CliRunner, tmp_path: Path) -> None:
+    """YAML 1.1 reads a bare `on` as true; the CLI reads YAML 1.2's booleans only."""
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(
+        "name: two\n"
+        "jobs:\n"
+        "  - {name: first, entrypoint: {kind: builtin, steps: 5}}\n"
+        "  - name: second\n"
+        "    depends_on: [{job: first, on: ended}]\n"
+        "    entrypoint: {kind: builtin, steps: 5}\n"
+    )
+    info = json.loads(run(cli, "submit", "--file", str(path), "--json"))
+    first = info["jobs"][0]["id"]
+    assert info["jobs"][1]["spec"]["depends_on"] == [{"job": first, "on": "ended"}]

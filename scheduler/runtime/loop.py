@@ -6,9 +6,10 @@ under us (a user cancelled it) wins over what the loop was about to do, and grou
 job is no longer active in the store are torn down.
 
 The loop only sequences the parts, each in its own module: `nodes` (Ray's nodes minus
-suspects), `applier` (decisions and transitions written, then acted on), `lifecycle` (the
-pure rules for what a gang's report means), `ingest` (progress, logs, stragglers) and
-`leadership` (lease and reconcile).
+suspects), `sweeps` (trials recorded, paused, promoted, started), `dependencies` (jobs held
+for jobs, hopeless ones cancelled), `applier` (decisions and transitions written, then
+acted on), `lifecycle` (the pure rules for what a gang's report means), `ingest`
+(progress, logs, stragglers) and `leadership` (lease and reconcile).
 """
 
 from __future__ import annotations

@@ -16,26 +16,10 @@ from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.store import JobRecord, JobRepository, NewJob
 from tests.integration.test_loop import Clock, FakeExecutor, make_loop, transitions
-
-
-@pytest.fixture
-def executor() -> FakeExecutor:
-    return FakeExecutor()
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def repo(repo: JobRepository, clock: Clock) -> JobRepository:
-    return repo.with_clock(clock)
-
-
-@pytest.fixture
-def loop(repo: JobRepository, executor: FakeExecutor, clock: Clock) -> SchedulerLoop:
-    return make_loop(repo, executor, clock)
+from tests.integration.test_loop import clock as clock
+from tests.integration.test_loop import executor as executor
+from tests.integration.test_loop import loop as loop
+from tests.integration.test_loop import repo as repo
 
 
 def submit(

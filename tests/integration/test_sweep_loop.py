@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
-
 from gangway.models import SweepSubmit
 from scheduler.core.asha import TrialState
 from scheduler.model import JobState
@@ -23,6 +21,8 @@ from scheduler.store import JobRepository
 from scheduler.store.records import ReportedPoint
 from scheduler.store.sweeps import SweepState
 from tests.integration.test_loop import Clock, FakeExecutor, make_loop
+from tests.integration.test_loop import clock as clock
+from tests.integration.test_loop import repo as repo
 
 STEPS_PER_PASS = 2
 BUDGET = 27  # rungs at 3, 9, 27
@@ -76,16 +76,6 @@ class FakeTrainer:
             self.executor.statuses[job_id] = GroupStatus(
                 phase, True, step=after, checkpoint_step=after, points=tuple(points)
             )
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def repo(repo: JobRepository, clock: Clock) -> JobRepository:
-    return repo.with_clock(clock)
 
 
 def create_sweep(repo: JobRepository, **fields: Any) -> int:

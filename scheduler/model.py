@@ -308,6 +308,9 @@ class JobView:
     predicted_remaining_s: float | None = None
     # Why it may not start until someone releases it (a paused sweep trial); None: free.
     hold: str | None = None
+    # How readily to preempt it among equals: a sweep trial's place at its latest rung,
+    # 0 (the best there) to 1 (the worst); 0 for every other job.
+    expendable: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

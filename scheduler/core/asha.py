@@ -157,6 +157,20 @@ def advance(
     return actions
 
 
+def places(trials: Sequence[TrialView], *, minimize: bool) -> dict[int, float]:
+    """Each running trial's place among the values recorded at its latest rung: 0 the
+    best there, 1 the worst (0.5 alone). What preemption reads to spare the promising."""
+    board = _Board(trials, None, minimize, all_started=False)
+    found: dict[int, float] = {}
+    for trial in trials:
+        if trial.state is not TrialState.RUNNING or not trial.values:
+            continue
+        entries = [number for _, number in board.at[max(trial.values)]]
+        last = len(entries) - 1
+        found[trial.number] = entries.index(trial.number) / last if last else 0.5
+    return found
+
+
 class _Board:
     """The objective values recorded at each rung, best first."""
 

@@ -158,8 +158,9 @@ def victim_order(
     ranks: Mapping[int, tuple[int, float]] | None = None,
 ) -> Iterator[JobView]:
     """Preemption candidates, cheapest first: jobs running on borrowed quota, then lower
-    (priority, service band), then least work lost (`work_lost_s`), then most recently
-    started, then job id. `ranks`: job id -> `rank` at `now`, where the caller has them.
+    (priority, service band), then the most expendable (a sweep trial its early-stopping
+    rule ranks low), then least work lost (`work_lost_s`), then most recently started,
+    then job id. `ranks`: job id -> `rank` at `now`, where the caller has them.
 
     Lazy: candidates are grouped by (borrowed, rank) and each group is sorted only when
     reached, since a preemption usually needs the first few victims of a long list.
@@ -170,12 +171,12 @@ def victim_order(
         job_rank = known if known is not None else rank(job, now, config)
         groups.setdefault((job.id not in borrowed, job_rank), []).append(job)
 
-    def key(job: JobView) -> tuple[float, float, int]:
+    def key(job: JobView) -> tuple[float, float, float, int]:
         run = job.run
         if run is None:
-            return (0.0, 0.0, job.id)
+            return (-job.expendable, 0.0, 0.0, job.id)
         age_s = (now - run.started_at).total_seconds()  # smaller: started more recently
-        return (work_lost_s(job, now), age_s, job.id)
+        return (-job.expendable, work_lost_s(job, now), age_s, job.id)
 
     for group in sorted(groups):
         yield from sorted(groups[group], key=key)

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from scheduler.core import PolicyConfig, schedule
@@ -27,6 +28,7 @@ from scheduler.model import (
     RESOURCE_HOLDING_STATES,
     ClusterSnapshot,
     JobState,
+    JobView,
     Node,
     QueueQuota,
 )
@@ -64,6 +66,14 @@ _USAGE_EVERY = timedelta(seconds=10)
 
 # STARTING -> RUNNING -> SUCCEEDED can all follow from one report; no chain is longer.
 _MAX_TRANSITIONS_PER_REPORT = 3
+
+
+def _with_expendable(views: list[JobView], expendable: Mapping[int, float]) -> list[JobView]:
+    """The views with each running sweep trial's place at its rung (few jobs; the rest
+    are the views as kept)."""
+    if not expendable:
+        return views
+    return [replace(v, expendable=expendable[v.id]) if v.id in expendable else v for v in views]
 
 
 class SchedulerLoop:
@@ -187,7 +197,9 @@ class SchedulerLoop:
         self, nodes: list[Node], jobs: list[JobRecord], waiting: Mapping[int, tuple[Upstream, ...]]
     ) -> None:
         now = self._clock()
-        views = self._predictions.views(jobs, self._jobs, nodes, now)
+        views = _with_expendable(
+            self._predictions.views(jobs, self._jobs, nodes, now), self._sweeps.expendable
+        )
         decisions = schedule(
             ClusterSnapshot(tuple(nodes)),
             views,

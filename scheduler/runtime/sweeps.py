@@ -38,6 +38,7 @@ from scheduler.core.asha import (
     TrialState,
     TrialView,
     advance,
+    places,
 )
 from scheduler.model import BUILTIN_OBJECTIVE, JobState
 from scheduler.runtime.applier import Applier
@@ -149,10 +150,14 @@ class SweepController:
     ) -> None:
         self._repo, self._applier, self._clock = repo, applier, clock
         self._plans: dict[int, SweepPlan] = {}
+        # job id -> how readily to preempt it (`JobView.expendable`): running trials by
+        # their place at their latest rung, as of the last pass.
+        self.expendable: dict[int, float] = {}
 
     def advance(self) -> None:
         """Bring every running sweep up to date and move it on (one query when none)."""
         sweeps = self._repo.running_sweeps()
+        self.expendable = {}
         for sweep in sweeps:
             try:
                 self._advance(sweep)
@@ -174,6 +179,10 @@ class SweepController:
         trials = [self._observed(sweep.id, plan, t, jobs[t.job_id]) for t in sweep.trials]
         views = [TrialView(t.number, t.state, t.rung, t.values) for t in trials]
         by_number = {t.number: t for t in trials}
+        self.expendable |= {
+            by_number[number].job_id: place
+            for number, place in places(views, minimize=plan.minimize).items()
+        }
         for action in advance(views, plan.rungs, plan.budget, minimize=plan.minimize):
             if isinstance(action, Continue):
                 self._go_on(sweep, by_number[action.number], jobs, action)

@@ -225,7 +225,8 @@ def test_an_asha_sweep_pauses_and_promotes_real_trials_from_their_checkpoints(
     service: Service,
 ) -> None:
     """Issue 28: a sweep's trials are real jobs; a paused trial stops with a checkpoint
-    and a promoted one resumes from it (its steps go on, never from 0)."""
+    and a promoted one resumes from it (its steps go on, never from 0); `kill -9` of the
+    service mid-way loses no trial and makes none twice."""
     client = service.start()
     info = client.submit_sweep(
         name="lr",
@@ -242,11 +243,18 @@ def test_an_asha_sweep_pauses_and_promotes_real_trials_from_their_checkpoints(
     )
     assert info.rung_steps == [2, 6, 18]
     deadline = time.monotonic() + 300
+    while len(client.sweep(info.id).trials) < 2:  # mid-way: the service is killed
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    service.stop(signal.SIGKILL)
+    client = service.start()
     while (sweep := client.sweep(info.id)).state == "RUNNING":
         assert time.monotonic() < deadline, sweep
         time.sleep(0.5)
     assert sweep.state == "SUCCEEDED", sweep.reason
     assert [t.number for t in sweep.trials] == [0, 1, 2, 3]
+    made = client.list(name_prefix="lr-", limit=50).items  # every job the sweep made
+    assert sorted(j.id for j in made) == sorted(t.job_id for t in sweep.trials)
     assert {t.state for t in sweep.trials} <= {"completed", "stopped"}
     assert sweep.best is not None and sweep.best.value == min(
         t.objective for t in sweep.trials if t.state == "completed" and t.objective is not None

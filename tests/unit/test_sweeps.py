@@ -3,11 +3,13 @@ seeded random and TPE reproduced from the same history), and paths into a job bo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from gangway.models import SweepSubmit
+from scheduler.core import Preempt, schedule
 from scheduler.core.asha import (
     Budget,
     Continue,
@@ -20,10 +22,12 @@ from scheduler.core.asha import (
     TrialState,
     TrialView,
     advance,
+    places,
 )
 from scheduler.runtime.searchers import grid, suggest, trial_budget
 from scheduler.runtime.sweeps import rungs_of, set_path, sweep_plan, trial_body
 from scheduler.store.sweeps import TrialRecord
+from tests.unit.builders import NOW, Cluster, pending, running
 
 R, P, C = TrialState.RUNNING, TrialState.PAUSED, TrialState.COMPLETED
 RUNGS = Rungs(min_steps=10, factor=3, max_steps=90)  # rungs at 10, 30, 90
@@ -190,3 +194,28 @@ def test_early_stopping_needs_a_budget_for_a_job_that_is_not_the_builtin() -> No
         rungs_of(command)
     with pytest.raises(ValueError, match="cannot be searched"):
         sweep(space={"entrypoint.kind": {"kind": "choice", "values": ["command"]}})
+
+
+def test_places_rank_running_trials_at_their_latest_rung() -> None:
+    trials = [
+        trial(0, R, 1, r0=1.0),  # second of four at rung 0
+        trial(1, R, 1, r0=3.0),  # the worst there
+        trial(2, P, 0, r0=2.0),  # paused: holds no GPUs, not ranked
+        trial(3, R, 2, r0=0.5, r1=0.7),  # alone at rung 1
+        trial(4, R, 0),  # no value yet
+    ]
+    assert places(trials, minimize=True) == {0: pytest.approx(1 / 3), 1: 1.0, 3: 0.5}
+    assert places(trials, minimize=False)[1] == 0.0
+
+
+def test_preemption_takes_the_trial_its_rule_ranks_lowest_first() -> None:
+    """Two equal gangs would be preempted in the same order but for one being a poor
+    trial: the high-priority job takes that one's GPUs."""
+    cluster = Cluster().nodes(2, 2).snapshot()
+    jobs = [
+        running(1, ["n0"] * 2, step=10, step_time_s=1.0),
+        replace(running(2, ["n1"] * 2, step=500, step_time_s=1.0), expendable=1.0),
+        pending(3, dp=2, priority=9),
+    ]
+    preempts = [d for d in schedule(cluster, jobs, NOW) if isinstance(d, Preempt)]
+    assert [p.job_id for p in preempts] == [2]  # though it loses more work than job 1

@@ -6,12 +6,13 @@ closes; the reverse order could let a job run whose condition never held."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
-from scheduler.core.dependencies import Upstream, settle
-from scheduler.model import JobState
-from scheduler.store import JobRecord, JobRepository, StaleState
+from scheduler.core.dependencies import OpenDependency, Settlement, Upstream, settle
+from scheduler.model import Condition, JobState
+from scheduler.store import JobEnded, JobRecord, JobRepository, StaleState
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,24 @@ class DependencyGate:
         settlement = settle(found)
         cancelled = [job_id for job_id, reason in settlement.cancel if self._cancel(job_id, reason)]
         self._repo.close_dependencies(settlement.met, [*settlement.closed, *cancelled])
+        self._release(settlement, found)
         return settlement.waiting
+
+    def _release(self, settlement: Settlement, found: list[OpenDependency]) -> None:
+        """A job whose last condition held starts its wait in the queue now (it did not
+        age while it could not run, as Slurm counts from eligibility), with an event that
+        says what let it go."""
+        met = set(settlement.met)
+        released: dict[int, list[Upstream]] = {}
+        for dep in found:
+            if (dep.job_id, dep.upstream.job_id) in met and dep.job_id not in settlement.waiting:
+                released.setdefault(dep.job_id, []).append(dep.upstream)
+        for job_id, upstreams in released.items():
+            reason = "dependencies met: " + ", ".join(
+                f"job {u.job_id} {_what(u)}" for u in upstreams
+            )
+            with contextlib.suppress(JobEnded, StaleState):
+                self._written(self._repo.annotate(job_id, reason, queued_at=self._repo.now()))
 
     def _cancel(self, job_id: int, reason: str) -> bool:
         """Cancel a pending job whose condition can no longer hold; a job someone else
@@ -44,3 +62,8 @@ class DependencyGate:
             return False
         self._written(record)
         return True
+
+
+def _what(upstream: Upstream) -> str:
+    """What the upstream job did that met the condition, in the event's words."""
+    return "started" if upstream.condition is Condition.STARTED else upstream.state.value

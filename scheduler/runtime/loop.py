@@ -144,8 +144,8 @@ class SchedulerLoop:
         with metrics.PASS_SECONDS.time():
             nodes = self._nodes.refresh()  # 1. Ray's nodes, suspects marked dead
             self._sweeps.advance()  # 2. sweeps: trials recorded, paused, promoted, started
-            waiting = self._dependencies.settle()  # 3. jobs held for jobs; hopeless cancelled
-            jobs = self._jobs.load()  # 4. what the core decides on (what changed, reloaded)
+            jobs = self._jobs.load()  # 3. what the core decides on (what changed, reloaded)
+            jobs, waiting = self._settle(jobs)  # 4. jobs held for jobs; hopeless cancelled
             self._release_inactive_groups()  # 5. gangs whose job ended in the store
             self._schedule(nodes, jobs, waiting)  # 6. decide, write, act
             busy = self._poll_groups()  # 7. what the gangs report
@@ -185,6 +185,18 @@ class SchedulerLoop:
             stop.wait(max(0.0, (ended - started) - (time.monotonic() - ended)))
             wake.clear()
         self._leadership.step_down()
+
+    def _settle(
+        self, jobs: list[JobRecord]
+    ) -> tuple[list[JobRecord], Mapping[int, tuple[Upstream, ...]]]:
+        """Dependencies judged after the jobs are loaded: every loaded job was committed
+        before the dependency query, so its rows are seen (a job submitted between the
+        two would otherwise be scheduled without its condition). Jobs the step cancelled
+        leave the list."""
+        waiting = self._dependencies.settle()
+        if any(job.id not in self._jobs.records for job in jobs):
+            jobs = [job for job in jobs if job.id in self._jobs.records]
+        return jobs, waiting
 
     def _release_inactive_groups(self) -> None:
         held = self._jobs.records

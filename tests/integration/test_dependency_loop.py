@@ -6,6 +6,7 @@ service restart and a leader failover."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -218,3 +219,39 @@ def test_a_user_cancelling_a_held_job_closes_its_dependencies(
     assert repo.open_dependencies() == []
     [link] = repo.links(first.id).downstream
     assert (link.waiting, link.met_at) == (False, None)
+
+
+def test_a_job_submitted_while_a_pass_settles_is_not_started_without_its_condition(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, monkeypatch: Any
+) -> None:
+    """A submit that commits right after the pass read the open dependencies is left
+    to the next pass (the jobs are loaded before the dependencies are read)."""
+    first = submit(repo)
+    late: list[JobRecord] = []
+    real = repo.open_dependencies
+
+    def then_a_submit() -> Any:
+        found = real()
+        if not late:
+            late.append(submit(repo, (first, Condition.SUCCEEDED)))
+        return found
+
+    monkeypatch.setattr(repo, "open_dependencies", then_a_submit)
+    for _ in range(3):
+        loop.tick()
+    assert launched(executor) == [first.id]
+    assert repo.get(late[0].id).state is JobState.PENDING
+
+
+def test_a_released_job_says_what_let_it_go_and_queues_from_then(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
+) -> None:
+    first = submit(repo)
+    second = submit(repo, (first, Condition.SUCCEEDED))
+    loop.tick()
+    clock.now += timedelta(hours=3)  # a long wait that must not count as queueing
+    run_to(loop, executor, first, GroupPhase.SUCCEEDED)
+    loop.tick()
+    released = next(e for e in repo.events(second.id) if e.reason.startswith("dependencies met"))
+    assert released.reason == f"dependencies met: job {first.id} SUCCEEDED"
+    assert repo.get(second.id).queued_at == clock.now

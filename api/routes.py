@@ -33,6 +33,7 @@ from api.pages import page_response
 from api.validation import check_requirements, validate_submission
 from gangway.models import (
     METRIC_NAME,
+    Builtin,
     ClusterInfo,
     ErrorBody,
     Estimate,
@@ -179,6 +180,12 @@ def prepared_job(
     spec = submit_body(submit)  # stored with its secrets, which the ranks get
     job_spec = spec_from_json(spec)
     validate_submission(submit, job_spec, nodes)
+    if isinstance(submit.entrypoint, Builtin) and submit.entrypoint.pause_at:
+        raise FieldError(
+            "entrypoint.pause_at",
+            "set only by a sweep's early stopping: a job stopped there would wait, held, "
+            "with nothing to release it",
+        )
     depends_on = checked_dependencies(submit, caller, repo, steps)
     if submit.package is not None:
         _use_package(request.app.state.packages, submit.package)

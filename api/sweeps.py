@@ -1,16 +1,21 @@
 """REST v1 for sweeps: a search over a job's fields whose trials are ordinary jobs, run by
 the scheduler loop's sweep controller (`scheduler.runtime.sweeps`).
 
-A submit checks what every trial could be before anything is stored: the base job gets
+A submit checks what it can of every trial before anything is stored: the base job gets
 every check a job gets (`routes.prepared_job`), and so does the base with each dimension
-at each end of its range (each value of a choice), so a trial the controller makes later
-passes the checks its corners passed; a path the base job has no field at is a 422 naming
-`space.<path>`.
+at each end of its range (each value of a choice) and, for a float range, at a point
+inside (an integer field refuses floats), then with every dimension at its low end and at
+its high end together (a combination that can never fit). A 422 names `space.<path>` (or
+`space` for a combination). The base is stored as checked (the plan "auto" chose, an
+alias pinned, a script's path resolved). The controller validates each trial's body as a
+job before it writes it; a combination between the corners that is not one ends the sweep
+FAILED with the reason, and nothing invalid is stored.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -18,10 +23,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi import Path as PathParam
 from pydantic import ValidationError
 
-from api.auth import Caller, current_caller, require_owner
+from api.auth import Caller, Principal, current_caller, require_owner, sees_env
+from api.convert import shown_spec
 from api.errors import FieldError
 from api.routes import ERROR_RESPONSES, MAX_ID, OnChange, Repo, admissible, prepared_job, who
 from gangway.models import (
+    REDACTED,
+    Builtin,
     Choice,
     Dimension,
     IntRange,
@@ -35,6 +43,7 @@ from gangway.models import (
     submit_body,
 )
 from scheduler.core.asha import TrialState
+from scheduler.runtime.searchers import MAX_GRID_TRIALS, grid_size
 from scheduler.runtime.sweeps import rungs_of, set_path, sweep_plan
 from scheduler.store import IllegalTransition, JobRecord, JobRepository, StaleState
 from scheduler.store.sweeps import SweepRecord, SweepState
@@ -51,51 +60,91 @@ def submit_sweep(
     """Store the sweep; its trials are made by the scheduler loop, pass by pass."""
     base = admissible(submit.base, caller, request)
     nodes = repo.nodes()
-    for field, body in _corners(submit, base):
+    prepared, _ = prepared_job(base, caller, repo=repo, request=request, nodes=nodes)
+    _check_rule(submit)
+    for field, body in _corners(submit, prepared.spec):
         try:
-            job = JobSubmit.model_validate(body)
+            job = JobSubmit.model_validate(body, context={"stored": True})
             prepared_job(job, caller, repo=repo, request=request, nodes=nodes)
         except ValidationError as exc:
             raise FieldError(field, str(exc.errors()[0]["msg"])) from exc
         except FieldError as exc:
             raise FieldError(field, f"{exc.field}: {exc.message}") from exc
+    # Stored as checked: the plan "auto" chose, an alias pinned, a script's path resolved.
+    stored = {**submit.model_dump(mode="json"), "base": prepared.spec}
+    record = repo.create_sweep(submit.name, prepared.user, stored)
+    on_change()
+    return sweep_info(record, repo, caller)
+
+
+def _check_rule(submit: SweepSubmit) -> None:
+    """What early stopping and a grid need of the base and the space."""
     try:
         rungs_of(submit)
     except ValueError as exc:
         raise FieldError("early_stopping.max_steps", str(exc)) from exc
-    stored = {**submit.model_dump(mode="json"), "base": submit_body(base)}
-    record = repo.create_sweep(submit.name, base.user, stored)
-    on_change()
-    return sweep_info(record, repo)
+    entry = submit.base.entrypoint
+    rule = submit.early_stopping
+    if rule is not None and isinstance(entry, Builtin):
+        if rule.max_steps is not None and rule.max_steps != entry.steps:
+            raise FieldError(
+                "early_stopping.max_steps",
+                f"the built-in trainer's budget is its steps ({entry.steps}): leave it null",
+            )
+        if entry.update_mode == "async" or entry.pipeline_schedule == "zbv":
+            raise FieldError(
+                "early_stopping",
+                f"the built-in trainer validates nothing under {entry.update_mode} updates "
+                f"or the {entry.pipeline_schedule} schedule: no rung would have a value",
+            )
+    if submit.searcher == "grid" and submit.max_trials is None:
+        points = grid_size(submit.space)
+        if points > MAX_GRID_TRIALS:
+            raise FieldError(
+                "max_trials",
+                f"the grid has {points:,} points: set max_trials (at most {MAX_GRID_TRIALS})",
+            )
 
 
-def _corners(submit: SweepSubmit, base: JobSubmit) -> list[tuple[str, dict[str, Any]]]:
-    """The base, then the base with each dimension at each end (each choice)."""
-    corners = [("base", submit_body(base))]
-    for path, dim in submit.space.items():
-        for value in _ends(dim):
-            body = submit_body(base)
-            try:
-                set_path(body, path, value)
-            except (KeyError, IndexError, ValueError, TypeError) as exc:
-                raise FieldError(f"space.{path}", "the base job has no field here") from exc
-            corners.append((f"space.{path}", body))
-    return corners
+def _corners(submit: SweepSubmit, base: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The base with each dimension at each end (each choice) and, for a float range, at
+    a point inside (an integer field refuses a float drawn from it); then with every
+    dimension at its low end, and at its high end (a combination that never fits)."""
+    lows = {path: _ends(dim)[0] for path, dim in submit.space.items()}
+    highs = {path: _ends(dim)[-1] for path, dim in submit.space.items()}
+    corners = [
+        (f"space.{path}", _with(base, {path: value}))
+        for path, dim in submit.space.items()
+        for value in _ends(dim, inside=True)
+    ]
+    return [*corners, ("space", _with(base, lows)), ("space", _with(base, highs))]
 
 
-def _ends(dim: Dimension) -> list[Any]:
+def _with(base: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    body = copy.deepcopy(base)
+    for path, value in params.items():
+        try:
+            set_path(body, path, value)
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            raise FieldError(f"space.{path}", "the base job has no field here") from exc
+    return body
+
+
+def _ends(dim: Dimension, *, inside: bool = False) -> list[Any]:
     if isinstance(dim, Choice):
         return list(dim.values)
     if isinstance(dim, IntRange):
         return [dim.low, dim.low + (dim.high - dim.low) // dim.step * dim.step]
-    return [dim.low, dim.high]
+    middle = (dim.low * dim.high) ** 0.5 if dim.kind == "log_uniform" else (dim.low + dim.high) / 2
+    return [dim.low, middle + 1e-9 * abs(middle), dim.high] if inside else [dim.low, dim.high]
 
 
 @router.get("/v1/sweeps/{sweep_id}", response_model=SweepInfo, responses=ERROR_RESPONSES)
-def get_sweep(sweep_id: SweepId, repo: Repo) -> SweepInfo:
+def get_sweep(sweep_id: SweepId, caller: Caller, repo: Repo) -> SweepInfo:
     """The sweep, every trial (parameters, objective at each rung, state, GPU-seconds) and
-    the best completed trial's parameters as a job body."""
-    return sweep_info(repo.sweep(sweep_id), repo)
+    the best completed trial's parameters as a job body (env values, and env parameters,
+    only for its owner and admins, as a job's)."""
+    return sweep_info(repo.sweep(sweep_id), repo, caller)
 
 
 @router.post("/v1/sweeps/{sweep_id}/cancel", response_model=SweepInfo, responses=ERROR_RESPONSES)
@@ -103,33 +152,34 @@ def cancel_sweep(
     sweep_id: SweepId, caller: Caller, *, repo: Repo, request: Request, on_change: OnChange
 ) -> SweepInfo:
     """End the sweep and cancel every trial that has not ended."""
-    record = repo.sweep(sweep_id)
-    require_owner(caller, record.user, f"sweep {sweep_id}")
+    require_owner(caller, repo.sweep(sweep_id).user, f"sweep {sweep_id}")
     reason = f"cancelled by {who(caller, request)}"
+    # Ended first: no trial is added after that (`add_trial` checks), so the trials read
+    # next are all there are.
     if repo.end_sweep(sweep_id, SweepState.CANCELLED, reason):
-        for trial in record.trials:
-            _stop_trial(repo, record.id, trial.number, trial.job_id, reason)
+        for trial in repo.sweep(sweep_id).trials:
+            if not trial.state.ended:
+                _stop_trial(repo, sweep_id, trial.number, trial.job_id, reason)
     on_change()
-    return sweep_info(repo.sweep(sweep_id), repo)
+    return sweep_info(repo.sweep(sweep_id), repo, caller)
 
 
 def _stop_trial(repo: JobRepository, sweep_id: int, number: int, job_id: int, reason: str) -> None:
     with contextlib.suppress(IllegalTransition, StaleState):
         repo.transition(job_id, JobState.CANCELLED, reason=f"sweep {sweep_id} {reason}")
-    state = repo.get(job_id).state
-    if state is JobState.CANCELLED:
-        repo.update_trial(sweep_id, number, state=TrialState.STOPPED)
+    repo.update_trial(sweep_id, number, state=TrialState.STOPPED)
 
 
-def sweep_info(record: SweepRecord, repo: JobRepository) -> SweepInfo:
+def sweep_info(record: SweepRecord, repo: JobRepository, caller: Principal) -> SweepInfo:
     plan = sweep_plan(record.spec)
+    shows_env = sees_env(caller, record.user)
     jobs = {j.id: j for j in repo.many(t.job_id for t in record.trials)}
     now = repo.now()
     trials = [
         SweepTrialInfo(
             number=t.number,
             job_id=t.job_id,
-            params=t.params,
+            params=t.params if shows_env else _hidden(t.params),
             state=t.state.value,
             job_state=jobs[t.job_id].state,
             rung=t.rung,
@@ -154,7 +204,7 @@ def sweep_info(record: SweepRecord, repo: JobRepository) -> SweepInfo:
         max_trials=plan.budget.max_trials,
         max_concurrent=plan.budget.max_concurrent,
         trials=trials,
-        best=_best(trials, plan.request, plan.minimize),
+        best=_best(trials, plan.request, plan.minimize, shows_env=shows_env),
         gpu_seconds=sum(t.gpu_seconds for t in trials),
     )
 
@@ -167,7 +217,14 @@ def gpu_seconds(job: JobRecord, now: datetime) -> float:
     return job.attained_gpu_s + current
 
 
-def _best(trials: list[SweepTrialInfo], request: SweepSubmit, minimize: bool) -> SweepBest | None:
+def _hidden(params: dict[str, Any]) -> dict[str, Any]:
+    """Parameters as one who may not read the sweep's env sees them."""
+    return {k: REDACTED if k.startswith("env.") else v for k, v in params.items()}
+
+
+def _best(
+    trials: list[SweepTrialInfo], request: SweepSubmit, minimize: bool, *, shows_env: bool
+) -> SweepBest | None:
     done = [(t.objective, t) for t in trials if t.state == "completed" and t.objective is not None]
     if not done:
         return None
@@ -175,9 +232,10 @@ def _best(trials: list[SweepTrialInfo], request: SweepSubmit, minimize: bool) ->
     body = submit_body(request.base)
     for path, param in best.params.items():
         set_path(body, path, param)
+    job = JobSubmit.model_validate(body, context={"stored": True})
     return SweepBest(
         trial=best.number,
         value=value,
         params=best.params,
-        job=JobSubmit.model_validate(body, context={"stored": True}),
+        job=shown_spec(job, shows_env=shows_env),
     )

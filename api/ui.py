@@ -329,10 +329,10 @@ def sweeps_fragment(request: Request, repo: Repo) -> HTMLResponse:
 
 
 @fragments.get("/ui/sweeps/{sweep_id}", response_class=HTMLResponse)
-def sweep_fragment(request: Request, sweep_id: SweepId, repo: Repo) -> HTMLResponse:
+def sweep_fragment(request: Request, sweep_id: SweepId, caller: Caller, repo: Repo) -> HTMLResponse:
     """A sweep's trials as a table, and its objective against time and each parameter."""
     record = repo.sweep(sweep_id)
-    info = sweep_info(record, repo)
+    info = sweep_info(record, repo, caller)
     return _render(
         request,
         "_sweep.html",

@@ -140,6 +140,9 @@ def submit(
     `jobs`). `gangway submit --workdir . -- python train.py` ships the directory and runs
     the command on every rank."""
     if flags.file is not None and is_pipeline(body := read_body(flags.file)):
+        if after or workdir or command:
+            echo("error: a pipeline file says each step's fields itself", err=True)
+            raise typer.Exit(2)
         submit_pipeline(pipeline_from(body, flags.file), url, as_json)
         return
     spec = job_spec(flags, command=command, workdir=workdir)

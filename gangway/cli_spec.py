@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -135,24 +134,22 @@ def job_spec(
     )
 
 
-class _CoreSchemaLoader(yaml.SafeLoader):
-    """YAML 1.2's booleans: only true and false. YAML 1.1 (PyYAML's default) also reads
-    on, off, yes and no as booleans, so `on: ended` in a dependency became `True: ended`."""
-
-
-_CoreSchemaLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_CoreSchemaLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
+def _string_keys(value: Any) -> Any:
+    """YAML 1.1 reads a bare `on` or `off` as a boolean, keys too: `depends_on: [{job: 3,
+    on: ended}]` would say `True: ended`. A body's keys are names (JSON has no other), so
+    a boolean key is the word it was written as; values keep YAML's booleans (`yes`)."""
+    if isinstance(value, list):
+        return [_string_keys(item) for item in value]
+    if isinstance(value, dict):
+        words = {True: "on", False: "off"}
+        return {(words[k] if isinstance(k, bool) else k): _string_keys(v) for k, v in value.items()}
+    return value
 
 
 def read_body(path: Path) -> Any:
     """A job, pipeline or sweep file. YAML is a superset of JSON: one loader reads both."""
     try:
-        return yaml.load(path.read_text(), Loader=_CoreSchemaLoader)
+        return _string_keys(yaml.safe_load(path.read_text()))
     except yaml.YAMLError as exc:
         echo(f"error: {path} is not YAML or JSON: {exc}", err=True)
         raise typer.Exit(1) from exc

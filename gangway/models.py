@@ -75,6 +75,7 @@ DataParallel = Annotated[
 # Union members name themselves in pydantic's error locations; a user's field path omits them.
 _UNION_TAGS = frozenset(
     {"builtin", "function", "script", "command", "degree", "range", "plan", "auto"}
+    | {"model-version", "job-checkpoint", "uniform", "log_uniform", "int", "choice"}
 )
 
 
@@ -194,8 +195,9 @@ class Builtin(_Strict):
     pause_at: list[Annotated[Int, Field(ge=1)]] = Field(
         default_factory=list,
         max_length=64,
-        description="steps at which the trainer saves a checkpoint and stops; the job then "
-        "waits, held, until released (a sweep's rungs), and resumes from there",
+        description="set by a sweep's early stopping (a submit with it is refused): steps "
+        "at which the trainer saves a checkpoint and stops; the job then waits, held, "
+        "until the sweep releases it, and resumes from there",
     )
 
 
@@ -349,11 +351,11 @@ class CheckpointRef(_Strict):
 def _init_kind(value: Any) -> str:
     """A body's `{job: ...}` or a parsed CheckpointRef (when dumped) is a checkpoint."""
     job = isinstance(value, CheckpointRef) or (isinstance(value, dict) and "job" in value)
-    return "checkpoint" if job else "model"
+    return "job-checkpoint" if job else "model-version"
 
 
 InitFrom = Annotated[
-    Annotated[ModelRef, Tag("model")] | Annotated[CheckpointRef, Tag("checkpoint")],
+    Annotated[ModelRef, Tag("model-version")] | Annotated[CheckpointRef, Tag("job-checkpoint")],
     Discriminator(_init_kind),
 ]
 
@@ -707,7 +709,8 @@ class SweepSubmit(_Strict):
     queue and priority, each with its parameters applied to the base body at their paths;
     at most `max_concurrent` at a time, `max_trials` in all."""
 
-    name: str = Field(min_length=1, max_length=200)
+    # A trial is named `<name>-<number>`, within a job name's 200 characters.
+    name: str = Field(min_length=1, max_length=190)
     base: JobSubmit
     space: dict[Annotated[str, Field(pattern=SWEEP_PATH, max_length=200)], Dimension] = Field(
         min_length=1,
@@ -760,7 +763,7 @@ class SweepInfo(BaseModel):
     id: int
     name: str
     user: str
-    state: Literal["RUNNING", "SUCCEEDED", "CANCELLED"]
+    state: Literal["RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"]
     reason: str
     submitted_at: datetime
     finished_at: datetime | None

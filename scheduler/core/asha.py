@@ -146,7 +146,6 @@ def advance(
         elif started < budget.max_trials:
             actions.append(Start())
             started += 1
-            board.all_started = started >= budget.max_trials
         else:
             break
         active += 1

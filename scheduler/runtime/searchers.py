@@ -11,7 +11,6 @@ controller that asks again after a restart asks the same question.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -30,12 +29,24 @@ from gangway.models import Choice, Dimension, IntRange, LogUniform, SweepSubmit,
 from scheduler.core.asha import TrialState
 from scheduler.store.sweeps import TrialRecord
 
+# A grid sweep with no max_trials runs its every point: at most this many.
+MAX_GRID_TRIALS = 1000
 
-def grid(space: dict[str, Dimension]) -> list[dict[str, Any]]:
-    """Every combination, the last dimension fastest."""
-    names = list(space)
-    axes = [_grid_values(space[name]) for name in names]
-    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes)]
+
+def grid_point(space: dict[str, Dimension], number: int) -> dict[str, Any]:
+    """Combination `number` (modulo the grid's size), the last dimension fastest, found
+    by mixed-radix digits: the grid itself is never built (it may be 10^9 points)."""
+    axes = {name: _grid_values(dim) for name, dim in space.items()}
+    point: dict[str, Any] = {}
+    rest = number % grid_size(space)
+    for name in reversed(list(axes)):
+        rest, digit = divmod(rest, len(axes[name]))
+        point[name] = axes[name][digit]
+    return {name: point[name] for name in axes}
+
+
+def grid_size(space: dict[str, Dimension]) -> int:
+    return math.prod(len(_grid_values(dim)) for dim in space.values())
 
 
 def _grid_values(dim: Dimension) -> list[Any]:
@@ -56,7 +67,7 @@ def trial_budget(sweep: SweepSubmit) -> int:
     """`max_trials`, or the grid's size for a grid, else 16."""
     if sweep.max_trials is not None:
         return sweep.max_trials
-    return math.prod(len(_grid_values(d)) for d in sweep.space.values()) if _is_grid(sweep) else 16
+    return min(grid_size(sweep.space), MAX_GRID_TRIALS) if _is_grid(sweep) else 16
 
 
 def _is_grid(sweep: SweepSubmit) -> bool:
@@ -68,8 +79,7 @@ def suggest(
 ) -> dict[str, Any]:
     """The parameters of trial `number` (0-based), given the trials so far."""
     if _is_grid(sweep):
-        points = grid(sweep.space)
-        return points[number % len(points)]
+        return grid_point(sweep.space, number)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     distributions = {name: _distribution(dim) for name, dim in sweep.space.items()}
     seed = (sweep.seed * 1_000_003 + number) % 2**32

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gangway.models import Builtin, SweepSubmit, submit_body
+from pydantic import ValidationError
+
+from gangway.models import Builtin, JobSubmit, SweepSubmit, submit_body
 from scheduler.core.asha import (
     Budget,
     Continue,
@@ -40,14 +42,39 @@ from scheduler.core.asha import (
     advance,
     places,
 )
-from scheduler.model import BUILTIN_OBJECTIVE, JobState
+from scheduler.model import BUILTIN_OBJECTIVE, Condition, JobState
 from scheduler.runtime.applier import Applier
 from scheduler.runtime.searchers import suggest, trial_budget
-from scheduler.store import IllegalTransition, JobRecord, JobRepository, NewJob, StaleState
+from scheduler.store import (
+    Fenced,
+    IllegalTransition,
+    JobEnded,
+    JobRecord,
+    JobRepository,
+    NewJob,
+    StaleState,
+)
 from scheduler.store.specs import spec_from_json
 from scheduler.store.sweeps import SweepRecord, SweepState, TrialRecord
 
 log = logging.getLogger(__name__)
+
+MAX_FAILED_PASSES = 3
+
+
+class TrialRefused(ValueError):
+    """The searcher's next trial is not a valid job: the sweep cannot go on."""
+
+
+def upstream_of(body: Mapping[str, Any]) -> tuple[tuple[int, Condition], ...]:
+    """The jobs a trial waits for, as its base was checked at submit: the base's
+    `depends_on` and the job whose checkpoint `init_from` names (its success, unless
+    `depends_on` names it)."""
+    pairs = {int(d["job"]): Condition(d["on"]) for d in body.get("depends_on", [])}
+    init = body.get("init_from")
+    if isinstance(init, dict) and "job" in init:
+        pairs.setdefault(int(init["job"]), Condition.SUCCEEDED)
+    return tuple(pairs.items())
 
 
 @dataclass(frozen=True)
@@ -105,9 +132,10 @@ def trial_body(plan: SweepPlan, number: int, params: Mapping[str, Any]) -> dict[
     for path, value in params.items():
         set_path(body, path, value)
     body["name"] = f"{plan.request.name}-{number}"
-    if plan.rungs is not None and body["entrypoint"]["kind"] == "builtin":
-        body["entrypoint"]["eval_every"] = plan.rungs.min_steps
-        body["entrypoint"]["pause_at"] = list(plan.rungs.steps[:-1])
+    if body["entrypoint"]["kind"] == "builtin":
+        body["entrypoint"]["pause_at"] = list(plan.rung_steps[:-1])
+        if plan.rungs is not None:
+            body["entrypoint"]["eval_every"] = plan.rungs.min_steps
     return body
 
 
@@ -150,6 +178,7 @@ class SweepController:
     ) -> None:
         self._repo, self._applier, self._clock = repo, applier, clock
         self._plans: dict[int, SweepPlan] = {}
+        self._failures: dict[int, int] = {}  # sweep id -> passes in a row that raised
         # job id -> how readily to preempt it (`JobView.expendable`): running trials by
         # their place at their latest rung, as of the last pass.
         self.expendable: dict[int, float] = {}
@@ -161,11 +190,35 @@ class SweepController:
         for sweep in sweeps:
             try:
                 self._advance(sweep)
-            except (StaleState, IllegalTransition) as exc:  # a user moved a job meanwhile
+                self._failures.pop(sweep.id, None)
+            except (StaleState, IllegalTransition, JobEnded) as exc:  # a user moved a job
                 log.info("sweep %s: %s; trying again next pass", sweep.id, exc)
+            except Fenced:
+                raise
+            except TrialRefused as exc:
+                self._end(sweep, str(exc))
+            except Exception as exc:  # one sweep's fault never stops the loop for all
+                self._failed(sweep, exc)
         if len(self._plans) > len(sweeps):
             running = {s.id for s in sweeps}
             self._plans = {i: p for i, p in self._plans.items() if i in running}
+
+    def _failed(self, sweep: SweepRecord, exc: Exception) -> None:
+        """Log a pass that raised; after `MAX_FAILED_PASSES` in a row, end the sweep."""
+        log.exception("sweep %s: pass failed", sweep.id)
+        count = self._failures[sweep.id] = self._failures.get(sweep.id, 0) + 1
+        if count >= MAX_FAILED_PASSES:
+            self._end(sweep, f"{count} passes in a row failed: {type(exc).__name__}: {exc}")
+
+    def _end(self, sweep: SweepRecord, reason: str) -> None:
+        """End the sweep FAILED and stop its trials that have not ended."""
+        self._failures.pop(sweep.id, None)
+        if not self._repo.end_sweep(sweep.id, SweepState.FAILED, reason):
+            return
+        jobs = {j.id: j for j in self._repo.many(t.job_id for t in sweep.trials)}
+        for trial in sweep.trials:
+            if not trial.state.ended:
+                self._stop(sweep, trial, jobs, reason)
 
     def _plan(self, sweep: SweepRecord) -> SweepPlan:
         plan = self._plans.get(sweep.id)
@@ -191,7 +244,10 @@ class SweepController:
             elif isinstance(action, Promote):
                 self._promote(sweep, by_number[action.number], jobs, action)
             elif isinstance(action, Start):
-                trials.append(self._start(sweep, plan, trials))
+                started = self._start(sweep, plan, trials)
+                if started is None:
+                    return  # the sweep ended meanwhile (cancelled)
+                trials.append(started)
             elif isinstance(action, Stop):
                 self._stop(sweep, by_number[action.number], jobs, action.reason)
             else:
@@ -216,19 +272,27 @@ class SweepController:
             state, rung = TrialState.COMPLETED, max(len(steps) - 1, 0)
         elif job.state.is_terminal:
             state = TrialState.FAILED
-        elif (
-            state is TrialState.RUNNING and steps and rung not in values and job.step >= steps[rung]
-        ):
+        elif _passed_its_rung(trial, job, steps):
             found = self._repo.latest_value(job.id, plan.metric, steps[rung])
             if found is not None:
                 values[rung] = found
+            elif job.hold is not None:  # stopped at the rung without the objective
+                state = TrialState.FAILED
+                self._cancel(
+                    job, f"sweep {sweep_id}: reported no {plan.metric} by step {steps[rung]}"
+                )
         if _held_behind(trial, job, steps):
             reason = f"sweep {sweep_id} already let it past step {job.step}: resumes"
-            self._repo.annotate(job.id, reason, hold=None)
+            self._repo.annotate(job.id, reason, hold=None, queued_at=self._clock())
         if (state, rung, values) == (trial.state, trial.rung, trial.values):
             return trial
         self._repo.update_trial(sweep_id, trial.number, state=state, rung=rung, values=values)
         return TrialRecord(trial.number, trial.job_id, trial.params, state, rung, values)
+
+    def _cancel(self, job: JobRecord, reason: str) -> None:
+        if not job.state.is_terminal:
+            with contextlib.suppress(StaleState, IllegalTransition):
+                self._repo.transition(job.id, JobState.CANCELLED, reason=reason)
 
     # -- step 3: acting on the rule -------------------------------------------------------
 
@@ -247,7 +311,7 @@ class SweepController:
         value = trial.values[action.rung]
         hold = f"trial {trial.number} of sweep {sweep.id}: {action.reason}"
         reason = f"paused by sweep {sweep.id} ({plan.metric} {value:.6g}): {action.reason}"
-        if job.state is JobState.RUNNING:
+        if job.state is JobState.RUNNING and job.spec.preemptible:
             self._applier.pause(job, hold, reason)
         elif job.state is JobState.PENDING:
             self._repo.annotate(job.id, reason, hold=hold)
@@ -267,7 +331,7 @@ class SweepController:
         job = jobs[trial.job_id]
         if job.state is JobState.PENDING and job.hold is not None:
             reason = f"{action.reason} (sweep {sweep.id}); resumes toward rung {action.rung}"
-            self._repo.annotate(job.id, reason, hold=None)
+            self._repo.annotate(job.id, reason, hold=None, queued_at=self._clock())
         self._repo.update_trial(sweep.id, trial.number, rung=action.rung)
 
     def _promote(
@@ -277,13 +341,23 @@ class SweepController:
         job = jobs[trial.job_id]
         reason = f"{action.reason} (sweep {sweep.id}); resumes toward rung {action.rung}"
         if not job.state.is_terminal:
-            self._repo.annotate(job.id, reason, hold=None)
+            self._repo.annotate(job.id, reason, hold=None, queued_at=self._clock())
         self._repo.update_trial(sweep.id, trial.number, state=TrialState.RUNNING, rung=action.rung)
 
-    def _start(self, sweep: SweepRecord, plan: SweepPlan, trials: list[TrialRecord]) -> TrialRecord:
+    def _start(
+        self, sweep: SweepRecord, plan: SweepPlan, trials: list[TrialRecord]
+    ) -> TrialRecord | None:
+        """The next trial and its job, or None if the sweep ended meanwhile. Its body is
+        checked as a job first: one the corners checked at submit did not cover (a
+        combination) ends the sweep with the reason, as no such job may be stored."""
         number = len(trials)
         params = suggest(plan.request, number, trials, plan.rung_steps)
         body = trial_body(plan, number, params)
+        try:
+            JobSubmit.model_validate(body, context={"stored": True})
+        except ValidationError as exc:
+            shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+            raise TrialRefused(f"trial {number} ({shown}) is not a valid job: {exc}") from exc
         spec = spec_from_json(body)
         entry = body["entrypoint"]
         new = NewJob(
@@ -294,19 +368,15 @@ class SweepController:
             spec=body,
             num_gpus=spec.shape.num_gpus,
             total_steps=entry.get("steps") if entry["kind"] == "builtin" else None,
+            depends_on=upstream_of(body),
         )
         shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
         reason = f"submitted as trial {number} of sweep {sweep.id} ({sweep.name}): {shown}"
-        trial, _ = self._repo.add_trial(sweep.id, number, params, new, reason)
-        return trial
+        made = self._repo.add_trial(sweep.id, number, params, new, reason)
+        return made[0] if made is not None else None
 
     def _stop(
         self, sweep: SweepRecord, trial: TrialRecord, jobs: Mapping[int, JobRecord], reason: str
     ) -> None:
-        job = jobs[trial.job_id]
-        if not job.state.is_terminal:
-            with contextlib.suppress(StaleState, IllegalTransition):
-                self._repo.transition(
-                    job.id, JobState.CANCELLED, reason=f"stopped by sweep {sweep.id}: {reason}"
-                )
+        self._cancel(jobs[trial.job_id], f"stopped by sweep {sweep.id}: {reason}")
         self._repo.update_trial(sweep.id, trial.number, state=TrialState.STOPPED)

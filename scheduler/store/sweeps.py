@@ -29,6 +29,7 @@ from scheduler.store.tables import Base, UTCDateTime
 class SweepState(enum.StrEnum):
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"  # the trial budget spent and every trial ended
+    FAILED = "FAILED"  # the sweep could not go on (its reason says why)
     CANCELLED = "CANCELLED"
 
 
@@ -127,10 +128,20 @@ class SweepStore(Repository):
 
     def add_trial(
         self, sweep_id: int, number: int, params: dict[str, Any], job: NewJob, reason: str
-    ) -> tuple[TrialRecord, JobRecord]:
-        """Trial `number` and its job, in one transaction (a number made twice fails)."""
+    ) -> tuple[TrialRecord, JobRecord] | None:
+        """Trial `number` and its job, in one transaction (a number made twice fails);
+        None if the sweep is no longer running. The sweep's row is written in the same
+        transaction (locked on PostgreSQL), so a trial is never added after the sweep
+        ended: a cancel that ended it sees every trial it must stop."""
         with Session(self._engine) as session, session.begin():
             self._guard(session)
+            running = session.execute(
+                update(SweepRow)
+                .where(SweepRow.id == sweep_id, SweepRow.state == SweepState.RUNNING.value)
+                .values(state=SweepRow.state)
+            )
+            if not running.rowcount:  # type: ignore[attr-defined]
+                return None
             row = insert_job(session, job, reason, self._clock())
             trial = SweepTrialRow(
                 sweep_id=sweep_id,

@@ -79,10 +79,47 @@ def test_a_sweep_is_stored_and_read_back(client: TestClient, repo: JobRepository
         ),
         (
             {"space": {"entrypoint.learning_rate": {"kind": "log_uniform", "low": 0, "high": 1}}},
-            "space.entrypoint.learning_rate.log_uniform.low",
+            "space.entrypoint.learning_rate.low",
             "",
         ),
         ({"max_concurrent": 0}, "max_concurrent", ""),
+        (  # a float drawn for an integer field
+            {"space": {"entrypoint.batch_size": {"kind": "uniform", "low": 4, "high": 16}}},
+            "space.entrypoint.batch_size",
+            "",
+        ),
+        (  # each end fits, both at their highest (64 GPUs) never does
+            {
+                "space": {
+                    "parallelism.dp": {"kind": "int", "low": 1, "high": 8},
+                    "parallelism.tp": {"kind": "choice", "values": [1, 8]},
+                }
+            },
+            "space",
+            "",
+        ),
+        (
+            {
+                "searcher": "grid",
+                "max_trials": None,
+                "space": {f"env.X{i}": {"kind": "int", "low": 0, "high": 99} for i in range(2)},
+            },
+            "max_trials",
+            "the grid has 10,000 points",
+        ),
+        ({"early_stopping": {"rule": "asha", "max_steps": 50}}, "early_stopping.max_steps", ""),
+        (
+            {
+                "base": {
+                    "name": "x",
+                    "entrypoint": {"kind": "builtin", "steps": 81, "update_mode": "async"},
+                    "parallelism": {"dp": 2},
+                }
+            },
+            "early_stopping",
+            "no rung would have a value",
+        ),
+        ({"name": "n" * 191}, "name", ""),
         ({"base": {"name": "x", "entrypoint": {"kind": "builtin", "model": "gpt-huge"}}}, "", ""),
     ],
 )
@@ -118,8 +155,7 @@ def test_cancelling_a_sweep_stops_its_trials(client: TestClient, repo: JobReposi
     assert cancelled["trials"][0]["job_state"] == "CANCELLED"
     assert repo.get(job.id).state is JobState.CANCELLED
     assert repo.sweep(info["id"]).trials[0].state is TrialState.STOPPED
-    with pytest.raises(IntegrityError):  # a trial number is made once
-        repo.add_trial(info["id"], 0, {}, new, "the same number twice")
+    assert repo.add_trial(info["id"], 1, {}, new, "after the cancel") is None
 
 
 def test_the_cli_starts_shows_and_cancels_a_sweep(cli: CliRunner, tmp_path: Path) -> None:
@@ -154,3 +190,20 @@ def test_the_status_page_shows_a_sweep_its_trials_and_charts(
     assert f'href="/jobs/{job.id}"' in page and "entrypoint.learning_rate=0.01" in page
     assert page.count('<circle class="pt"') == 3  # by time, by learning rate, by batch size
     assert "val_loss by entrypoint.learning_rate" in page
+
+
+def test_a_trial_number_is_made_once(client: TestClient, repo: JobRepository) -> None:
+    info = client.post("/v1/sweeps", json=sweep()).json()
+    body = client.post("/v1/jobs", json={"name": "x", "entrypoint": {"kind": "builtin"}})
+    spec = body.json()["spec"]
+    new = NewJob("x", "default", 0, spec, 1, 100)
+    assert repo.add_trial(info["id"], 0, {}, new, "first") is not None
+    with pytest.raises(IntegrityError):
+        repo.add_trial(info["id"], 0, {}, new, "the same number twice")
+
+
+def test_pause_points_are_the_sweeps_to_set(client: TestClient) -> None:
+    body = {"name": "x", "entrypoint": {"kind": "builtin", "steps": 10, "pause_at": [5]}}
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 422
+    assert response.json()["error"]["field"] == "entrypoint.pause_at"

@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from gangway.models import SweepSubmit
 from scheduler.core.asha import TrialState
 from scheduler.model import JobState
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.loop import SchedulerLoop
-from scheduler.store import JobRepository
+from scheduler.store import JobRepository, NewJob
 from scheduler.store.records import ReportedPoint
 from scheduler.store.sweeps import SweepState
 from tests.integration.test_loop import Clock, FakeExecutor, make_loop
@@ -180,3 +182,37 @@ def test_a_restart_mid_sweep_loses_no_trial_and_makes_none_twice(
     for old in before:
         kept = after.trials[old.number]
         assert (kept.job_id, kept.params) == (old.job_id, old.params)
+
+
+def test_a_sweep_that_cannot_go_on_ends_without_stopping_anyone_elses_jobs(
+    repo: JobRepository, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial body that is not a job ends its sweep FAILED with the reason; a sweep
+    whose passes raise ends after three; the loop schedules everyone else throughout."""
+    bad = create_sweep(  # a float batch size: refused as a job, never stored
+        repo, space={"entrypoint.batch_size": {"kind": "uniform", "low": 4, "high": 16}}
+    )
+    broken = create_sweep(repo)
+    executor = FakeExecutor()
+    loop = make_loop(repo, executor, clock)
+    real = loop._sweeps._advance
+
+    def raises_for_one(sweep: Any) -> None:
+        if sweep.id == broken:
+            raise RuntimeError("a bug")
+        real(sweep)
+
+    monkeypatch.setattr(loop._sweeps, "_advance", raises_for_one)
+    other = repo.create(
+        NewJob("other", "default", 0, {"entrypoint": {"kind": "builtin", "steps": 5}}, 1, 5)
+    )
+    for _ in range(3):
+        loop.tick()
+    refused = repo.sweep(bad)
+    assert refused.state is SweepState.FAILED and refused.trials == []
+    assert refused.reason.startswith("trial 0 (entrypoint.batch_size=")
+    assert "is not a valid job" in refused.reason
+    failed = repo.sweep(broken)
+    assert failed.state is SweepState.FAILED
+    assert failed.reason == "3 passes in a row failed: RuntimeError: a bug"
+    assert other.id in [job_id for job_id, _, _ in executor.launched]

@@ -14,9 +14,11 @@ from fastapi import FastAPI
 
 from api.app import create_app
 from api.auth import AuthConfig
-from gangway import Client, ValidationFailed
+from gangway import Client, Forbidden, ValidationFailed
+from gangway.models import submit_body
+from scheduler.core.asha import TrialState
 from scheduler.model import Node
-from scheduler.store import JobRepository
+from scheduler.store import JobRepository, NewJob
 from tests.security.test_model_registry import ADMIN_KEY, as_user
 
 JOB = {"name": "pretrain", "entrypoint": {"kind": "builtin", "steps": 20}}
@@ -66,3 +68,37 @@ def test_a_user_cannot_wait_for_or_start_from_another_users_job(
         **{**JOB, "name": "ops", "user": "alice", "depends_on": [{"job": victim.id}]}
     )
     assert admin.explain().upstream[0].job == victim.id
+
+
+def test_a_stranger_reads_a_sweep_without_its_env_and_cannot_cancel_it(
+    clients: dict[str, Client], repo: JobRepository
+) -> None:
+    """A sweep shows what its jobs show: env values (a token a base job carries, a
+    searched env value) only to its owner and admins; only they end it."""
+    sweep = clients["alice"].submit_sweep(
+        name="lr",
+        base={**JOB, "env": {"HF_TOKEN": "hf_secret_value"}},
+        space={"env.WARMUP": {"kind": "choice", "values": ["10", "20"]}},
+        max_trials=2,
+    )
+    done = clients["alice"].submit(**{**JOB, "env": {"HF_TOKEN": "hf_secret_value"}})
+    body = submit_body(done.spec) | {"env": {"HF_TOKEN": "hf_secret_value", "WARMUP": "20"}}
+    new = NewJob("lr-0", "default", 0, body, 1, 20, user="alice")
+    repo.add_trial(sweep.id, 0, {"env.WARMUP": "20"}, new, "trial 0")
+    repo.update_trial(sweep.id, 0, state=TrialState.COMPLETED, values={0: 1.5})
+    seen = clients["mallory"].sweep(sweep.id)
+    assert seen.best is not None and seen.trials[0].params == {"env.WARMUP": "***"}
+    assert "hf_secret_value" not in seen.model_dump_json()
+    owner = clients["alice"].sweep(sweep.id)
+    assert owner.best is not None and owner.best.job.env["HF_TOKEN"] == "hf_secret_value"
+    assert owner.trials[0].params == {"env.WARMUP": "20"}
+    with pytest.raises(Forbidden):
+        clients["mallory"].cancel_sweep(sweep.id)
+    with pytest.raises(ValidationFailed) as refused:  # a sweep from a stranger's weights
+        clients["mallory"].submit_sweep(
+            name="steal",
+            base={**JOB, "init_from": {"job": clients["alice"].submit(**JOB).id}},
+            space={"entrypoint.learning_rate": {"kind": "log_uniform", "low": 1e-4, "high": 1}},
+        )
+    assert refused.value.field == "init_from.job"
+    assert clients["alice"].cancel_sweep(sweep.id).state == "CANCELLED"

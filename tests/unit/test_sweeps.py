@@ -24,7 +24,7 @@ from scheduler.core.asha import (
     advance,
     places,
 )
-from scheduler.runtime.searchers import grid, suggest, trial_budget
+from scheduler.runtime.searchers import grid_point, grid_size, suggest, trial_budget
 from scheduler.runtime.sweeps import rungs_of, set_path, sweep_plan, trial_body
 from scheduler.store.sweeps import TrialRecord
 from tests.unit.builders import NOW, Cluster, pending, running
@@ -139,7 +139,8 @@ def sweep(**fields: Any) -> SweepSubmit:
 
 
 def test_a_grid_walks_every_combination_last_dimension_fastest() -> None:
-    points = grid(sweep(searcher="grid").space)
+    space = sweep(searcher="grid").space
+    points = [grid_point(space, n) for n in range(grid_size(space))]
     assert len(points) == 9 and trial_budget(sweep(searcher="grid")) == 9
     assert [p["entrypoint.batch_size"] for p in points[:3]] == [4, 8, 16]
     rates = sorted({p["entrypoint.learning_rate"] for p in points})
@@ -219,3 +220,13 @@ def test_preemption_takes_the_trial_its_rule_ranks_lowest_first() -> None:
     ]
     preempts = [d for d in schedule(cluster, jobs, NOW) if isinstance(d, Preempt)]
     assert [p.job_id for p in preempts] == [2]  # though it loses more work than job 1
+
+
+def test_a_grid_point_is_found_without_building_a_huge_grid() -> None:
+    space = sweep(
+        searcher="grid",
+        space={f"env.X{i}": {"kind": "int", "low": 0, "high": 999} for i in range(3)},
+    ).space
+    assert grid_size(space) == 10**9
+    assert grid_point(space, 1_234_567) == {"env.X0": 1, "env.X1": 234, "env.X2": 567}
+    assert trial_budget(sweep(searcher="grid", space=space)) == 1000

@@ -94,7 +94,7 @@ class TrainSpec:
     eval_every: int | None = wire_default(Builtin, "eval_every")  # None: no validation
     eval_batches: int = wire_default(Builtin, "eval_batches")
     on_instability: InstabilityPolicy = field(default_factory=InstabilityPolicy)
-    pause_at: Sequence[int] = ()  # Builtin.pause_at: save and stop there (sync modes)
+    pause_at: Sequence[int] = field(default_factory=list)  # Builtin.pause_at (sync modes)
     # The engine's own knobs, not in the job spec:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0

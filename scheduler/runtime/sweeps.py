@@ -155,10 +155,14 @@ def set_path(body: dict[str, Any], path: str, value: Any) -> None:
 
 
 def _passed_its_rung(trial: TrialRecord, job: JobRecord, steps: tuple[int, ...]) -> bool:
-    """A running trial whose job is past the rung it works toward, not yet recorded."""
+    """A running trial whose job is past the rung it works toward, not yet recorded, and
+    in a state a pause applies to (running, or pending): one between states (starting,
+    stopping) is recorded on a later pass, so the rule never decides a pause that cannot
+    be carried out (and frees its slot for a new trial meanwhile)."""
     rung = trial.rung
     running = trial.state is TrialState.RUNNING and rung < len(steps)
-    return running and rung not in trial.values and job.step >= steps[rung]
+    settled = job.state in (JobState.RUNNING, JobState.PENDING)
+    return running and settled and rung not in trial.values and job.step >= steps[rung]
 
 
 def _held_behind(trial: TrialRecord, job: JobRecord, steps: tuple[int, ...]) -> bool:
@@ -305,8 +309,8 @@ class SweepController:
         action: Pause,
     ) -> None:
         """Keep the trial held: its trainer stopped at the rung (PENDING, held), or its
-        gang is stopped with its checkpoint and held (a job without pause points); a job
-        between states (starting, stopping) is paused on a later pass."""
+        gang is stopped with its checkpoint and held (a job without pause points). A job
+        that may not be preempted runs on: the rule asks again next pass."""
         job = jobs[trial.job_id]
         value = trial.values[action.rung]
         hold = f"trial {trial.number} of sweep {sweep.id}: {action.reason}"

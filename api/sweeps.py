@@ -187,6 +187,7 @@ def sweep_info(record: SweepRecord, repo: JobRepository, caller: Principal) -> S
             rung_values=t.values,
             step=jobs[t.job_id].step,
             gpu_seconds=gpu_seconds(jobs[t.job_id], now),
+            moved_at=_moved_at(jobs[t.job_id]),
         )
         for t in record.trials
     ]
@@ -200,6 +201,7 @@ def sweep_info(record: SweepRecord, repo: JobRepository, caller: Principal) -> S
         finished_at=record.finished_at,
         objective=Objective(metric=plan.metric, mode="min" if plan.minimize else "max"),
         searcher=plan.request.searcher,
+        space=plan.request.space,
         rung_steps=list(plan.rung_steps),
         max_trials=plan.budget.max_trials,
         max_concurrent=plan.budget.max_concurrent,
@@ -207,6 +209,10 @@ def sweep_info(record: SweepRecord, repo: JobRepository, caller: Principal) -> S
         best=_best(trials, plan.request, plan.minimize, shows_env=shows_env),
         gpu_seconds=sum(t.gpu_seconds for t in trials),
     )
+
+
+def _moved_at(job: JobRecord) -> datetime:
+    return job.finished_at or job.progress_at or job.updated_at
 
 
 def gpu_seconds(job: JobRecord, now: datetime) -> float:

@@ -38,12 +38,10 @@ from api.routes import MAX_ID, JobId, Repo
 from api.sweeps import SweepId, sweep_info
 from gangway.models import JobState, SweepInfo, metric_order
 from scheduler.model import RESOURCE_HOLDING_STATES
-from scheduler.runtime.sweeps import sweep_plan
 from scheduler.store import JobRecord, JobRepository, MetricPoint
 from scheduler.store.predictions import JobPrediction
 from scheduler.store.registry import ModelRegistry
 from scheduler.store.reported import MAX_PAGE, StoredPoint
-from scheduler.store.sweeps import SweepRecord
 
 PAGE_SIZE = 20
 # A version's metrics the models table shows.
@@ -331,45 +329,33 @@ def sweeps_fragment(request: Request, repo: Repo) -> HTMLResponse:
 @fragments.get("/ui/sweeps/{sweep_id}", response_class=HTMLResponse)
 def sweep_fragment(request: Request, sweep_id: SweepId, caller: Caller, repo: Repo) -> HTMLResponse:
     """A sweep's trials as a table, and its objective against time and each parameter."""
-    record = repo.sweep(sweep_id)
-    info = sweep_info(record, repo, caller)
+    info = sweep_info(repo.sweep(sweep_id), repo, caller)
     return _render(
         request,
         "_sweep.html",
         sweep=info,
-        charts=Markup("").join(_sweep_charts(info, record, repo)),
+        charts=Markup("").join(_sweep_charts(info)),
         best_body=json.dumps(info.best.job.model_dump(mode="json"), indent=2) if info.best else "",
     )
 
 
-def _sweep_charts(info: SweepInfo, record: SweepRecord, repo: JobRepository) -> list[Markup]:
+def _sweep_charts(info: SweepInfo) -> list[Markup]:
     """The objective against minutes since the sweep began (when each trial last moved)
     and against each parameter (log-spaced where the space draws it so)."""
-    scored = [t for t in info.trials if t.objective is not None]
-    jobs = {j.id: j for j in repo.many(t.job_id for t in scored)}
+    scored = [(t, t.objective) for t in info.trials if t.objective is not None]
     metric = info.objective.metric
-    when = [
-        ((_moved_at(jobs[t.job_id]) - record.submitted_at).total_seconds() / 60, t.objective)
-        for t in scored
-        if t.objective is not None
-    ]
+    when = [((t.moved_at - info.submitted_at).total_seconds() / 60, y) for t, y in scored]
     charts = [scatter_chart(when, title=f"{metric} by time", x_label="minutes")]
-    for name, dim in sweep_plan(record.spec).request.space.items():
+    for name, dim in info.space.items():
         points = [
-            (float(t.params[name]), t.objective)
-            for t in scored
-            if t.objective is not None and isinstance(t.params.get(name), int | float)
+            (float(t.params[name]), y)
+            for t, y in scored
+            if isinstance(t.params.get(name), int | float)
         ]
         if points:
-            log_x = getattr(dim, "kind", "") == "log_uniform"
-            charts.append(
-                scatter_chart(points, title=f"{metric} by {name}", x_label=name, log_x=log_x)
-            )
+            title, log_x = f"{metric} by {name}", dim.kind == "log_uniform"
+            charts.append(scatter_chart(points, title=title, x_label=name, log_x=log_x))
     return charts
-
-
-def _moved_at(job: JobRecord) -> datetime:
-    return job.finished_at or job.progress_at or job.updated_at
 
 
 @fragments.get("/ui/jobs/{job_id}/events", response_class=HTMLResponse)

@@ -750,6 +750,7 @@ class SweepTrialInfo(BaseModel):
     rung_values: dict[int, float] = Field(description="rung -> the objective there")
     step: int
     gpu_seconds: float
+    moved_at: datetime = Field(description="when its job last moved: ended, or last step")
 
 
 class SweepBest(BaseModel):
@@ -769,6 +770,7 @@ class SweepInfo(BaseModel):
     finished_at: datetime | None
     objective: Objective
     searcher: str
+    space: dict[str, Dimension] = Field(description="the dimensions searched, by path")
     rung_steps: list[int] = Field(description="ASHA's rungs in steps; empty without it")
     max_trials: int
     max_concurrent: int

@@ -1,6 +1,8 @@
 """Export of a sharded checkpoint (dp=2 x tp=2) to one safetensors file and an int8 copy:
 the same logits as torch's own consolidation of the checkpoint, the validation loss the
-run itself measured, and an int8 file at least 2.5x smaller."""
+run itself measured, and an int8 file (torchao's layout) at least 2.5x smaller, whose
+weights are the float ones within half a quantization step and which loads back into a
+quantized model giving the validation loss the export measured."""
 
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from bench.harness.engine import run_engine
+from workers.engine.data import SyntheticTokens
+from workers.engine.evaluation import evaluate
 from workers.engine.gpt import GPT
 from workers.engine.model_configs import MODEL_CONFIGS
 from workers.engine.plan import ParallelPlan
@@ -68,10 +73,54 @@ def test_export_gives_the_same_logits_and_an_int8_copy(
     assert full["bytes"] >= 2.5 * int8["bytes"]
     # the loss of the run's own validation pass at its last step, on the same samples
     assert full["val_loss"] == pytest.approx(run["metrics"]["val_loss"], abs=1e-5)
+    # the quantized model's own (dynamic int8 activations), on the same samples
     assert int8["val_loss"] == pytest.approx(full["val_loss"], rel=0.02)
-    quantized = GPT(MODEL_CONFIGS["gpt-tiny"])
-    quantized.load_state_dict(load_int8(outputs / INT8))
     assert ctx.progress().metrics["bytes_int8"] == int8["bytes"]
+
+    floats, stored = load_file(outputs / FULL), load_file(outputs / INT8)
+    dequantized = load_int8(outputs / INT8)
+    assert dequantized.keys() == floats.keys()
+    # every linear layer's and embedding's weight is int8; norms and biases as they were
+    quantized = {
+        name
+        for name, module in GPT(MODEL_CONFIGS["gpt-tiny"]).named_modules()
+        if isinstance(module, torch.nn.Linear | torch.nn.Embedding)
+    }
+    assert {name for name in stored if name.endswith("._weight_qdata")} == {
+        f"{name}._weight_qdata" for name in quantized
+    }
+    for name, weight in floats.items():
+        module = name.removesuffix(".weight")
+        if module in quantized:
+            # a row's largest positive weight is 127.5 steps, clamped to 127: exactly half
+            # a step off, and float32 rounding may add a little to that
+            step = stored[f"{module}._weight_scale"]
+            assert ((dequantized[name] - weight).abs() <= step * (0.5 + 1e-3)).all(), name
+        else:
+            assert torch.equal(dequantized[name], weight), name
+
+    # as the module's docstring says: torchao reads it back into a quantized model
+    from torchao.prototype.safetensors.safetensors_support import (  # type: ignore[import-untyped]
+        unflatten_tensor_state_dict,
+    )
+
+    with safe_open(outputs / INT8, "pt") as file:
+        metadata = file.metadata()
+    assert {key: metadata[key] for key in ("model", "weights", "by")} == {
+        "model": "gpt-tiny",
+        "weights": "int8",
+        "by": "gangway",
+    }
+    state, rest = unflatten_tensor_state_dict(stored, metadata)
+    assert not rest
+    config = MODEL_CONFIGS["gpt-tiny"]
+    served = GPT(config)
+    served.load_state_dict(state, assign=True)  # strict: every weight, no more
+    held_out = SyntheticTokens(
+        vocab_size=config.vocab_size, seq_len=config.seq_len, seed=0, validation=True
+    )
+    again = evaluate(served, held_out, batch_size=2 * 4, batches=4)
+    assert again["val_loss"] == pytest.approx(int8["val_loss"], abs=1e-6)
 
 
 class _Payload:

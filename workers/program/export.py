@@ -13,18 +13,32 @@ No code in the checkpoint runs: DCP reads it into a freshly built model through
 only, model entries only as tensors); the files written are safetensors (tensors and
 string metadata only).
 
-int8: every 2-D weight (linear layers and embeddings) is quantized per output row,
-symmetric (scale = max |w| / 127, what `torch.quantize_per_channel` computes; torch's
-quantized tensor types are deprecated, pytorch#184982, so the int8 values are made here);
-the file holds them under the weight's name and the row scales under `<name>::scale`;
-other tensors (norms, biases) stay float32. To load it without Gangway:
-`weight = int8.float() * scale[:, None]`. The int8 copy's validation loss is measured
-with exactly those weights.
+int8: quantized with torchao, PyTorch's quantization library (torch.ao.quantization is
+deprecated, pytorch#184982): the linear layers with `Int8DynamicActivationInt8WeightConfig`
+(int8 weights per output row, activations quantized per row at each call: the counterpart
+of torch's old `quantize_dynamic`), the embeddings with `Int8WeightOnlyConfig`; other
+tensors (norms, biases) stay float32. The int8 copy's validation loss is that quantized
+model's own. The file is torchao's safetensors layout: a quantized `<module>.weight` is
+stored as `<module>._weight_qdata` (int8), `<module>._weight_scale` (float32, one per row)
+and `<module>._weight_zero_point` (int8, all 0: symmetric), the other tensors under their
+own names; the metadata holds torchao's description of each tensor and `tensor_names`,
+beside `model`, `weights` and `by`. To load it without Gangway, either into a `GPT` of
+that config, which then runs quantized (torchao installed):
+
+    tensors = safetensors.torch.load_file(path)
+    metadata = safetensors.safe_open(path, "pt").metadata()
+    state, _ = torchao.prototype.safetensors.safetensors_support.unflatten_tensor_state_dict(
+        tensors, metadata
+    )
+    model.load_state_dict(state, assign=True)
+
+or by hand, as float weights (`load_int8`): `weight = _weight_qdata.float() * _weight_scale`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +52,6 @@ from workers.engine.gpt import GPT
 from workers.engine.model_configs import MODEL_CONFIGS
 from workers.program.context import RankContext
 
-SCALE_SUFFIX = "::scale"
 FULL = "model.safetensors"
 INT8 = "model-int8.safetensors"
 
@@ -62,17 +75,17 @@ def export_model(
         raise ValueError(f"quantize: none or int8, not {quantize!r}")
     net = consolidated(model, ctx.model_dir)
     stream = _held_out(model, seed, data_path)
+    files: dict[str, Any] = {}
     weights = {name: t.detach().contiguous() for name, t in net.state_dict().items()}
-    summary: dict[str, Any] = {"model": model, "format": "safetensors", "files": {}}
-    summary["files"][FULL] = _write(weights, ctx.outputs_dir / FULL, model, "float32")
-    summary["files"][FULL] |= evaluate(net, stream, batch_size=eval_batch, batches=eval_batches)
+    files[FULL] = _write(weights, {}, ctx.outputs_dir / FULL, model, "float32")
+    files[FULL] |= evaluate(net, stream, batch_size=eval_batch, batches=eval_batches)
     if quantize == "int8":
-        packed = quantized_int8(weights)
-        summary["files"][INT8] = _write(packed, ctx.outputs_dir / INT8, model, "int8")
-        net.load_state_dict(dequantized(packed))
-        summary["files"][INT8] |= evaluate(net, stream, batch_size=eval_batch, batches=eval_batches)
+        tensors, layout = quantized_int8(net)
+        files[INT8] = _write(tensors, layout, ctx.outputs_dir / INT8, model, "int8")
+        files[INT8] |= evaluate(net, stream, batch_size=eval_batch, batches=eval_batches)
+    summary = {"model": model, "format": "safetensors", "files": files}
     (ctx.outputs_dir / "export.json").write_text(json.dumps(summary, indent=2))
-    ctx.report(step=0, **_figures(summary["files"]))
+    ctx.report(step=0, **_figures(files))
     return summary
 
 
@@ -83,37 +96,51 @@ def consolidated(model: str, checkpoint: Path) -> GPT:
     return net.eval()
 
 
-def quantized_int8(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every 2-D float weight as int8 per output row, with its scales; the rest as is."""
-    packed: dict[str, torch.Tensor] = {}
-    for name, tensor in weights.items():
-        if tensor.dim() != 2 or not tensor.is_floating_point():
-            packed[name] = tensor
-            continue
-        scales = (tensor.float().abs().amax(dim=1) / 127).clamp(min=1e-12)
-        rows = torch.round(tensor.float() / scales[:, None]).clamp(-127, 127)
-        packed[name] = rows.to(torch.int8).contiguous()
-        packed[name + SCALE_SUFFIX] = scales
-    return packed
-
-
-def dequantized(packed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The float weights an int8 file stands for (what a server would compute)."""
-    weights: dict[str, torch.Tensor] = {}
-    for name, tensor in packed.items():
-        if name.endswith(SCALE_SUFFIX):
-            continue
-        scale = packed.get(name + SCALE_SUFFIX)
-        weights[name] = tensor.float() * scale[:, None] if scale is not None else tensor
-    return weights
+def quantized_int8(net: GPT) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Quantize `net` in place (torchao); its state as torchao's safetensors layout:
+    the tensors to save and their string metadata."""
+    # torchao's import logs that its optional CUDA kernels are absent, and torch logs
+    # that torchao registers enums with pytree the old way: neither concerns an export.
+    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        from torchao.prototype.safetensors.safetensors_support import (  # type: ignore[import-untyped]
+            flatten_tensor_state_dict,
+        )
+        from torchao.quantization import (  # type: ignore[import-untyped]
+            Int8DynamicActivationInt8WeightConfig,
+            Int8WeightOnlyConfig,
+            quantize_,
+        )
+    finally:
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
+    quantize_(net, Int8DynamicActivationInt8WeightConfig())
+    quantize_(net, Int8WeightOnlyConfig(), filter_fn=lambda m, _: isinstance(m, torch.nn.Embedding))
+    tensors, layout = flatten_tensor_state_dict(net.state_dict())
+    return tensors, layout
 
 
 def load_int8(path: Path) -> dict[str, torch.Tensor]:
-    return dequantized(load_file(path))
+    """The float weights an int8 file stands for, by hand (no torchao): a model's state
+    dict."""
+    tensors = load_file(path)
+    weights: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        module, _, field = name.rpartition(".")
+        if field == "_weight_qdata":
+            weights[f"{module}.weight"] = tensor.float() * tensors[f"{module}._weight_scale"]
+        elif field not in ("_weight_scale", "_weight_zero_point"):
+            weights[name] = tensor
+    return weights
 
 
-def _write(tensors: dict[str, torch.Tensor], path: Path, model: str, dtype: str) -> dict[str, Any]:
-    save_file(tensors, path, metadata={"model": model, "weights": dtype, "by": "gangway"})
+def _write(
+    tensors: dict[str, torch.Tensor], layout: dict[str, str], path: Path, model: str, dtype: str
+) -> dict[str, Any]:
+    save_file(tensors, path, metadata=layout | {"model": model, "weights": dtype, "by": "gangway"})
     return {"bytes": path.stat().st_size}
 
 

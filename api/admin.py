@@ -1,4 +1,4 @@
-"""REST v1 administration: who am I, users and their API keys, queue quotas.
+"""REST v1 administration: who am I, users and their API keys, queue quotas and members.
 
 Users and queues are admin business; a user may list and issue or revoke their own keys
 (to rotate one without asking an admin).
@@ -12,13 +12,14 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi import Path as PathParam
 
 from api.auth import RESERVED_NAMES, Admin, Caller, current_caller, require_owner
-from api.convert import queue_infos, queue_quota
+from api.convert import queue_quota
 from api.errors import FieldError
-from api.routes import ERROR_RESPONSES, MAX_ID, Repo, changed
+from api.routes import ERROR_RESPONSES, MAX_ID, Repo, changed, queues_now
 from gangway.models import (
     ApiKeyInfo,
     IssuedApiKey,
     QueueInfo,
+    QueueMembers,
     QueueName,
     QueueSpec,
     UserCreate,
@@ -26,7 +27,6 @@ from gangway.models import (
     UserName,
     WhoAmI,
 )
-from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.store import AccountRepository, ApiKey, QueueRepository, User
 
 router = APIRouter(dependencies=[Depends(current_caller)], responses=ERROR_RESPONSES)
@@ -51,7 +51,12 @@ QueuePath = Annotated[QueueName, PathParam(description="the queue's name")]
 @router.get("/v1/whoami", response_model=WhoAmI)
 def whoami(caller: Caller, request: Request) -> WhoAmI:
     role = "admin" if caller.is_admin else "user"
-    return WhoAmI(name=caller.name, role=role, auth_enabled=request.app.state.auth.required)
+    return WhoAmI(
+        name=caller.name,
+        role=role,
+        auth_enabled=request.app.state.auth.required,
+        queues=sorted(caller.queues),
+    )
 
 
 @router.get("/v1/users", response_model=list[UserInfo])
@@ -123,9 +128,29 @@ def delete_queue(name: QueuePath, _: Admin, store: Queues, request: Request) -> 
     return Response(status_code=204)
 
 
+@router.put("/v1/queues/{name}/members", response_model=QueueInfo)
+def put_queue_members(
+    name: QueuePath,
+    body: QueueMembers,
+    *,
+    _: Admin,
+    store: Queues,
+    accounts: Accounts,
+    repo: Repo,
+) -> QueueInfo:
+    """Who the queue is for: only they (and admins) may submit to it from now on, and
+    they read the models shared with `queue:<name>`; jobs already in it stay. An empty
+    list opens it to every user. Every member must be a user (422 naming the entry)."""
+    users = {user.name for user in accounts.users()}
+    for index, member in enumerate(body.members):
+        if member not in users:
+            raise FieldError(f"members.{index}", f"no user {member!r}")
+    store.set_members(name, body.members)
+    return _queue_info(name, store, repo)
+
+
 def _queue_info(name: str, store: QueueRepository, repo: Repo) -> QueueInfo:
-    infos = queue_infos(store.quotas(), repo.in_states(RESOURCE_HOLDING_STATES), repo.count_jobs())
-    return next(info for info in infos if info.name == name)
+    return next(info for info in queues_now(store, repo, also=name) if info.name == name)
 
 
 def _user_info(user: User) -> UserInfo:

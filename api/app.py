@@ -36,7 +36,7 @@ from scheduler.core import PolicyConfig
 from scheduler.store import AccountRepository, JobRepository, QueueRepository
 from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
 from scheduler.store.packages import PackageStore
-from scheduler.store.registry import DEFAULT_MODELS_QUOTA_BYTES, ModelRegistry
+from scheduler.store.registry import ModelRegistry
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -55,9 +55,8 @@ def create_app(
     allowed_hosts: Collection[str] | None = None,
     limits: Limits | None = None,
     outputs_root: Path | None = None,
-    outputs_quota_bytes: int = DEFAULT_QUOTA_BYTES,
     models_root: Path | None = None,
-    models_quota_bytes: int = DEFAULT_MODELS_QUOTA_BYTES,
+    storage_quota_bytes: int = DEFAULT_QUOTA_BYTES,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
@@ -70,9 +69,9 @@ def create_app(
     a Host header not in `allowed_hosts` when given (see api.browser). `limits` bound what
     a request may send and a response return (see api.limits). `outputs_root` is where
     the rank supervisors copy what jobs wrote to their OUTPUTS_DIR (None: the app stores
-    none), each user's share of it bounded by `outputs_quota_bytes` (see api.outputs).
-    `models_root` holds the registered model versions' files (None: no registry), each
-    owner's bounded by `models_quota_bytes`."""
+    none); `models_root` holds the registered model versions' files (None: no
+    registry). Each user's outputs and model versions together are bounded by
+    `storage_quota_bytes` (see scheduler.store.output_usage)."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -89,9 +88,8 @@ def create_app(
     app.state.queue_store = QueueRepository(repo.engine)
     app.state.checkpoint_root = checkpoint_root
     app.state.outputs_root = outputs_root
-    app.state.outputs_quota_bytes = outputs_quota_bytes
     app.state.models_root = models_root
-    app.state.models_quota_bytes = models_quota_bytes
+    app.state.storage_quota_bytes = storage_quota_bytes
     app.state.registry = ModelRegistry(repo.engine, clock=repo.now)
     app.state.limits = limits or Limits()
     app.state.streams = StreamSlots(app.state.limits.streams_per_caller)

@@ -1,7 +1,7 @@
 """Who is calling: API keys (`Authorization: Bearer <secret>`) mapped to users and roles.
 
-Users may submit, list and read every job, change (cancel, reprioritize) their own and
-read their own jobs' outputs;
+Users may submit (to open queues and those they are members of), list and read every
+job, change (cancel, reprioritize) their own and read their own jobs' outputs;
 admins may do anything, including managing users, keys and queues. With auth off (the
 embedded single-user default) every caller is an admin named `default`. The bootstrap
 admin key from the settings is an admin named `admin` that exists in no table: it is how
@@ -11,13 +11,14 @@ the first users are created.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from scheduler.store import AccountRepository
+from scheduler.store import AccountRepository, QueueRepository
 
 _bearer = HTTPBearer(auto_error=False, description="an API key issued by `gangway users key`")
 
@@ -26,6 +27,7 @@ _bearer = HTTPBearer(auto_error=False, description="an API key issued by `gangwa
 class Principal:
     name: str
     is_admin: bool
+    queues: frozenset[str] = frozenset()  # the queues the caller is a member of
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ def current_caller(
     user = accounts.authenticate(secret)
     if user is None:
         raise Unauthorized("unknown or revoked API key")
-    return Principal(user.name, user.is_admin)
+    queues: QueueRepository = request.app.state.queue_store
+    return Principal(user.name, user.is_admin, queues.queues_of(user.name))
 
 
 Caller = Annotated[Principal, Depends(current_caller)]
@@ -92,6 +95,16 @@ def require_owner(
     if not caller.is_admin and caller.name != owner:
         raise Forbidden(
             f"{what} is not {caller.name}'s; only its owner or an admin may {may}", field=field
+        )
+
+
+def require_queue_member(caller: Principal, queue: str, members: Collection[str]) -> None:
+    """A queue with members takes only their jobs (and admins'); one without, anyone's."""
+    if members and not caller.is_admin and caller.name not in members:
+        raise Forbidden(
+            f"queue {queue!r} is for its members and {caller.name} is not one; an admin "
+            "adds members with `gangway queues members`",
+            field="queue",
         )
 
 

@@ -69,16 +69,19 @@ def queue_quota(spec: QueueSpec) -> QueueQuota:
 
 def queue_infos(
     quotas: Mapping[str, QueueQuota],
+    members: Mapping[str, Sequence[str]],
     holders: Sequence[JobRecord],
     counts: Mapping[tuple[JobState, str], int],
+    also: str = "",
 ) -> list[QueueInfo]:
-    """Every configured queue and every queue a job names, by name."""
+    """Every configured queue, every queue with members, every queue a job names, and
+    `also` (unless empty)."""
     views = [job_view(job) for job in holders]
     used = gpus_by_queue(views)
     borrowers = borrowing_jobs(views, quotas)
     borrowed = gpus_by_queue(view for view in views if view.id in borrowers)
     holding = Counter(view.queue for view in views)
-    names = set(quotas) | {queue for _, queue in counts}
+    names = set(quotas) | set(members) | {queue for _, queue in counts} | ({also} - {""})
     infos = []
     for name in sorted(names):
         quota = quotas.get(name, NO_QUOTA)
@@ -92,6 +95,7 @@ def queue_infos(
                 gpus_borrowed=borrowed.get(name, 0),
                 jobs_pending=counts.get((JobState.PENDING, name), 0),
                 jobs_holding_gpus=holding[name],
+                members=list(members.get(name, ())),
             )
         )
     return infos

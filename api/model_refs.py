@@ -17,7 +17,7 @@ def pinned_init_from(submit: JobSubmit, caller: Principal, registry: ModelRegist
         return submit
     try:
         model = registry.model(ref.model)
-        if not model.readable_by(caller.name, admin=caller.is_admin):
+        if not model.readable_by(caller):
             raise ModelNotFound(ref.model)
         version = registry.version(ref.model, str(ref.version))
     except ModelNotFound as exc:

@@ -34,7 +34,7 @@ from gangway.models import (
 )
 from gangway.paths import MAX_PATH_CHARS, BadPath, path_parts
 from scheduler.store import JobRecord, JobRepository
-from scheduler.store.output_usage import USAGE, is_settled, outputs_usage
+from scheduler.store.output_usage import USAGE, is_settled, storage_usage
 from scheduler.store.outputs import (
     OutputEntry,
     OutputsSlice,
@@ -111,28 +111,31 @@ def get_outputs(
     job = _owned_job(job_id, caller, repo)
     after = _parts(cursor, "cursor") if cursor is not None else ()
     root = _root(request)
-    quota: int = request.app.state.outputs_quota_bytes
     if root is None:  # an app that stores no outputs
-        listed, total, used = OutputsSlice([], None), 0, 0
+        listed, total = OutputsSlice([], None), 0
     else:
         listed = list_outputs(root, job_id, rank=rank, after=after, limit=limit)
         total = USAGE.job_bytes(root, job_id, settled=is_settled(job.finished_at, repo.now()))
-        used = _used_bytes(repo, root, job.user, quota) if cursor is None else 0
     files, next_cursor = _page(listed, request.app.state.limits.max_page_bytes)
-    first = cursor is None
     page = OutputsPage(
         files=files,
         next_cursor=next_cursor,
         total_bytes=total,
-        usage=OutputsUsage(user=job.user, used_bytes=used, quota_bytes=quota) if first else None,
+        usage=_usage(request, repo, root, job.user) if cursor is None else None,
     )
     return Response(page.model_dump_json(), media_type="application/json")
 
 
-def _used_bytes(repo: JobRepository, root: Path, user: str, quota: int) -> int:
-    """The owner's use over all their jobs: one stat or walk per job (see
+def _usage(request: Request, repo: JobRepository, root: Path | None, user: str) -> OutputsUsage:
+    """The owner's use of their storage: one stat or walk per job of theirs (see
     `scheduler.store.output_usage`), so only the first page of a listing pays it."""
-    return outputs_usage(repo, root, user, quota_bytes=quota, now=repo.now()).used_bytes
+    quota: int = request.app.state.storage_quota_bytes
+    use = storage_usage(
+        repo, request.app.state.registry, root, user, quota_bytes=quota, now=repo.now()
+    )
+    return OutputsUsage(
+        user=user, used_bytes=use.used_bytes, model_bytes=use.model_bytes, quota_bytes=quota
+    )
 
 
 def _page(listed: OutputsSlice, max_bytes: int) -> tuple[list[OutputFile], str | None]:

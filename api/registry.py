@@ -3,7 +3,8 @@
 Who may do what, with auth on (off: every caller is an admin):
 - register a version: the owner of the job it comes from, and, for an existing model,
   its owner (or an admin);
-- list, read, download: the model's owner, its readers, admins;
+- list, read, download: the model's owner, its readers (users by name, and the members
+  of a queue named `queue:<name>`), admins;
 - move aliases, change readers, delete a version: the owner or an admin.
 
 A caller who may not read a model gets the 404 a missing model gets, not a 403 naming
@@ -44,14 +45,16 @@ from gangway.models import (
     ReadersSet,
 )
 from gangway.paths import BadPath, path_parts
-from scheduler.store import JobRecord
+from scheduler.store import JobRecord, JobRepository, QueueRepository
 from scheduler.store.model_files import (
     copy_checkpoint,
     remove_version,
     verified,
     version_directory,
 )
+from scheduler.store.output_usage import storage_usage
 from scheduler.store.registry import (
+    QUEUE_READER,
     FileDigest,
     ModelNotFound,
     ModelRegistry,
@@ -99,9 +102,24 @@ def _root(request: Request) -> Path:
 
 def _readable(registry: ModelRegistry, name: str, caller: Principal) -> RegisteredModel:
     model = registry.model(name)
-    if not model.readable_by(caller.name, admin=caller.is_admin):
+    if not model.readable_by(caller):
         raise ModelNotFound(f"no model {name!r}")
     return model
+
+
+def _check_readers(request: Request, readers: list[str]) -> None:
+    """A queue among the readers must have members: an open queue names no one, and
+    reading it as "anyone who submits there" would let anyone make themselves a reader."""
+    queues: QueueRepository = request.app.state.queue_store
+    with_members = queues.members()
+    for index, reader in enumerate(readers):
+        queue = reader.removeprefix(QUEUE_READER)
+        if queue != reader and queue not in with_members:
+            raise FieldError(
+                f"readers.{index}",
+                f"queue {queue!r} has no members, so it names no reader; an admin sets "
+                "them with `gangway queues members`",
+            )
 
 
 def _changeable(registry: ModelRegistry, name: str, caller: Principal, may: str) -> RegisteredModel:
@@ -126,6 +144,7 @@ def register(
         existing = None
     if existing is not None:
         _changeable(registry, body.name, caller, "add versions")
+    _check_readers(request, body.readers)
     source, step = _checkpoint(request, job, body.step)
     owner = existing.owner if existing is not None else caller.name
     number, holder = registry.reserve_version(body.name, owner=owner, readers=body.readers)
@@ -155,16 +174,21 @@ def register(
 def _copied(
     request: Request, registry: ModelRegistry, source: Path, target: Path, owner: str
 ) -> tuple[FileDigest, ...]:
-    """The checkpoint copied to `target` within what the owner's quota has left (409
-    past it); a checkpoint its job changed under the copy is a 422 naming `job_id`."""
-    quota: int = request.app.state.models_quota_bytes
-    used = registry.owner_bytes(owner)
+    """The checkpoint copied to `target` within what the owner's storage quota has left
+    (409 past it; their jobs' outputs count too); a checkpoint its job changed under the
+    copy is a 422 naming `job_id`."""
+    quota: int = request.app.state.storage_quota_bytes
+    repo: JobRepository = request.app.state.repo
+    use = storage_usage(
+        repo, registry, request.app.state.outputs_root, owner, quota_bytes=quota, now=repo.now()
+    )
     try:
-        return copy_checkpoint(source, target, max_bytes=max(0, quota - used))
+        return copy_checkpoint(source, target, max_bytes=use.remaining_bytes)
     except QuotaExceeded as exc:
         raise QuotaExceeded(
-            f"{owner}'s models hold {used:,} bytes of their {quota:,}; {exc} (delete "
-            "versions, or ask an admin for a larger quota)"
+            f"{owner}'s files hold {use.used_bytes:,} bytes of their {quota:,} "
+            f"({use.model_bytes:,} in model versions, the rest in job outputs); {exc} "
+            "(delete versions or outputs, or ask an admin for a larger quota)"
         ) from exc
     except OSError as exc:
         raise FieldError("job_id", f"the checkpoint changed while it was copied: {exc}") from exc
@@ -193,7 +217,7 @@ def _checkpoint(request: Request, job: JobRecord, step: int | None) -> tuple[Pat
 @router.get("/v1/models", response_model=ModelList, responses=RESPONSES)
 def list_models(caller: Caller, registry: Registry) -> ModelList:
     """The models the caller may read, by name."""
-    readable = [m for m in registry.models() if m.readable_by(caller.name, admin=caller.is_admin)]
+    readable = [m for m in registry.models() if m.readable_by(caller)]
     return ModelList(models=[model_info(m) for m in readable])
 
 
@@ -315,9 +339,13 @@ def remove_alias(name: ModelName, alias: Alias, caller: Caller, registry: Regist
 
 
 @router.put("/v1/models/{name}/readers", response_model=ModelInfo, responses=RESPONSES)
-def set_readers(name: ModelName, body: ReadersSet, caller: Caller, registry: Registry) -> ModelInfo:
-    """Who besides its owner (and admins) may list, read and download the model."""
+def set_readers(
+    name: ModelName, body: ReadersSet, caller: Caller, request: Request, registry: Registry
+) -> ModelInfo:
+    """Who besides its owner (and admins) may list, read and download the model: users by
+    name, and `queue:<name>` for the members of a queue."""
     _changeable(registry, name, caller, "choose its readers")
+    _check_readers(request, body.readers)
     registry.set_readers(name, body.readers)
     return model_info(registry.model(name))
 
@@ -350,7 +378,7 @@ def job_models(
     found = []
     for version in registry.versions_of_job(job_id):
         model = registry.model(version.model)
-        if model.readable_by(caller.name, admin=caller.is_admin):
+        if model.readable_by(caller):
             found.append(_version_info(version, model.aliases))
     return found
 

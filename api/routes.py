@@ -12,7 +12,15 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi import Path as PathParam
 
-from api.auth import Caller, Forbidden, Principal, current_caller, require_owner, sees_env
+from api.auth import (
+    Caller,
+    Forbidden,
+    Principal,
+    current_caller,
+    require_owner,
+    require_queue_member,
+    sees_env,
+)
 from api.convert import (
     cluster_info,
     job_checkpoints,
@@ -174,6 +182,8 @@ def prepared_job(
     # its secrets count too (other secrets are another job).
     sent = json.dumps(submit_body(submit), sort_keys=True)
     digest = hashlib.sha256(sent.encode()).hexdigest()
+    queues: QueueRepository = request.app.state.queue_store
+    require_queue_member(caller, submit.queue, queues.members_of(submit.queue))
     submit = pinned_init_from(submit, caller, request.app.state.registry)
     resolved = estimator(request).resolve(submit)
     submit = resolved.submit
@@ -450,10 +460,19 @@ def list_checkpoints(job_id: JobId, repo: Repo, request: Request) -> JobCheckpoi
 def list_queues(repo: Repo, request: Request) -> list[QueueInfo]:
     """Configured queues (by admins, or seeded from GANGWAY_QUEUES) and any queue a job
     names: guarantee, borrowing limit, GPUs in use and borrowed now, jobs pending and
-    holding GPUs."""
-    queue_store: QueueRepository = request.app.state.queue_store
+    holding GPUs, members."""
+    return queues_now(request.app.state.queue_store, repo)
+
+
+def queues_now(store: QueueRepository, repo: JobRepository, also: str = "") -> list[QueueInfo]:
+    """Each queue as GET /v1/queues shows it, from the rows as they are now (and queue
+    `also`, even with no quota, members or jobs)."""
     return queue_infos(
-        queue_store.quotas(), repo.in_states(RESOURCE_HOLDING_STATES), repo.count_jobs()
+        store.quotas(),
+        store.members(),
+        repo.in_states(RESOURCE_HOLDING_STATES),
+        repo.count_jobs(),
+        also=also,
     )
 
 

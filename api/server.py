@@ -35,8 +35,10 @@ from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRepository, QueueRepository, make_engine, upgrade_to_head
 from scheduler.store.artifact_retention import ArtifactSweeper, sweep_artifacts
 from scheduler.store.base import utcnow
-from scheduler.store.output_usage import remaining_outputs_bytes
+from scheduler.store.model_retention import UNFINISHED, ModelVersionSweeper
+from scheduler.store.output_usage import storage_usage
 from scheduler.store.packages import PackageStore
+from scheduler.store.registry import ModelRegistry
 from scheduler.store.retention import TelemetrySweeper
 from workers.launch import SandboxMode
 from workers.supervisor import sandbox
@@ -99,27 +101,38 @@ class Runtime:
             name="gangway-retention",
             daemon=True,
         ).start()
-        artifacts = ArtifactSweeper(self._repo, self._settings.artifact_retention(), utcnow)
+        retention = self._settings.artifact_retention()
+        artifacts = ArtifactSweeper(self._repo, retention, utcnow)
+        versions = ModelVersionSweeper(
+            ModelRegistry(self._repo.engine),
+            self._settings.models_root(),
+            lambda: self._repo.in_states(UNFINISHED),
+            retention.age,
+            utcnow,
+        )
         threading.Thread(
             target=sweep_artifacts,
-            args=(artifacts, self._stop, self._settings.retention_interval_s),
+            args=((artifacts, versions), self._stop, self._settings.retention_interval_s),
             name="gangway-artifact-retention",
             daemon=True,
         ).start()
 
     def _launch_policy(self) -> LaunchPolicy:
         """The settings' launch policy, with each launch capped to what its user may
-        still add to their outputs."""
+        still add to their storage (outputs and model versions share one quota)."""
         settings, repo = self._settings, self._repo
+        models = ModelRegistry(repo.engine)
 
         def outputs_left(user: str) -> int:
-            return remaining_outputs_bytes(
+            usage = storage_usage(
                 repo,
+                models,
                 settings.outputs_root(),
                 user,
-                quota_bytes=settings.outputs_quota_bytes,
+                quota_bytes=settings.storage_quota_bytes,
                 now=repo.now(),
             )
+            return usage.remaining_bytes
 
         return replace(settings.launch_policy(), outputs_left=outputs_left)
 
@@ -227,9 +240,8 @@ def build_app(settings: Settings) -> FastAPI:
         on_change=runtime.wake.set,
         checkpoint_root=settings.checkpoint_root(),
         outputs_root=settings.outputs_root(),
-        outputs_quota_bytes=settings.outputs_quota_bytes,
+        storage_quota_bytes=settings.storage_quota_bytes,
         models_root=settings.models_root(),
-        models_quota_bytes=settings.models_quota_bytes,
         auth=auth,
         policy=settings.policy(),
         submit_policy=policy_from_settings(

@@ -23,7 +23,6 @@ from scheduler.runtime.lifecycle import LifecycleConfig
 from scheduler.store.artifact_retention import DEFAULT_AGE, ArtifactRetention
 from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
 from scheduler.store.outputs import job_outputs_dir
-from scheduler.store.registry import DEFAULT_MODELS_QUOTA_BYTES
 from scheduler.store.retention import Retention
 from workers.engine.checkpoint_layout import job_directory
 from workers.launch import RankLimits, SandboxIdentity, SandboxMode
@@ -213,16 +212,11 @@ class Settings(BaseSettings):
         gt=0,
         description="metric points older than this, and logs of jobs ended longer ago, are deleted",
     )
-    models_quota_bytes: int = Field(
-        DEFAULT_MODELS_QUOTA_BYTES,
-        ge=0,
-        description="what the versions of one owner's models may hold, in bytes",
-    )
     retention_interval_s: float = Field(600.0, gt=0, description="between retention sweeps")
-    outputs_quota_bytes: int = Field(
+    storage_quota_bytes: int = Field(
         DEFAULT_QUOTA_BYTES,
         ge=0,
-        description="bytes of outputs one user's jobs may hold together",
+        description="bytes one user's job outputs and model versions may hold together",
     )
     artifact_retention_days: float = Field(
         DEFAULT_AGE / timedelta(days=1),

@@ -306,11 +306,7 @@ def _comm_title(points: list[MetricPoint]) -> str:
 def models_fragment(request: Request, caller: Caller) -> HTMLResponse:
     """The models the caller may read, newest version first, with lineage and aliases."""
     registry: ModelRegistry = request.app.state.registry
-    readable = [
-        registry.model(m.name)
-        for m in registry.models()
-        if m.readable_by(caller.name, admin=caller.is_admin)
-    ]
+    readable = [registry.model(m.name) for m in registry.models() if m.readable_by(caller)]
     models = [model_info(m) for m in readable]
     return _render(request, "_models.html", models=models, shown_metrics=SHOWN_METRICS)
 

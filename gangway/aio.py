@@ -144,6 +144,7 @@ class AsyncClient:
     cluster = _sends(calls.cluster)
     queues = _sends(calls.queues)
     set_queue = _sends(calls.set_queue)
+    set_queue_members = _sends(calls.set_queue_members)
     delete_queue = _sends(calls.delete_queue)
     whoami = _sends(calls.whoami)
     users = _sends(calls.users)

@@ -44,6 +44,7 @@ from gangway.models import (
     PipelineSubmit,
     PredictionAccuracy,
     QueueInfo,
+    QueueMembers,
     QueueSpec,
     ReadersSet,
     Role,
@@ -353,6 +354,13 @@ def set_queue(
         weight=weight,
     )
     return Call("PUT", f"/v1/queues/{name}", _reader(QueueInfo), json=body.model_dump())
+
+
+def set_queue_members(name: str, members: Sequence[str]) -> Call[QueueInfo]:
+    """Who the queue is for (admins): only they (and admins) submit to it, and they read
+    the models shared with `queue:<name>`. No members: every user."""
+    body = _checked(QueueMembers, members=list(members))
+    return Call("PUT", f"/v1/queues/{name}/members", _reader(QueueInfo), json=body.model_dump())
 
 
 def delete_queue(name: str) -> Call[None]:

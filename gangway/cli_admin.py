@@ -1,7 +1,8 @@
-"""`gangway queues`, `gangway users`, `gangway whoami`: queue quotas and API keys.
+"""`gangway queues`, `gangway users`, `gangway whoami`: queue quotas, members and API keys.
 
-Listing queues is for everyone; changing them, and managing users, is for admins (with
-GANGWAY_API_KEY holding an admin's key, or the bootstrap GANGWAY_ADMIN_KEY's value).
+Listing queues is for everyone; changing them (quotas, members), and managing users, is
+for admins (with GANGWAY_API_KEY holding an admin's key, or the bootstrap
+GANGWAY_ADMIN_KEY's value).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from gangway import cli_shared
 from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run
 from gangway.models import ApiKeyInfo, QueueInfo, QueueSpec, wire_default
 
-queues_app = typer.Typer(help="Queues: list them; admins set and delete quotas.")
+queues_app = typer.Typer(help="Queues: list them; admins set quotas and members.")
 users_app = typer.Typer(help="Users and API keys (admins; users may manage their own keys).")
 
 
@@ -57,6 +58,28 @@ def set_queue(
     _print_queues([info])
 
 
+@queues_app.command("members")
+def set_members(
+    name: str,
+    users: Annotated[list[str] | None, typer.Argument(help="the queue's members")] = None,
+    open_queue: Annotated[
+        bool, typer.Option("--open", help="no members: every user may submit to it")
+    ] = False,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Set who the queue is for (admins): only they submit to it, and they read the
+    models shared with `queue:NAME`. Without users, show them."""
+    if users and open_queue:
+        raise typer.BadParameter("name members or --open, not both")
+    with cli_shared.connect(url) as client:
+        if users or open_queue:
+            members = run(lambda: client.set_queue_members(name, users or [])).members
+        else:
+            members = next((q.members for q in run(client.queues) if q.name == name), [])
+    shown = ", ".join(members) if members else "every user (open)"
+    echo(f"queue {name}: {shown}")
+
+
 @queues_app.command("delete")
 def delete_queue(name: str, url: Url = DEFAULT_URL) -> None:
     """Forget a queue's quota; its jobs stay, with no guarantee and no borrowing limit."""
@@ -67,7 +90,7 @@ def delete_queue(name: str, url: Url = DEFAULT_URL) -> None:
 
 def _print_queues(infos: Sequence[QueueInfo]) -> None:
     cli_shared.print_table(
-        ["QUEUE", ">GUAR", ">BORROW", ">WEIGHT", ">USED", ">BORROWED", ">PEND", ">RUN"],
+        ["QUEUE", ">GUAR", ">BORROW", ">WEIGHT", ">USED", ">BORROWED", ">PEND", ">RUN", "FOR"],
         (
             [
                 q.name,
@@ -78,10 +101,18 @@ def _print_queues(infos: Sequence[QueueInfo]) -> None:
                 q.gpus_borrowed,
                 q.jobs_pending,
                 q.jobs_holding_gpus,
+                _members(q.members),
             ]
             for q in infos
         ),
     )
+
+
+def _members(members: Sequence[str], shown: int = 3) -> str:
+    if not members:
+        return "all"
+    more = f" +{len(members) - shown}" if len(members) > shown else ""
+    return ",".join(members[:shown]) + more
 
 
 @users_app.command("list")
@@ -152,4 +183,5 @@ def whoami(url: Url = DEFAULT_URL) -> None:
     with cli_shared.connect(url) as client:
         me = run(client.whoami)
     auth = "auth on" if me.auth_enabled else "auth off: everyone is an admin"
-    echo(f"{me.name} ({me.role}; {auth})")
+    member = f"; member of {', '.join(me.queues)}" if me.queues else ""
+    echo(f"{me.name} ({me.role}; {auth}{member})")

@@ -954,11 +954,13 @@ class OutputFile(BaseModel):
 
 
 class OutputsUsage(BaseModel):
-    """What the job's owner holds in outputs over all their jobs, against their quota."""
+    """What the job's owner holds in storage, against their quota: the outputs of all
+    their jobs and the versions of the models they own, which share it."""
 
     user: str
-    used_bytes: int
-    quota_bytes: int = Field(description="GANGWAY_OUTPUTS_QUOTA_BYTES")
+    used_bytes: int = Field(description="outputs and model versions together")
+    model_bytes: int = Field(0, description="of those, what their model versions hold")
+    quota_bytes: int = Field(description="GANGWAY_STORAGE_QUOTA_BYTES")
 
 
 class OutputsPage(BaseModel):
@@ -986,6 +988,10 @@ class QueueInfo(BaseModel):
     gpus_borrowed: int = Field(description="of those, beyond its guarantee (reclaimed first)")
     jobs_pending: int
     jobs_holding_gpus: int
+    members: list[str] = Field(
+        default_factory=list,
+        description="who may submit to it (admins always may); empty: every user",
+    )
 
 
 QueueName = Annotated[
@@ -1008,6 +1014,13 @@ class QueueSpec(_Strict):
         le=1_000_000,
         description="share when queues contend: they go in order of recent usage / weight",
     )
+
+
+class QueueMembers(_Strict):
+    """Who a queue is for (PUT /v1/queues/{name}/members): only they (and admins) submit
+    to it, and they read the models shared with `queue:<name>`. Empty: every user."""
+
+    members: list[UserName] = Field(max_length=10_000)
 
 
 class UserCreate(_Strict):
@@ -1037,6 +1050,9 @@ class WhoAmI(BaseModel):
     name: str
     role: Role
     auth_enabled: bool = Field(description="false: the service lets everyone in as admin")
+    queues: list[str] = Field(
+        default_factory=list, description="the queues the caller is a member of"
+    )
 
 
 class PredictionAccuracy(BaseModel):
@@ -1086,7 +1102,15 @@ class ErrorBody(BaseModel):
 # -- the model registry -----------------------------------------------------------------
 
 USER_NAME = r"^[A-Za-z0-9_.@-]{1,100}$"
-Readers = list[Annotated[str, Field(pattern=USER_NAME)]]
+Readers = list[
+    Annotated[
+        str,
+        Field(
+            pattern=r"^(queue:[A-Za-z0-9_.-]{1,100}|[A-Za-z0-9_.@-]{1,100})$",
+            description="a user's name, or `queue:<name>`: that queue's members",
+        ),
+    ]
+]
 
 
 class ModelRegister(_Strict):

@@ -115,14 +115,20 @@ def _delete(path: Path) -> None:
         path.unlink()
 
 
-def sweep_artifacts(sweeper: ArtifactSweeper, stop: threading.Event, interval_s: float) -> None:
-    """Sweep every `interval_s` until `stop` (the body of `serve`'s retention thread); a
-    failed sweep is logged and tried again next time (it only deletes)."""
+class Sweeper(Protocol):
+    def sweep(self) -> SweptFolders: ...
+
+
+def sweep_artifacts(sweepers: Sequence[Sweeper], stop: threading.Event, interval_s: float) -> None:
+    """Run each sweeper every `interval_s` until `stop` (the body of `serve`'s retention
+    thread: jobs' folders, model versions); a failed sweep is logged and tried again next
+    time (it only deletes)."""
     while not stop.wait(interval_s):
-        try:
-            swept = sweeper.sweep()
-        except Exception:
-            log.exception("artifact retention sweep failed")
-            continue
-        if swept.removed:
-            log.info("retention: deleted %d folders of jobs ended long ago", len(swept.removed))
+        for sweeper in sweepers:
+            try:
+                swept = sweeper.sweep()
+            except Exception:
+                log.exception("retention sweep failed (%s)", type(sweeper).__name__)
+                continue
+            if swept.removed:
+                log.info("retention: deleted %d folders", len(swept.removed))

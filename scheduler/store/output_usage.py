@@ -1,8 +1,11 @@
-"""How many bytes of outputs a user's jobs hold, against the per-user quota
-(`GANGWAY_OUTPUTS_QUOTA_BYTES`).
+"""How many bytes a user's files hold, against the per-user storage quota
+(`GANGWAY_STORAGE_QUOTA_BYTES`): their jobs' outputs and the versions of the models
+they own, one quota for both, as both live in the same storage.
 
-The runtime asks at launch (`remaining_outputs_bytes`) to cap what the new job's ranks
-may collect; `GET /v1/jobs/{id}/outputs` shows the owner's usage. Both would walk every
+The runtime asks at launch (`remaining_storage_bytes`) to cap what the new job's ranks
+may collect, the registry before it copies a checkpoint into a new version; `GET
+/v1/jobs/{id}/outputs` shows the owner's usage. The models' share is a sum over their
+versions' rows (each file's size recorded at registration); the outputs' would walk every
 file of every job the user has: about 0.7 s per 100,000 files on local disk here, far
 more on network storage. So `UsageCache` keeps each job's total with a stamp of its
 folder (the job folder's and each rank folder's inode and mtime, one stat each) and:
@@ -32,7 +35,7 @@ from typing import Protocol
 
 from scheduler.store.outputs import RANK_PREFIX, job_bytes, job_outputs_dir
 
-DEFAULT_QUOTA_BYTES = 10 * 2**30
+DEFAULT_QUOTA_BYTES = 100 * 2**30
 SETTLE = timedelta(minutes=10)
 
 # A folder's (inode, mtime) and its rank folders' (name, inode, mtime).
@@ -45,11 +48,22 @@ class OwnedJobs(Protocol):
         ...
 
 
+class OwnedModels(Protocol):
+    def owner_bytes(self, owner: str) -> int:
+        """What the versions of `owner`'s models hold (the registry)."""
+        ...
+
+
 @dataclass(frozen=True)
 class QuotaUse:
     user: str
-    used_bytes: int
+    outputs_bytes: int
+    model_bytes: int
     quota_bytes: int
+
+    @property
+    def used_bytes(self) -> int:
+        return self.outputs_bytes + self.model_bytes
 
     @property
     def remaining_bytes(self) -> int:
@@ -137,9 +151,10 @@ def is_settled(ended_at: datetime | None, now: datetime, settle: timedelta = SET
     return ended_at is not None and now - ended_at >= settle
 
 
-def outputs_usage(
+def storage_usage(
     jobs: OwnedJobs,
-    root: Path,
+    models: OwnedModels,
+    root: Path | None,
     user: str,
     *,
     quota_bytes: int,
@@ -147,23 +162,11 @@ def outputs_usage(
     settle: timedelta = SETTLE,
     cache: UsageCache = USAGE,
 ) -> QuotaUse:
-    """The user's outputs, over every job of theirs, against their quota."""
-    ends = jobs.user_job_ends(user)
-    settled = {j for j, ended in ends.items() if is_settled(ended, now, settle)}
-    used = usage_bytes(root, ends, settled=settled, cache=cache)
-    return QuotaUse(user, used, quota_bytes)
-
-
-def remaining_outputs_bytes(
-    jobs: OwnedJobs,
-    root: Path,
-    user: str,
-    *,
-    quota_bytes: int,
-    now: datetime,
-    cache: UsageCache = USAGE,
-) -> int:
-    """What a job of `user`'s launched now may still collect (0 at or over the quota):
-    the runtime calls this at launch and caps the ranks' copies to it."""
-    usage = outputs_usage(jobs, root, user, quota_bytes=quota_bytes, now=now, cache=cache)
-    return usage.remaining_bytes
+    """The user's outputs (over every job of theirs; none without an outputs `root`) and
+    model versions, against their quota."""
+    outputs = 0
+    if root is not None:
+        ends = jobs.user_job_ends(user)
+        settled = {j for j, ended in ends.items() if is_settled(ended, now, settle)}
+        outputs = usage_bytes(root, ends, settled=settled, cache=cache)
+    return QuotaUse(user, outputs, models.owner_bytes(user), quota_bytes)

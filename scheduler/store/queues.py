@@ -1,17 +1,22 @@
-"""Queue quotas as admins set them. The scheduler loop reads them at every pass, so a
-change through the API applies within one pass, without a restart."""
+"""Queue quotas and members as admins set them. The scheduler loop reads the quotas at
+every pass, so a change through the API applies within one pass, without a restart.
+
+Members are who a queue is for: a queue without members takes every user's jobs (the
+default, as before members existed); one with members takes only theirs (and admins'),
+and they are the team that reads a model shared with `queue:<name>`. Only admins set
+them, so submitting to a queue makes no one a member."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
-from sqlalchemy import Engine, delete, select
+from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.orm import Session
 
 from scheduler.model import QueueQuota
 from scheduler.store.base import utcnow
-from scheduler.store.tables import QueueRow
+from scheduler.store.tables import QueueMemberRow, QueueRow
 
 
 def _quota(row: QueueRow) -> QueueQuota:
@@ -68,3 +73,40 @@ class QueueRepository:
             result = session.execute(delete(QueueRow).where(QueueRow.name == name))
             if not result.rowcount:  # type: ignore[attr-defined]
                 raise QueueNotFound(name)
+
+    def members(self) -> dict[str, tuple[str, ...]]:
+        """Each queue that has members -> its members, by name."""
+        with Session(self._engine) as session:
+            rows = session.execute(
+                select(QueueMemberRow.queue, QueueMemberRow.user).order_by(
+                    QueueMemberRow.queue, QueueMemberRow.user
+                )
+            )
+            found: dict[str, tuple[str, ...]] = {}
+            for queue, user in rows:
+                found[queue] = (*found.get(queue, ()), user)
+            return found
+
+    def members_of(self, queue: str) -> tuple[str, ...]:
+        """The queue's members; () for a queue open to every user."""
+        with Session(self._engine) as session:
+            rows = session.scalars(
+                select(QueueMemberRow.user)
+                .where(QueueMemberRow.queue == queue)
+                .order_by(QueueMemberRow.user)
+            )
+            return tuple(rows)
+
+    def queues_of(self, user: str) -> frozenset[str]:
+        """The queues `user` is a member of."""
+        with Session(self._engine) as session:
+            rows = session.scalars(select(QueueMemberRow.queue).where(QueueMemberRow.user == user))
+            return frozenset(rows)
+
+    def set_members(self, queue: str, users: Iterable[str]) -> None:
+        """Replace the queue's members (none: open the queue to every user again)."""
+        with Session(self._engine) as session, session.begin():
+            session.execute(delete(QueueMemberRow).where(QueueMemberRow.queue == queue))
+            rows = [{"queue": queue, "user": user} for user in sorted(set(users))]
+            if rows:
+                session.execute(insert(QueueMemberRow), rows)

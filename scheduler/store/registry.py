@@ -5,16 +5,17 @@ files are copied out of the job's checkpoint directory (which the trainer prunes
 the registry's storage, and the row keeps the SHA-256 and size of every file, the job's
 spec, the metrics it reported at that step, and the job and attempt that produced it
 (`scheduler.registry_files` does the copying and the checking; this module only the
-rows). A model has one owner and a list of readers (user names); who may see or change
+rows). A model has one owner and a list of readers (user names, and `queue:<name>` for a
+queue's members); who may see or change
 what is the API's to decide (`api.registry`), from what these rows say.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     JSON,
@@ -23,6 +24,7 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     delete,
+    func,
     select,
     update,
 )
@@ -32,8 +34,8 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from scheduler.store.base import Repository
 from scheduler.store.tables import Base, UTCDateTime
 
-DEFAULT_MODELS_QUOTA_BYTES = 100 * 2**30  # per owner
 MAX_VERSION = 2**31 - 1
+QUEUE_READER = "queue:"  # a reader naming a queue: its members read
 
 
 class RegisteredModelRow(Base):
@@ -77,6 +79,17 @@ class ModelAliasRow(Base):
     version: Mapped[int] = mapped_column(Integer)
 
 
+class Reader(Protocol):
+    """Who asks to read a model (the API's `Principal`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def is_admin(self) -> bool: ...
+    @property
+    def queues(self) -> Collection[str]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class FileDigest:
     path: str  # relative to the version's directory, '/'-separated
@@ -107,8 +120,12 @@ class RegisteredModel:
     versions: tuple[ModelVersion, ...] = ()
     aliases: dict[str, int] = field(default_factory=dict)
 
-    def readable_by(self, user: str, *, admin: bool) -> bool:
-        return admin or user == self.owner or user in self.readers
+    def readable_by(self, caller: Reader) -> bool:
+        """Admins, the owner, a reader by name, a member of a queue among the readers
+        (`queue:<name>`)."""
+        if caller.is_admin or caller.name == self.owner or caller.name in self.readers:
+            return True
+        return any(QUEUE_READER + queue in self.readers for queue in caller.queues)
 
 
 class ModelNotFound(Exception):
@@ -260,6 +277,32 @@ class ModelRegistry(Repository):
         )
         with Session(self._engine) as session:
             return sum(int(f["bytes"]) for files in session.scalars(query) for f in files)
+
+    def unnamed_versions(self, *, before: datetime) -> list[ModelVersion]:
+        """Versions registered before `before` that no alias points at and that are not
+        their model's newest: what retention may delete (`model_retention`)."""
+        newest = (
+            select(ModelVersionRow.model_id, func.max(ModelVersionRow.version).label("top"))
+            .group_by(ModelVersionRow.model_id)
+            .subquery()
+        )
+        aliased = select(ModelAliasRow.version).where(
+            ModelAliasRow.model_id == ModelVersionRow.model_id,
+            ModelAliasRow.version == ModelVersionRow.version,
+        )
+        query = (
+            select(RegisteredModelRow.name, ModelVersionRow)
+            .join(RegisteredModelRow, RegisteredModelRow.id == ModelVersionRow.model_id)
+            .join(newest, newest.c.model_id == ModelVersionRow.model_id)
+            .where(
+                ModelVersionRow.created_at < before,
+                ModelVersionRow.version < newest.c.top,
+                ~aliased.exists(),
+            )
+            .order_by(ModelVersionRow.id)
+        )
+        with Session(self._engine) as session:
+            return [_version(name, row) for name, row in session.execute(query)]
 
     def versions_of_job(self, job_id: int) -> list[ModelVersion]:
         """Lineage: the versions made from job `job_id`'s checkpoints."""

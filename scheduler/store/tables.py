@@ -287,6 +287,17 @@ class QueueRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class QueueMemberRow(Base):
+    """A user a queue is for. A queue with no rows is open to every user; one with rows
+    takes jobs from its members only (and admins), and its members read the models
+    shared with it (`queue:<name>` among a model's readers)."""
+
+    __tablename__ = "queue_members"
+
+    queue: Mapped[str] = mapped_column(String(100), primary_key=True)
+    user: Mapped[str] = mapped_column(String(100), primary_key=True, index=True)
+
+
 class PackageRow(Base):
     """A working directory a client uploaded: a zip named by its sha256, kept under the
     service's data directory while a job may still run it."""

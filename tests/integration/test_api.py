@@ -526,6 +526,7 @@ def test_queues_show_guarantees_usage_and_borrowed_gpus(repo: JobRepository) -> 
         "gpus_borrowed": 2,  # the second job is beyond the guarantee
         "jobs_pending": 0,
         "jobs_holding_gpus": 2,
+        "members": [],  # open to every user
     }
     assert listed["prod"]["guaranteed_gpus"] == 0 and listed["prod"]["borrow_limit_gpus"] is None
     assert listed["prod"]["jobs_pending"] == 1 and listed["prod"]["gpus_in_use"] == 0

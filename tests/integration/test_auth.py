@@ -74,6 +74,7 @@ def test_a_user_submits_as_themselves_and_changes_only_their_own_jobs(
         "name": "alice",
         "role": "user",
         "auth_enabled": True,
+        "queues": [],
     }
     job = api.post("/v1/jobs", json=JOB, headers=alice).json()
     assert job["user"] == "alice"  # from the key, not the body's default
@@ -183,6 +184,7 @@ def test_with_auth_off_everyone_is_an_admin_and_user_comes_from_the_body(
             "name": "default",
             "role": "admin",
             "auth_enabled": False,
+            "queues": [],
         }
         assert api.post("/v1/jobs", json={**JOB, "user": "carol"}).json()["user"] == "carol"
 

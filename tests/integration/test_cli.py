@@ -150,9 +150,16 @@ def test_queues_table(cli: CliRunner) -> None:
     submit(cli, "queued", "--queue", "research")
     lines = run(cli, "queues").splitlines()
     assert lines[0].split() == [
-        "QUEUE", "GUAR", "BORROW", "WEIGHT", "USED", "BORROWED", "PEND", "RUN"
+        "QUEUE", "GUAR", "BORROW", "WEIGHT", "USED", "BORROWED", "PEND", "RUN", "FOR"
     ]  # fmt: skip
-    assert lines[1].split() == ["research", "0", "any", "1", "0", "0", "1", "0"]
+    assert lines[1].split() == ["research", "0", "any", "1", "0", "0", "1", "0", "all"]
+    assert run(cli, "queues", "members", "research") == "queue research: every user (open)\n"
+    refused = cli.invoke(gangway.cli.app, ["queues", "members", "research", "alice"])
+    assert refused.exit_code != 0 and "members.0" in refused.output and "no user" in refused.output
+    run(cli, "users", "create", "alice", "--no-key")
+    assert run(cli, "queues", "members", "research", "alice") == "queue research: alice\n"
+    assert run(cli, "queues").splitlines()[1].split()[-1] == "alice"
+    assert run(cli, "queues", "members", "research", "--open").endswith("every user (open)\n")
 
 
 def test_submit_wait_follows_the_job_to_its_end(cli: CliRunner, repo: JobRepository) -> None:

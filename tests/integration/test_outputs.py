@@ -33,8 +33,9 @@ from gangway.models import JobSubmit
 from scheduler.model import JobState, Node
 from scheduler.store import JobRepository, NewJob
 from scheduler.store.artifact_retention import ArtifactRetention, ArtifactSweeper
-from scheduler.store.output_usage import remaining_outputs_bytes
+from scheduler.store.output_usage import storage_usage
 from scheduler.store.outputs import PARTIAL_SUFFIX, job_outputs_dir, rank_outputs_dir
+from scheduler.store.registry import ModelRegistry
 from workers.engine.checkpoint_layout import checkpoint_path, job_directory
 
 ADMIN_KEY = "outputs-tests-bootstrap-key"
@@ -56,7 +57,7 @@ def app(repo: JobRepository, outputs_root: Path) -> FastAPI:
         repo,
         auth=AuthConfig(required=True, admin_key=ADMIN_KEY),
         outputs_root=outputs_root,
-        outputs_quota_bytes=QUOTA,
+        storage_quota_bytes=QUOTA,
         limits=Limits(max_page_bytes=1000),  # a few files a page: paging is exercised
     )
 
@@ -159,6 +160,7 @@ def test_the_merged_view_takes_rank_0s_copy_and_rank_1_lists_its_own(
     assert first["usage"] == {
         "user": "alice",
         "used_bytes": first["total_bytes"],
+        "model_bytes": 0,
         "quota_bytes": QUOTA,
     }
     model = api.get(f"/v1/jobs/{job_id}/outputs/model.pt", headers=me)
@@ -294,9 +296,12 @@ def test_the_owners_usage_counts_the_bytes_of_all_their_jobs(
     first_bytes = api.get(f"/v1/jobs/{first}/outputs", headers=ADMIN).json()["total_bytes"]
     assert listed["total_bytes"] == 4000
     assert listed["usage"]["used_bytes"] == first_bytes + 4000
-    left = remaining_outputs_bytes(repo, outputs_root, "alice", quota_bytes=QUOTA, now=repo.now())
-    assert left == QUOTA - first_bytes - 4000
-    assert remaining_outputs_bytes(repo, outputs_root, "bob", quota_bytes=100, now=repo.now()) == 0
+    assert listed["usage"]["model_bytes"] == 0
+    models = ModelRegistry(repo.engine)
+    left = storage_usage(repo, models, outputs_root, "alice", quota_bytes=QUOTA, now=repo.now())
+    assert left.remaining_bytes == QUOTA - first_bytes - 4000
+    bob = storage_usage(repo, models, outputs_root, "bob", quota_bytes=100, now=repo.now())
+    assert bob.remaining_bytes == 0
 
 
 def sdk(app: FastAPI, secret: str) -> Client:
@@ -461,11 +466,11 @@ def _new_job(name: str) -> NewJob:
 
 def test_serve_hands_the_outputs_settings_to_the_app_and_the_sweep(tmp_path: Path) -> None:
     settings = Settings(
-        data_dir=tmp_path, outputs_quota_bytes=1234, artifact_retention_days=2, auth=False
+        data_dir=tmp_path, storage_quota_bytes=1234, artifact_retention_days=2, auth=False
     )
     app = build_app(settings)
     assert app.state.outputs_root == tmp_path / "outputs" == settings.outputs_root()
-    assert app.state.outputs_quota_bytes == 1234
+    assert app.state.storage_quota_bytes == 1234
     retention = settings.artifact_retention()
     assert retention.age == timedelta(days=2)
     assert [folder(3) for folder in retention.folders] == [
@@ -473,5 +478,5 @@ def test_serve_hands_the_outputs_settings_to_the_app_and_the_sweep(tmp_path: Pat
         job_directory(settings.checkpoint_root(), 3),
     ]
     assert isinstance(retention, ArtifactRetention)
-    assert Settings().outputs_quota_bytes == 10 * 2**30
+    assert Settings().storage_quota_bytes == 100 * 2**30
     assert Settings().artifact_retention_days == 30

@@ -20,6 +20,7 @@ from api.auth import AuthConfig
 from gangway import Client, Conflict, Forbidden, NotFound, ValidationFailed
 from scheduler.model import Node
 from scheduler.store import JobRepository
+from scheduler.store.outputs import job_outputs_dir
 from scheduler.store.records import ReportedPoint
 from workers.engine.checkpoint_layout import checkpoint_path, job_directory
 
@@ -225,24 +226,37 @@ def test_the_status_page_lists_only_readable_models(
     assert "gpt" not in hidden and "alice" not in hidden
 
 
-def test_an_owner_cannot_fill_the_disk_with_versions(
+def test_an_owner_cannot_fill_the_disk_with_versions_or_outputs(
     repo: JobRepository, roots: tuple[Path, Path], tmp_path: Path
 ) -> None:
+    """Outputs and model versions share one storage quota: a user cannot dodge it by
+    moving bytes from one to the other."""
+    outputs = tmp_path / "outputs"
     app = create_app(
         repo,
         auth=AuthConfig(required=True, admin_key=ADMIN_KEY),
         checkpoint_root=roots[0],
         models_root=roots[1],
-        models_quota_bytes=50,  # two versions of SHARDS (27 bytes each) do not fit
+        outputs_root=outputs,
+        storage_quota_bytes=59,  # one version of SHARDS (27 bytes) and a few bytes more
     )
     admin = as_user(app, ADMIN_KEY)
     admin.create_user("alice")
     alice = as_user(app, admin.issue_key("alice").secret)
     job_id = alices_job(alice, repo, roots[0])
-    alice.register_model("gpt", job_id, step=10)
-    with pytest.raises(Conflict, match="alice's models hold 27 bytes of their 50"):
+    written = job_outputs_dir(outputs, job_id) / "rank-0"
+    written.mkdir(parents=True)
+    (written / "big.bin").write_bytes(b"x" * 40)
+    with pytest.raises(Conflict, match=r"alice's files hold 40 bytes of their 59 \(0 in model"):
         alice.register_model("gpt", job_id, step=10)
-    assert not (roots[1] / "gpt" / "v2").exists()
+    (written / "big.bin").unlink()  # the rank folder changes: its usage is walked again
+    (written / "small.bin").write_bytes(b"x" * 6)
+    assert alice.register_model("gpt", job_id, step=10).version == 2  # 1 went to the refusal
+    usage = alice.outputs_page(job_id).usage
+    assert usage is not None and (usage.used_bytes, usage.model_bytes) == (33, 27)
+    with pytest.raises(Conflict, match=r"alice's files hold 33 bytes of their 59 \(27 in model"):
+        alice.register_model("gpt", job_id, step=10)
+    assert [p.name for p in (roots[1] / "gpt").iterdir()] == ["v2"]
 
 
 def test_a_step_folder_linked_to_another_jobs_checkpoint_is_not_taken(
@@ -285,3 +299,68 @@ def test_version_numbers_are_never_reused(
     with pytest.raises(ValidationFailed) as refused:
         alice.submit(**JOB | {"init_from": too_big})
     assert refused.value.field is not None and refused.value.field.startswith("init_from")
+
+
+# -- a queue's members: the team that submits to it and reads what is shared with it ----
+
+
+def test_a_queue_with_members_takes_only_their_jobs(clients: dict[str, Client]) -> None:
+    """Membership is an admin's to give: submitting to a queue, or asking to be added,
+    makes no one a member; a refused submit stores nothing."""
+    admin, alice, mallory = clients["admin"], clients["alice"], clients["mallory"]
+    info = admin.set_queue_members("research", ["alice", "bob"])
+    assert info.members == ["alice", "bob"]
+    assert alice.whoami().queues == ["research"]
+    alice.submit(**JOB | {"queue": "research"})
+    before = len(admin.list().items)
+    with pytest.raises(Forbidden, match="queue 'research' is for its members") as refused:
+        mallory.submit(**JOB | {"queue": "research"})
+    assert refused.value.field == "queue"
+    step = {**JOB, "queue": "research"}
+    pipeline = mallory._http.post("/v1/pipelines", json={"name": "p", "jobs": [step]})
+    assert (pipeline.status_code, pipeline.json()["error"]["field"]) == (403, "jobs.0.queue")
+    sweep = {
+        "name": "s",
+        "base": step,
+        "space": {"entrypoint.lr": {"kind": "choice", "values": [0.1, 0.2]}},
+    }
+    assert mallory._http.post("/v1/sweeps", json=sweep).status_code == 403
+    assert len(admin.list().items) == before
+    with pytest.raises(Forbidden):
+        mallory.set_queue_members("research", ["mallory"])
+    mallory.submit(**JOB)  # the default queue stays open to everyone ...
+    assert mallory.whoami().queues == []  # ... and a job in it makes no member
+    with pytest.raises(ValidationFailed) as unknown:
+        admin.set_queue_members("research", ["alice", "nobody"])
+    assert unknown.value.field == "members.1"
+    admin.set_queue_members("research", [])  # open again
+    mallory.submit(**JOB | {"queue": "research"})
+
+
+def test_a_model_shared_with_a_queue_is_read_by_its_members_only(
+    clients: dict[str, Client], repo: JobRepository, roots: tuple[Path, Path], tmp_path: Path
+) -> None:
+    admin, alice, bob, mallory = (clients[n] for n in ("admin", "alice", "bob", "mallory"))
+    with pytest.raises(ValidationFailed, match="queue 'research' has no members") as open_queue:
+        alice.register_model("gpt", alices_job(alice, repo, roots[0]), readers=["queue:research"])
+    assert open_queue.value.field == "readers.0"
+    admin.set_queue_members("research", ["alice", "bob"])
+    job_id = alices_job(alice, repo, roots[0])
+    alice.register_model("gpt", job_id, step=10, readers=["queue:research"])
+    assert [m.name for m in bob.models()] == ["gpt"]
+    got = bob.download_model("gpt", 1, tmp_path / "got")
+    assert {p.name: p.read_bytes() for p in got} == SHARDS
+    bob.submit(**JOB | {"init_from": {"model": "gpt", "version": 1}})
+    # a stranger reads nothing, and cannot start from it
+    assert mallory.models() == []
+    with pytest.raises(NotFound):
+        mallory.model("gpt")
+    with pytest.raises(ValidationFailed) as refused:
+        mallory.submit(**JOB | {"init_from": {"model": "gpt", "version": 1}})
+    assert refused.value.field == "init_from"
+    # leaving the team ends the reading at once
+    admin.set_queue_members("research", ["alice"])
+    with pytest.raises(NotFound):
+        bob.model("gpt")
+    with pytest.raises(NotFound):
+        bob.download_model("gpt", 1, tmp_path / "again")

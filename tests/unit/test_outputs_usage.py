@@ -1,6 +1,6 @@
-"""A user's outputs against their quota: each job's bytes walked once and kept while its
-folder's stamp holds (for good once the job settled; `max_age_s` while it may still
-write deep inside), with a fake clock."""
+"""A user's storage (outputs and model versions) against their quota; of the outputs,
+each job's bytes walked once and kept while its folder's stamp holds (for good once the
+job settled; `max_age_s` while it may still write deep inside), with a fake clock."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from pathlib import Path
 from scheduler.store.output_usage import (
     SETTLE,
     UsageCache,
-    outputs_usage,
-    remaining_outputs_bytes,
+    storage_usage,
     usage_bytes,
 )
 from scheduler.store.outputs import rank_outputs_dir
@@ -36,6 +35,16 @@ class Jobs:
 
     def user_job_ends(self, user: str) -> dict[int, datetime | None]:
         return dict(self.owned.get(user, {}))
+
+
+class Models:
+    """`OwnedModels` from a dict: owner -> bytes of their versions."""
+
+    def __init__(self, held: dict[str, int]) -> None:
+        self.held = held
+
+    def owner_bytes(self, owner: str) -> int:
+        return self.held.get(owner, 0)
 
 
 def put(root: Path, job_id: int, rank: int, path: str, size: int) -> None:
@@ -79,11 +88,18 @@ def test_usage_sums_the_users_jobs_and_remaining_never_goes_below_zero(tmp_path:
     jobs = Jobs({"alice": {1: NOW - SETTLE * 2, 2: None, 4: None}, "bob": {3: None}})
     cache = UsageCache()
     assert usage_bytes(tmp_path, [1, 2, 4], cache=cache) == 1300
-    usage = outputs_usage(jobs, tmp_path, "alice", quota_bytes=2000, now=NOW, cache=cache)
-    assert (usage.used_bytes, usage.remaining_bytes) == (1300, 700)
-    assert remaining_outputs_bytes(jobs, tmp_path, "alice", quota_bytes=2000, now=NOW) == 700
-    assert remaining_outputs_bytes(jobs, tmp_path, "bob", quota_bytes=2000, now=NOW) == 0
-    assert remaining_outputs_bytes(jobs, tmp_path, "carol", quota_bytes=2000, now=NOW) == 2000
+    models = Models({"alice": 200})  # her model versions share the quota
+    usage = storage_usage(jobs, models, tmp_path, "alice", quota_bytes=2000, now=NOW, cache=cache)
+    assert (usage.outputs_bytes, usage.model_bytes, usage.remaining_bytes) == (1300, 200, 500)
+
+    def left(user: str) -> int:
+        return storage_usage(
+            jobs, models, tmp_path, user, quota_bytes=2000, now=NOW
+        ).remaining_bytes
+
+    assert (left("alice"), left("bob"), left("carol")) == (500, 0, 2000)
+    no_outputs = storage_usage(jobs, models, None, "alice", quota_bytes=2000, now=NOW)
+    assert no_outputs.used_bytes == 200
 
 
 def test_the_cache_forgets_the_least_recently_used_jobs_past_its_size(tmp_path: Path) -> None:
@@ -102,13 +118,14 @@ def test_settled_means_ended_at_least_the_settle_time_ago(tmp_path: Path) -> Non
     jobs = Jobs({"alice": {1: NOW - timedelta(seconds=5)}})
     clock = Clock()
     cache = UsageCache(max_age_s=30.0, clock=clock)
-    assert (
-        outputs_usage(jobs, tmp_path, "alice", quota_bytes=1, now=NOW, cache=cache).used_bytes == 10
-    )
+    assert usage(jobs, tmp_path, NOW, cache) == 10
     put(tmp_path, 1, 0, "deep/b", 5)  # its supervisors' last copies, just after the end
     clock.now += 31
     later = NOW + SETTLE
-    assert (
-        outputs_usage(jobs, tmp_path, "alice", quota_bytes=1, now=later, cache=cache).used_bytes
-        == 15
-    )
+    assert usage(jobs, tmp_path, later, cache) == 15
+
+
+def usage(jobs: Jobs, root: Path, now: datetime, cache: UsageCache) -> int:
+    return storage_usage(
+        jobs, Models({}), root, "alice", quota_bytes=1, now=now, cache=cache
+    ).used_bytes

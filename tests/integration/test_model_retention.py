@@ -1,0 +1,72 @@
+"""Model versions under the retention jobs' files have: past the age a version goes,
+rows and files, unless an alias names it, it is its model's newest, or a job that has not
+ended starts from it. Versions are made through the public API; the sweep runs with a
+clock moved past the age."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from gangway import Client
+from scheduler.model import Node
+from scheduler.store import JobRepository
+from scheduler.store.model_files import version_directory
+from scheduler.store.model_retention import UNFINISHED, ModelVersionSweeper
+from scheduler.store.registry import ModelRegistry
+from workers.engine.checkpoint_layout import checkpoint_path, job_directory
+
+AGE = timedelta(days=30)
+JOB = {"name": "pretrain", "entrypoint": {"kind": "builtin", "steps": 20}}
+
+
+@pytest.fixture
+def client(repo: JobRepository, tmp_path: Path) -> Iterator[Client]:
+    repo.replace_nodes([Node("n1", "local-1", 4, 8.0)])
+    app = create_app(repo, checkpoint_root=tmp_path / "ckpt", models_root=tmp_path / "models")
+    client = Client("http://testserver")
+    client._http = TestClient(app)
+    yield client
+
+
+def sweeper(repo: JobRepository, root: Path, days_later: int) -> ModelVersionSweeper:
+    return ModelVersionSweeper(
+        ModelRegistry(repo.engine),
+        root,
+        lambda: repo.in_states(UNFINISHED),
+        AGE,
+        clock=lambda: repo.now() + timedelta(days=days_later),
+    )
+
+
+def test_old_unnamed_unused_versions_go_named_newest_and_used_ones_stay(
+    client: Client, repo: JobRepository, tmp_path: Path
+) -> None:
+    trained = client.submit(**JOB).id
+    folder = checkpoint_path(job_directory(tmp_path / "ckpt", trained), 10)
+    folder.mkdir(parents=True)
+    (folder / "__0_0.distcp").write_bytes(b"weights")
+    (folder / ".metadata").write_bytes(b"m")
+    for _ in range(5):
+        client.register_model("gpt", trained)
+    client.set_alias("gpt", "production", 2)
+    user = client.submit(**JOB | {"init_from": {"model": "gpt", "version": 1}})
+    models = tmp_path / "models"
+
+    assert sweeper(repo, models, days_later=29).sweep().removed == []  # not old enough
+    swept = sweeper(repo, models, days_later=31).sweep()
+    assert swept.removed == [version_directory(models, "gpt", n) for n in (3, 4)]
+    assert [v.version for v in client.model("gpt").versions] == [1, 2, 5]
+    assert not version_directory(models, "gpt", 3).exists()
+    assert version_directory(models, "gpt", 1).is_dir()
+
+    client.cancel(user.id)  # nothing starts from v1 any more
+    swept = sweeper(repo, models, days_later=31).sweep()
+    assert swept.removed == [version_directory(models, "gpt", 1)]
+    shown = client.model("gpt")
+    assert ([v.version for v in shown.versions], shown.aliases) == ([2, 5], {"production": 2})

@@ -11,7 +11,6 @@ the first users are created.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -98,11 +97,13 @@ def require_owner(
         )
 
 
-def require_queue_member(caller: Principal, queue: str, members: Collection[str]) -> None:
-    """A queue with members takes only their jobs (and admins'); one without, anyone's."""
-    if members and not caller.is_admin and caller.name not in members:
+def require_queue_member(queues: QueueRepository, queue: str, owner: str) -> None:
+    """A queue with members takes only their jobs (and admins'); one without, anyone's.
+    The job's owner is checked, not the caller: an admin submitting for a user puts a
+    job in the queue that is that user's (`QueueRepository.admits`)."""
+    if not queues.admits(queue, owner):
         raise Forbidden(
-            f"queue {queue!r} is for its members and {caller.name} is not one; an admin "
+            f"queue {queue!r} is for its members and {owner} is not one; an admin "
             "adds members with `gangway queues members`",
             field="queue",
         )

@@ -144,7 +144,8 @@ def register(
         existing = None
     if existing is not None:
         _changeable(registry, body.name, caller, "add versions")
-    _check_readers(request, body.readers)
+    if existing is None:  # a new version of an existing model keeps its readers
+        _check_readers(request, body.readers)
     source, step = _checkpoint(request, job, body.step)
     owner = existing.owner if existing is not None else caller.name
     number, holder = registry.reserve_version(body.name, owner=owner, readers=body.readers)
@@ -294,6 +295,7 @@ def export(
         )
     submit = JobSubmit(
         name=f"export-{name}-v{version.version}",
+        queue=body.queue,
         user=caller.name,
         entrypoint=Function(target=EXPORT_TARGET, kwargs=_export_kwargs(version.spec, body)),
         init_from=ModelRef(model=name, version=version.version),

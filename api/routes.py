@@ -182,8 +182,7 @@ def prepared_job(
     # its secrets count too (other secrets are another job).
     sent = json.dumps(submit_body(submit), sort_keys=True)
     digest = hashlib.sha256(sent.encode()).hexdigest()
-    queues: QueueRepository = request.app.state.queue_store
-    require_queue_member(caller, submit.queue, queues.members_of(submit.queue))
+    require_queue_member(request.app.state.queue_store, submit.queue, submit.user)
     submit = pinned_init_from(submit, caller, request.app.state.registry)
     resolved = estimator(request).resolve(submit)
     submit = resolved.submit
@@ -227,6 +226,7 @@ def estimate_job(submit: JobSubmit, caller: Caller, request: Request) -> Estimat
     """What the job would get if submitted now: predicted step time (built-in trainer),
     run time, earliest start on this cluster; with `"parallelism": "auto"` the plan."""
     submit = admissible(submit, caller, request)
+    require_queue_member(request.app.state.queue_store, submit.queue, submit.user)
     return estimator(request).estimate(submit, request.app.state.queue_store.quotas())
 
 

@@ -35,7 +35,7 @@ from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.store import JobRepository, QueueRepository, make_engine, upgrade_to_head
 from scheduler.store.artifact_retention import ArtifactSweeper, sweep_artifacts
 from scheduler.store.base import utcnow
-from scheduler.store.model_retention import UNFINISHED, ModelVersionSweeper
+from scheduler.store.model_retention import ModelVersionSweeper
 from scheduler.store.output_usage import storage_usage
 from scheduler.store.packages import PackageStore
 from scheduler.store.registry import ModelRegistry
@@ -106,7 +106,7 @@ class Runtime:
         versions = ModelVersionSweeper(
             ModelRegistry(self._repo.engine),
             self._settings.models_root(),
-            lambda: self._repo.in_states(UNFINISHED),
+            self._repo,
             retention.age,
             utcnow,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -38,6 +39,14 @@ class QueueSettings(QueueSpec):
     settings are (lax: "4" is 4)."""
 
     model_config = ConfigDict(extra="forbid", strict=False)
+
+
+# Settings that were renamed: old -> new (one quota covers outputs and model versions).
+_STORAGE_QUOTA = "GANGWAY_STORAGE_QUOTA_BYTES (a user's job outputs and model versions together)"
+RENAMED = {
+    "GANGWAY_OUTPUTS_QUOTA_BYTES": _STORAGE_QUOTA,
+    "GANGWAY_MODELS_QUOTA_BYTES": _STORAGE_QUOTA,
+}
 
 
 class Settings(BaseSettings):
@@ -221,7 +230,9 @@ class Settings(BaseSettings):
     artifact_retention_days: float = Field(
         DEFAULT_AGE / timedelta(days=1),
         gt=0,
-        description="outputs and checkpoints of jobs that ended longer ago are deleted",
+        description="outputs and checkpoints of jobs that ended longer ago are deleted, and "
+        "model versions registered longer ago that no alias names, not their model's newest "
+        "and that no unfinished job or running sweep starts from",
     )
     # Scheduling policy: the defaults are PolicyConfig's (scheduler.core.config, which says
     # what each one bounds).
@@ -244,6 +255,16 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='JSON, e.g. {"research": {"guaranteed_gpus": 4, "borrow_limit_gpus": 4}}',
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_renamed_setting(cls, values: object) -> object:
+        """A setting that was renamed would otherwise be ignored, and its value lost
+        without a word (unknown GANGWAY_ variables are ignored)."""
+        for old, new in RENAMED.items():
+            if old in os.environ:
+                raise ValueError(f"{old} is gone: set {new}")
+        return values
 
     @model_validator(mode="after")
     def _policy_is_valid(self) -> Settings:
@@ -293,7 +314,8 @@ class Settings(BaseSettings):
         )
 
     def artifact_retention(self) -> ArtifactRetention:
-        """Ended jobs' outputs and checkpoint directories, kept this long."""
+        """Ended jobs' outputs and checkpoint directories, kept this long (model versions
+        too, by `scheduler.store.model_retention`'s rule)."""
         return ArtifactRetention(
             folders=(
                 partial(job_outputs_dir, self.outputs_root()),

@@ -465,9 +465,17 @@ def model_file(name: str, version: int, path: str) -> Call[None]:
 
 
 def export_model(
-    name: str, ref: str | int, *, quantize: str = "none", eval_batches: int = 4
+    name: str,
+    ref: str | int,
+    *,
+    quantize: str = "none",
+    eval_batches: int = 4,
+    queue: str = wire_default(ModelExport, "queue"),
 ) -> Call[JobInfo]:
-    """Submit the job that exports version `ref` of `name` to safetensors (its outputs)."""
-    body = _checked(ModelExport, quantize=quantize, eval_batches=eval_batches).model_dump()
+    """Submit the job that exports version `ref` of `name` to safetensors (its outputs),
+    waiting in `queue`."""
+    body = _checked(
+        ModelExport, quantize=quantize, eval_batches=eval_batches, queue=queue
+    ).model_dump()
     path = f"/v1/models/{quote(name, safe='')}/versions/{quote(str(ref), safe='')}/export"
     return Call("POST", path, _reader(JobInfo), json=body)

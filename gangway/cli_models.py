@@ -12,7 +12,7 @@ import typer
 
 from gangway import cli_shared
 from gangway.cli_shared import DEFAULT_URL, AsJson, Url, echo, echo_json, run
-from gangway.models import ModelInfo, ModelVersionInfo
+from gangway.models import ModelExport, ModelInfo, ModelVersionInfo, wire_default
 
 models_app = typer.Typer(help="Model versions from jobs' checkpoints: register, alias, download.")
 
@@ -136,6 +136,9 @@ def export(
         str, typer.Option("--format", help="the file format (safetensors)")
     ] = "safetensors",
     quantize: Annotated[str, typer.Option(help="none, or int8: an int8 copy too")] = "none",
+    queue: Annotated[str, typer.Option(help="the queue the export job waits in")] = wire_default(
+        ModelExport, "queue"
+    ),
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="wait, then download the files here")
     ] = None,
@@ -146,7 +149,7 @@ def export(
     if export_format != "safetensors":
         raise typer.BadParameter(f"--format: safetensors, not {export_format!r}")
     with cli_shared.connect(url) as client:
-        job = run(lambda: client.export_model(name, ref, quantize=quantize))
+        job = run(lambda: client.export_model(name, ref, quantize=quantize, queue=queue))
         echo(f"export job {job.id} submitted")
         if output is None:
             return

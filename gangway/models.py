@@ -1179,4 +1179,5 @@ class ModelExport(_Strict):
 
     format: Literal["safetensors"] = "safetensors"
     quantize: Literal["none", "int8"] = "none"
+    queue: QueueName = Field("default", description="the queue the export job waits in")
     eval_batches: Int = Field(4, ge=1, le=10_000, description="validation batches per file")

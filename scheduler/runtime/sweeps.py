@@ -52,6 +52,7 @@ from scheduler.store import (
     JobRecord,
     JobRepository,
     NewJob,
+    QueueRepository,
     StaleState,
 )
 from scheduler.store.specs import spec_from_json
@@ -181,6 +182,7 @@ class SweepController:
         clock: Callable[[], datetime],
     ) -> None:
         self._repo, self._applier, self._clock = repo, applier, clock
+        self._queues = QueueRepository(repo.engine)
         self._plans: dict[int, SweepPlan] = {}
         self._failures: dict[int, int] = {}  # sweep id -> passes in a row that raised
         # job id -> how readily to preempt it (`JobView.expendable`): running trials by
@@ -362,6 +364,11 @@ class SweepController:
         except ValidationError as exc:
             shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
             raise TrialRefused(f"trial {number} ({shown}) is not a valid job: {exc}") from exc
+        if not self._queues.admits(body["queue"], body["user"]):  # members changed since
+            raise TrialRefused(
+                f"trial {number}: queue {body['queue']!r} is for its members, and "
+                f"{body['user']} is not one now"
+            )
         spec = spec_from_json(body)
         entry = body["entrypoint"]
         new = NewJob(

@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 from scheduler.store.base import utcnow
 from scheduler.store.tables import ApiKeyRow, UserRow
 
-ROLES = ("user", "admin")
+ADMIN_ROLE = "admin"
+ROLES = ("user", ADMIN_ROLE)
 KEY_PREFIX = "gw_"
 
 
@@ -51,7 +52,7 @@ class User:
 
     @property
     def is_admin(self) -> bool:
-        return self.role == "admin"
+        return self.role == ADMIN_ROLE
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 (`GANGWAY_STORAGE_QUOTA_BYTES`): their jobs' outputs and the versions of the models
 they own, one quota for both, as both live in the same storage.
 
-The runtime asks at launch (`remaining_storage_bytes`) to cap what the new job's ranks
+The runtime asks at launch (`storage_usage(...).remaining_bytes`) to cap what the new job's ranks
 may collect, the registry before it copies a checkpoint into a new version; `GET
 /v1/jobs/{id}/outputs` shows the owner's usage. The models' share is a sum over their
 versions' rows (each file's size recorded at registration); the outputs' would walk every

@@ -15,8 +15,9 @@ from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.orm import Session
 
 from scheduler.model import QueueQuota
+from scheduler.store.accounts import ADMIN_ROLE
 from scheduler.store.base import utcnow
-from scheduler.store.tables import QueueMemberRow, QueueRow
+from scheduler.store.tables import QueueMemberRow, QueueRow, UserRow
 
 
 def _quota(row: QueueRow) -> QueueQuota:
@@ -82,10 +83,10 @@ class QueueRepository:
                     QueueMemberRow.queue, QueueMemberRow.user
                 )
             )
-            found: dict[str, tuple[str, ...]] = {}
+            found: dict[str, list[str]] = {}
             for queue, user in rows:
-                found[queue] = (*found.get(queue, ()), user)
-            return found
+                found.setdefault(queue, []).append(user)
+            return {queue: tuple(users) for queue, users in found.items()}
 
     def members_of(self, queue: str) -> tuple[str, ...]:
         """The queue's members; () for a queue open to every user."""
@@ -96,6 +97,17 @@ class QueueRepository:
                 .order_by(QueueMemberRow.user)
             )
             return tuple(rows)
+
+    def admits(self, queue: str, owner: str) -> bool:
+        """Whether a job of `owner`'s may go into `queue`: an open queue takes anyone's;
+        one with members takes its members', and admins' (a user with the admin role, or
+        a name no account has: the bootstrap admin, or anyone with auth off)."""
+        members = self.members_of(queue)
+        if not members or owner in members:
+            return True
+        with Session(self._engine) as session:
+            role = session.scalar(select(UserRow.role).where(UserRow.name == owner))
+        return role is None or role == ADMIN_ROLE
 
     def queues_of(self, user: str) -> frozenset[str]:
         """The queues `user` is a member of."""

@@ -23,13 +23,14 @@ from sqlalchemy import (
     Integer,
     String,
     UniqueConstraint,
+    and_,
     delete,
-    func,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy.orm import Mapped, Session, aliased, mapped_column
+from sqlalchemy.sql.elements import ColumnElement
 
 from scheduler.store.base import Repository
 from scheduler.store.tables import Base, UTCDateTime
@@ -225,7 +226,7 @@ class ModelRegistry(Repository):
 
     def set_alias(self, name: str, alias: str, version: int) -> None:
         with Session(self._engine) as session, session.begin():
-            row = _model_row(session, name)
+            row = _model_row(session, name, lock=True)  # against `delete_unnamed_version`
             exists = session.scalar(
                 select(ModelVersionRow.id).where(
                     ModelVersionRow.model_id == row.id, ModelVersionRow.version == version
@@ -281,28 +282,31 @@ class ModelRegistry(Repository):
     def unnamed_versions(self, *, before: datetime) -> list[ModelVersion]:
         """Versions registered before `before` that no alias points at and that are not
         their model's newest: what retention may delete (`model_retention`)."""
-        newest = (
-            select(ModelVersionRow.model_id, func.max(ModelVersionRow.version).label("top"))
-            .group_by(ModelVersionRow.model_id)
-            .subquery()
-        )
-        aliased = select(ModelAliasRow.version).where(
-            ModelAliasRow.model_id == ModelVersionRow.model_id,
-            ModelAliasRow.version == ModelVersionRow.version,
-        )
         query = (
             select(RegisteredModelRow.name, ModelVersionRow)
             .join(RegisteredModelRow, RegisteredModelRow.id == ModelVersionRow.model_id)
-            .join(newest, newest.c.model_id == ModelVersionRow.model_id)
-            .where(
-                ModelVersionRow.created_at < before,
-                ModelVersionRow.version < newest.c.top,
-                ~aliased.exists(),
-            )
+            .where(_unnamed(before))
             .order_by(ModelVersionRow.id)
         )
         with Session(self._engine) as session:
             return [_version(name, row) for name, row in session.execute(query)]
+
+    def delete_unnamed_version(self, name: str, version: int, *, before: datetime) -> bool:
+        """Delete the version's row if it is still unnamed (no alias, not the newest,
+        older than `before`), under the model's row lock that `set_alias` takes too, so
+        an alias set meanwhile keeps it. False when it no longer qualifies."""
+        with Session(self._engine) as session, session.begin():
+            row = _model_row(session, name, lock=True)
+            gone = session.execute(
+                delete(ModelVersionRow)
+                .where(
+                    ModelVersionRow.model_id == row.id,
+                    ModelVersionRow.version == version,
+                    _unnamed(before),
+                )
+                .execution_options(synchronize_session=False)
+            )
+            return bool(getattr(gone, "rowcount", 0))
 
     def versions_of_job(self, job_id: int) -> list[ModelVersion]:
         """Lineage: the versions made from job `job_id`'s checkpoints."""
@@ -316,8 +320,24 @@ class ModelRegistry(Repository):
             return [_version(name, row) for name, row in session.execute(query)]
 
 
-def _model_row(session: Session, name: str) -> RegisteredModelRow:
-    row = session.scalar(select(RegisteredModelRow).where(RegisteredModelRow.name == name))
+def _unnamed(before: datetime) -> ColumnElement[bool]:
+    """A version row older than `before`, with no alias on it, below its model's newest."""
+    newer = aliased(ModelVersionRow)
+    newest_above = select(newer.id).where(
+        newer.model_id == ModelVersionRow.model_id, newer.version > ModelVersionRow.version
+    )
+    named = select(ModelAliasRow.version).where(
+        ModelAliasRow.model_id == ModelVersionRow.model_id,
+        ModelAliasRow.version == ModelVersionRow.version,
+    )
+    return and_(ModelVersionRow.created_at < before, newest_above.exists(), ~named.exists())
+
+
+def _model_row(session: Session, name: str, *, lock: bool = False) -> RegisteredModelRow:
+    """The model's row; with `lock`, held until the transaction ends (PostgreSQL: FOR
+    UPDATE; SQLite serializes writers anyway)."""
+    query = select(RegisteredModelRow).where(RegisteredModelRow.name == name)
+    row = session.scalar(query.with_for_update() if lock else query)
     if row is None:
         raise ModelNotFound(f"no model {name!r}")
     return row

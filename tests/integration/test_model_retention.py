@@ -1,7 +1,7 @@
 """Model versions under the retention jobs' files have: past the age a version goes,
 rows and files, unless an alias names it, it is its model's newest, or a job that has not
-ended starts from it. Versions are made through the public API; the sweep runs with a
-clock moved past the age."""
+ended (or a running sweep's trials) start from it. Versions are made through the public
+API; the sweep runs with a clock moved past the age."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gangway import Client
 from scheduler.model import Node
 from scheduler.store import JobRepository
 from scheduler.store.model_files import version_directory
-from scheduler.store.model_retention import UNFINISHED, ModelVersionSweeper
+from scheduler.store.model_retention import ModelVersionSweeper
 from scheduler.store.registry import ModelRegistry
 from workers.engine.checkpoint_layout import checkpoint_path, job_directory
 
@@ -38,22 +38,27 @@ def sweeper(repo: JobRepository, root: Path, days_later: int) -> ModelVersionSwe
     return ModelVersionSweeper(
         ModelRegistry(repo.engine),
         root,
-        lambda: repo.in_states(UNFINISHED),
+        repo,
         AGE,
         clock=lambda: repo.now() + timedelta(days=days_later),
     )
 
 
-def test_old_unnamed_unused_versions_go_named_newest_and_used_ones_stay(
-    client: Client, repo: JobRepository, tmp_path: Path
-) -> None:
+def registered(client: Client, root: Path, versions: int) -> None:
+    """`versions` versions of model gpt, from one job's checkpoint."""
     trained = client.submit(**JOB).id
-    folder = checkpoint_path(job_directory(tmp_path / "ckpt", trained), 10)
+    folder = checkpoint_path(job_directory(root, trained), 10)
     folder.mkdir(parents=True)
     (folder / "__0_0.distcp").write_bytes(b"weights")
     (folder / ".metadata").write_bytes(b"m")
-    for _ in range(5):
+    for _ in range(versions):
         client.register_model("gpt", trained)
+
+
+def test_old_unnamed_unused_versions_go_named_newest_and_used_ones_stay(
+    client: Client, repo: JobRepository, tmp_path: Path
+) -> None:
+    registered(client, tmp_path / "ckpt", 5)
     client.set_alias("gpt", "production", 2)
     user = client.submit(**JOB | {"init_from": {"model": "gpt", "version": 1}})
     models = tmp_path / "models"
@@ -70,3 +75,24 @@ def test_old_unnamed_unused_versions_go_named_newest_and_used_ones_stay(
     assert swept.removed == [version_directory(models, "gpt", 1)]
     shown = client.model("gpt")
     assert ([v.version for v in shown.versions], shown.aliases) == ([2, 5], {"production": 2})
+
+
+def test_a_running_sweeps_base_and_an_alias_set_meanwhile_keep_their_versions(
+    client: Client, repo: JobRepository, tmp_path: Path
+) -> None:
+    registered(client, tmp_path / "ckpt", 4)
+    repo.create_sweep("s", "default", {"base": {"init_from": {"model": "gpt", "version": 1}}})
+    registry, models = ModelRegistry(repo.engine), tmp_path / "models"
+    before = repo.now() + timedelta(days=1)
+    assert [v.version for v in registry.unnamed_versions(before=before)] == [1, 2, 3]
+    client.set_alias("gpt", "staging", 2)  # after a sweep listed it, before it deletes
+    assert not registry.delete_unnamed_version("gpt", 2, before=before)
+    # a folder an earlier sweep renamed and could not delete is found by its new name
+    stuck = models / "gpt" / ".deleting-v9"
+    stuck.mkdir()
+    (stuck / "shard").write_bytes(b"x")
+    swept = sweeper(repo, models, days_later=31).sweep()
+    gone = [version_directory(models, "gpt", n) for n in (9, 3)]
+    assert (swept.removed, swept.failed) == (gone, [])
+    assert not stuck.exists()
+    assert [v.version for v in client.model("gpt").versions] == [1, 2, 4]

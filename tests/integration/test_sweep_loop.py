@@ -19,7 +19,7 @@ from scheduler.core.asha import TrialState
 from scheduler.model import JobState
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.loop import SchedulerLoop
-from scheduler.store import JobRepository, NewJob
+from scheduler.store import AccountRepository, JobRepository, NewJob, QueueRepository
 from scheduler.store.records import ReportedPoint
 from scheduler.store.sweeps import SweepState
 from tests.integration.test_loop import Clock, FakeExecutor, make_loop
@@ -216,3 +216,24 @@ def test_a_sweep_that_cannot_go_on_ends_without_stopping_anyone_elses_jobs(
     assert failed.state is SweepState.FAILED
     assert failed.reason == "3 passes in a row failed: RuntimeError: a bug"
     assert other.id in [job_id for job_id, _, _ in executor.launched]
+
+
+def test_a_sweep_whose_owner_left_its_queue_makes_no_more_trials(
+    repo: JobRepository, clock: Clock
+) -> None:
+    """Membership is checked for every trial, not only at submit: a user an admin
+    removed from the queue adds no job to it through a sweep sent before."""
+    AccountRepository(repo.engine).create_user("alice", "user")
+    base = {
+        "name": "tiny",
+        "user": "alice",
+        "queue": "research",
+        "parallelism": {"dp": 1},
+        "entrypoint": {"kind": "builtin", "steps": BUDGET},
+    }
+    sweep = create_sweep(repo, base=base)
+    QueueRepository(repo.engine).set_members("research", ["bob"])
+    make_loop(repo, FakeExecutor(), clock).tick()
+    ended = repo.sweep(sweep)
+    assert ended.state is SweepState.FAILED and ended.trials == []
+    assert ended.reason == "trial 0: queue 'research' is for its members, and alice is not one now"

@@ -325,7 +325,12 @@ def test_a_queue_with_members_takes_only_their_jobs(clients: dict[str, Client]) 
         "space": {"entrypoint.lr": {"kind": "choice", "values": [0.1, 0.2]}},
     }
     assert mallory._http.post("/v1/sweeps", json=sweep).status_code == 403
+    estimate = mallory._http.post("/v1/estimate", json=step)
+    assert (estimate.status_code, estimate.json()["error"]["field"]) == (403, "queue")
+    with pytest.raises(Forbidden, match="mallory is not one"):  # an admin, for a non-member
+        admin.submit(**JOB | {"queue": "research", "user": "mallory"})
     assert len(admin.list().items) == before
+    admin.submit(**JOB | {"queue": "research"})  # an admin's own job goes anywhere
     with pytest.raises(Forbidden):
         mallory.set_queue_members("research", ["mallory"])
     mallory.submit(**JOB)  # the default queue stays open to everyone ...
@@ -351,6 +356,12 @@ def test_a_model_shared_with_a_queue_is_read_by_its_members_only(
     got = bob.download_model("gpt", 1, tmp_path / "got")
     assert {p.name: p.read_bytes() for p in got} == SHARDS
     bob.submit(**JOB | {"init_from": {"model": "gpt", "version": 1}})
+    exported = bob._http.post("/v1/models/gpt/versions/1/export", json={"queue": "research"})
+    assert exported.status_code == 201 and exported.json()["queue"] == "research"
+    admin.set_queue_members("default", ["alice"])  # the export's default queue is a team's
+    refused_export = bob._http.post("/v1/models/gpt/versions/1/export", json={})
+    assert (refused_export.status_code, refused_export.json()["error"]["field"]) == (403, "queue")
+    admin.set_queue_members("default", [])
     # a stranger reads nothing, and cannot start from it
     assert mallory.models() == []
     with pytest.raises(NotFound):

@@ -1,4 +1,5 @@
-"""REST v1 administration: who am I, users and their API keys, queue quotas and members.
+"""REST v1 administration: who am I, users and their API keys, queue quotas and members,
+calibration runs.
 
 Users and queues are admin business; a user may list and issue or revoke their own keys
 (to rotate one without asking an admin).
@@ -8,16 +9,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi import Path as PathParam
 
 from api.auth import RESERVED_NAMES, Admin, Caller, current_caller, require_owner
-from api.convert import queue_quota
+from api.convert import job_info, queue_quota
 from api.errors import FieldError
 from api.routes import ERROR_RESPONSES, MAX_ID, Repo, changed, queues_now
 from gangway.models import (
     ApiKeyInfo,
     IssuedApiKey,
+    JobInfo,
     QueueInfo,
     QueueMembers,
     QueueName,
@@ -27,6 +29,8 @@ from gangway.models import (
     UserName,
     WhoAmI,
 )
+from scheduler.runtime.calibration import submit_calibration
+from scheduler.runtime.trainer_shapes import common_node_type
 from scheduler.store import AccountRepository, ApiKey, QueueRepository, User
 
 router = APIRouter(dependencies=[Depends(current_caller)], responses=ERROR_RESPONSES)
@@ -126,6 +130,22 @@ def delete_queue(name: QueuePath, _: Admin, store: Queues, request: Request) -> 
     store.delete(name)
     changed(request)()
     return Response(status_code=204)
+
+
+@router.post("/v1/calibrations", status_code=201, response_model=list[JobInfo])
+def calibrate(_: Admin, repo: Repo, request: Request) -> list[JobInfo]:
+    """Queue the calibration runs for the node type most live nodes have
+    (`scheduler.runtime.calibration`): a few short built-in jobs of user gangway at the
+    lowest priority. Once three succeed, estimates and `"parallelism": "auto"` use the
+    step-time model fitted to them instead of assumed speeds. 409 with no live node."""
+    nodes = repo.nodes()
+    node = common_node_type(nodes)
+    if node is None:
+        raise HTTPException(409, "no live node to calibrate")
+    made = submit_calibration(repo, node)
+    changed(request)()
+    names = {n.id: n.name for n in nodes}
+    return [job_info(job, names, shows_env=True) for job in made]
 
 
 @router.put("/v1/queues/{name}/members", response_model=QueueInfo)

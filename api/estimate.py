@@ -66,13 +66,7 @@ class Estimator:
             raise FieldError("parallelism", '"auto" needs a live node to plan for')
         with self._lock:
             self._predictions.refresh()
-            calibration = self._predictions.calibration(node)
-        if calibration is None:
-            raise FieldError(
-                "parallelism",
-                f'"auto" needs a calibrated step-time model for node type {node.name}: '
-                "too few recorded runs of built-in jobs; give a plan",
-            )
+            calibration = self._predictions.planning_calibration(node)
         concrete = submit.model_copy(update={"parallelism": Parallelism()})
         trainer = trainer_job(spec_from_json(concrete.model_dump(mode="json")))
         assert trainer is not None  # a built-in job with a known model (validated)
@@ -120,7 +114,8 @@ class Estimator:
             time_limit_s=spec.time_limit_s,
             queue=concrete.queue,
             user=concrete.user,
-            predicted_remaining_s=predicted.runtime_s,
+            # as the loop would hand it to the core (assumed speeds: unknown to it)
+            predicted_remaining_s=None if predicted.assumed else predicted.runtime_s,
         )
         decisions = schedule(
             ClusterSnapshot(tuple(nodes)), [*views, candidate], now, self._policy, queues=queues

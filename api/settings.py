@@ -166,6 +166,11 @@ class Settings(BaseSettings):
     busy_interval_s: float = Field(
         0.1, gt=0, le=60, description="between passes while a gang starts, stops or resizes"
     )
+    auto_calibrate: bool = Field(
+        True,
+        description="measure a node type nothing has measured yet with a few short, "
+        "lowest-priority built-in runs of user gangway (scheduler.runtime.calibration)",
+    )
     placement_timeout_s: float = Field(120.0, gt=0)
     hang_factor: float = Field(
         _LIFECYCLE.hang_factor, gt=1, description="x recent step time without progress"

@@ -146,6 +146,7 @@ class AsyncClient:
     set_queue = _sends(calls.set_queue)
     set_queue_members = _sends(calls.set_queue_members)
     delete_queue = _sends(calls.delete_queue)
+    calibrate = _sends(calls.calibrate)
     whoami = _sends(calls.whoami)
     users = _sends(calls.users)
     create_user = _sends(calls.create_user)

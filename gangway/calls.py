@@ -368,6 +368,12 @@ def delete_queue(name: str) -> Call[None]:
     return Call("DELETE", f"/v1/queues/{name}", _no_body)
 
 
+def calibrate() -> Call[list[JobInfo]]:
+    """Queue calibration runs for the most common node type (admins): short built-in jobs
+    whose measured step times fit the step-time model estimates and "auto" use."""
+    return Call("POST", "/v1/calibrations", _reader(list[JobInfo]))
+
+
 # -- users and keys -------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gangway import cli_shared
-from gangway.cli_admin import queues_app, users_app, whoami
+from gangway.cli_admin import calibrate, queues_app, users_app, whoami
 from gangway.cli_metrics import metrics
 from gangway.cli_models import models_app
 from gangway.cli_outputs import download, outputs
@@ -47,6 +47,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(sweep_app, name="sweep")
 app.command()(whoami)
+app.command()(calibrate)
 app.command()(estimate)
 app.command()(accuracy)
 app.command()(outputs)

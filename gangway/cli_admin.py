@@ -185,3 +185,13 @@ def whoami(url: Url = DEFAULT_URL) -> None:
     auth = "auth on" if me.auth_enabled else "auth off: everyone is an admin"
     member = f"; member of {', '.join(me.queues)}" if me.queues else ""
     echo(f"{me.name} ({me.role}; {auth}{member})")
+
+
+def calibrate(url: Url = DEFAULT_URL) -> None:
+    """Queue calibration runs (admins): a few short built-in jobs that measure the common
+    node type; estimates and `auto` use the step-time model they fit once three succeed."""
+    with cli_shared.connect(url) as client:
+        jobs = run(client.calibrate)
+    for job in jobs:
+        echo(f"{job.id:>6}  {job.name}")
+    echo(f"{len(jobs)} calibration runs queued at the lowest priority (user {jobs[0].user})")

@@ -547,7 +547,11 @@ class RuntimePrediction(BaseModel):
 
     runtime_s: float | None = Field(description="total run time; null: unknown")
     remaining_s: float | None = Field(description="of which still ahead; null: unknown")
-    low_s: float | None = Field(None, description="history: quartile range of similar jobs")
+    low_s: float | None = Field(
+        None,
+        description="history: quartile range of similar jobs; model: the run time at its "
+        "expected error either way (null when that is unknown: assumed speeds)",
+    )
     high_s: float | None = None
     source: Literal["steps", "model", "history", "unknown"] = Field(
         description="steps: measured step time x steps left; model: the step-time model; "

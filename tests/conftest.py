@@ -19,6 +19,10 @@ settings.register_profile("default", max_examples=300, deadline=None)
 settings.register_profile("deep", max_examples=5000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# Services the tests start (the harness's, scripts/cluster's) queue no calibration runs of
+# their own: tests count and order their jobs. The test of calibration turns it on.
+os.environ.setdefault("GANGWAY_AUTO_CALIBRATE", "false")
+
 POSTGRES_URL = os.environ.get(
     "GANGWAY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )

@@ -61,6 +61,9 @@ class Service:
             # within a test takes over soon.
             "GANGWAY_LEASE_TTL_S": "3",
             "GANGWAY_ADMIN_KEY": ADMIN_KEY,
+            # Benches and tests time and count their own jobs: no calibration runs
+            # beside them unless asked for.
+            "GANGWAY_AUTO_CALIBRATE": os.environ.get("GANGWAY_AUTO_CALIBRATE", "false"),
         }
         self.process: subprocess.Popen[bytes] | None = None
 

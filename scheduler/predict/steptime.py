@@ -17,6 +17,12 @@ does per rank times a coefficient fitted from this cluster's measured runs:
 Coefficients are fitted per (node type, precision) by non-negative least squares on
 relative error (`calibrate`); between measured plans and sizes the terms interpolate.
 Whole-job time is steps x step time + start-up; `refine` blends in observed steps.
+
+Before any run of a node type was measured, `assumed` gives the same terms coefficients
+from assumed speeds (peak FLOP/s per rank, link bytes/s, latency, per-step overhead):
+good enough to rank plans against each other (`auto`), not to promise a run time, so its
+expected error is unknown. A fitted calibration's expected error is its median relative
+error on the runs it was fitted to.
 """
 
 from __future__ import annotations
@@ -34,6 +40,12 @@ FEATURES = ("compute_flop", "comm_bytes", "messages", "constant")
 BYTES = {"fp32": 4, "bf16": 2}
 # fp32 weights + grads + Adam's two moments: 16 bytes per parameter.
 STATE_BYTES_PER_PARAM = 16
+# Assumed speeds per rank until a node type's runs are measured: a GPU of today's data
+# centre class (a fraction of its bf16 peak, as trainers reach), a CPU core otherwise.
+ASSUMED_GPU = (2e14, 1e11, 2e-5, 0.02)  # FLOP/s, bytes/s, s per message, s per step
+ASSUMED_CPU = (2e10, 2e9, 1e-4, 0.02)
+# The least error a fit claims (more when it has fewer runs than terms).
+MIN_EXPECTED_ERROR = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +96,7 @@ class NodeType:
     parallel_ranks: int
     memory_bytes: float
     startup_s: float = 30.0
+    gpu: bool = True  # its ranks run on GPUs (else CPU cores)
 
 
 def work(model: ModelShape, plan: StepPlan, node: NodeType) -> np.ndarray:
@@ -115,11 +128,23 @@ def work(model: ModelShape, plan: StepPlan, node: NodeType) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """Fitted coefficients (seconds per unit of each FEATURES term) for one node type."""
+    """Coefficients (seconds per unit of each FEATURES term) for one node type: fitted
+    to `runs` measured runs, or assumed (runs 0). `expected_error`: the median relative
+    error on the runs fitted to (None: assumed, unknown)."""
 
     node: NodeType
     coefficients: tuple[float, ...]
     runs: int
+    expected_error: float | None = None
+
+    def describe(self) -> str:
+        if not self.runs:
+            return f"assumed speeds for {self.node.name} (not measured: error unknown)"
+        error = self.expected_error or 0.0
+        return (
+            f"step-time model for {self.node.name} ({self.runs} recorded runs, "
+            f"expected error {error:.0%})"
+        )
 
     def step_time_s(self, model: ModelShape, plan: StepPlan) -> float:
         return float(np.dot(self.coefficients, work(model, plan, self.node)))
@@ -130,12 +155,14 @@ class Measured:
     model: ModelShape
     plan: StepPlan
     step_time_s: float
+    startup_s: float | None = None  # the run's time besides its steps, when known
 
 
 def calibrate(node: NodeType, runs: Sequence[Measured]) -> Calibration:
     """Non-negative least squares on relative error: each run's row is scaled by 1 / its
     measured time, so a 10% miss costs the same on a short step as on a long one. A term
-    that would get a negative coefficient is dropped and the rest refitted."""
+    that would get a negative coefficient is dropped and the rest refitted. The node's
+    start-up becomes the median the runs measured, where they did."""
     if not runs:
         raise ValueError("calibration needs at least one measured run")
     rows = np.array([work(r.model, r.plan, node) for r in runs])
@@ -151,7 +178,20 @@ def calibrate(node: NodeType, runs: Sequence[Measured]) -> Calibration:
         active.pop(int(np.argmin(solution)))
     coefficients = np.zeros(len(FEATURES))
     coefficients[active] = np.maximum(solution, 0.0)
-    return Calibration(node, tuple(coefficients.tolist()), len(runs))
+    predicted = rows @ coefficients
+    error = float(np.median(np.abs(predicted - times) / times))
+    # A fit to few runs matches them better than it will match the next job.
+    floor = MIN_EXPECTED_ERROR * max(1.0, len(FEATURES) / len(runs))
+    startups = [r.startup_s for r in runs if r.startup_s is not None]
+    if startups:
+        node = replace(node, startup_s=float(np.median(startups)))
+    return Calibration(node, tuple(coefficients.tolist()), len(runs), max(error, floor))
+
+
+def assumed(node: NodeType) -> Calibration:
+    """The step-time terms priced at assumed speeds (`ASSUMED_GPU` / `ASSUMED_CPU`)."""
+    flops, link, latency, overhead = ASSUMED_GPU if node.gpu else ASSUMED_CPU
+    return Calibration(node, (1 / flops, 1 / link, latency, overhead), runs=0)
 
 
 def _scale(columns: np.ndarray) -> np.ndarray:
@@ -243,7 +283,8 @@ def auto_plan(
         f"dp={p.dp} tp={p.tp} pp={p.pp}{' fsdp' if p.fsdp else ''} microbatches={p.microbatches}: "
         f"predicted {best.step_time_s:.3f} s/step, {best.job_time_s:.0f} s for {steps} steps, "
         f"{memory_bytes(model, p) / 2**30:.2f} GiB/rank of {node.memory_bytes / 2**30:.0f}; "
-        f"the fastest of {fitting} plans that fit memory ({considered} considered) on {node.name}"
+        f"the fastest of {fitting} plans that fit memory ({considered} considered) on "
+        f"{node.name}, by the {calibration.describe()}"
     )
     return Choice(best.plan, best.step_time_s, best.job_time_s, reason)
 

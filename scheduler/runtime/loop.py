@@ -6,8 +6,9 @@ under us (a user cancelled it) wins over what the loop was about to do, and grou
 job is no longer active in the store are torn down.
 
 The loop only sequences the parts, each in its own module: `nodes` (Ray's nodes minus
-suspects), `sweeps` (trials recorded, paused, promoted, started), `dependencies` (jobs held
-for jobs, hopeless ones cancelled), `applier` (decisions and transitions written, then
+suspects), `calibration` (short runs that measure an unmeasured node type, once),
+`sweeps` (trials recorded, paused, promoted, started), `dependencies` (jobs held for
+jobs, hopeless ones cancelled), `applier` (decisions and transitions written, then
 acted on), `lifecycle` (the pure rules for what a gang's report means), `ingest`
 (progress, logs, stragglers) and `leadership` (lease and reconcile).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -32,8 +33,10 @@ from scheduler.model import (
     Node,
     QueueQuota,
 )
+from scheduler.predict.steptime import NodeType
 from scheduler.runtime import metrics
 from scheduler.runtime.applier import Applier
+from scheduler.runtime.calibration import AutoCalibration
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.runtime.dependencies import DependencyGate
 from scheduler.runtime.executor import Executor, GuardedExecutor
@@ -46,6 +49,7 @@ from scheduler.runtime.nodes import NodeWatch
 from scheduler.runtime.predictions import Predictions
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.runtime.sweeps import SweepController
+from scheduler.runtime.trainer_shapes import common_node_type
 from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import Fenced, FenceSlot, JobRecord, JobRepository, ProgressNote
 from scheduler.store.base import utcnow
@@ -92,6 +96,7 @@ class SchedulerLoop:
         stragglers: StragglerWatch | None = None,
         lease: LeaderLease | None = None,
         sweep_every: int = SWEEP_EVERY_PASSES,
+        auto_calibrate: bool = False,
     ) -> None:
         # With a lease, every write and Ray action is fenced by the lease's generation.
         fence = FenceSlot()
@@ -123,6 +128,7 @@ class SchedulerLoop:
             sweep_every=sweep_every,
         )
         self._predictions = Predictions(repo)
+        self._calibration = AutoCalibration(repo) if auto_calibrate else None
         self._usage: tuple[int, datetime, dict[tuple[str, str], float]] | None = None
         # job id -> (row version, report, until): a report the lifecycle found nothing in,
         # which it will not find anything in before `until` while both stay the same.
@@ -143,6 +149,7 @@ class SchedulerLoop:
         its way somewhere (starting, stopping, resizing): the next pass should come soon."""
         with metrics.PASS_SECONDS.time():
             nodes = self._nodes.refresh()  # 1. Ray's nodes, suspects marked dead
+            self._calibrate(nodes)  # 1b. once, where the nodes' type is not yet measured
             self._sweeps.advance()  # 2. sweeps: trials recorded, paused, promoted, started
             jobs = self._jobs.load()  # 3. what the core decides on (what changed, reloaded)
             jobs, waiting = self._settle(jobs)  # 4. jobs held for jobs; hopeless cancelled
@@ -225,6 +232,15 @@ class SchedulerLoop:
         notes, versions = self._applier.decisions(self._jobs.records, decisions)
         self._jobs.noted(notes, versions)
         self._predictions.record(decisions, now)
+
+    def _calibrate(self, nodes: Sequence[Node]) -> None:
+        """Queue calibration runs for the nodes' common type if it is unmeasured (once)."""
+        if self._calibration is not None:
+            self._calibration.check(common_node_type(nodes), self._calibrated)
+
+    def _calibrated(self, node: NodeType) -> bool:
+        self._predictions.refresh()  # what succeeded before this process started counts
+        return self._predictions.calibration(node) is not None
 
     def _recent_usage(self, now: datetime) -> dict[tuple[str, str], float]:
         """Decayed GPU-seconds per (queue, user); runs older than 10 half-lives count < 0.1%.

@@ -9,7 +9,15 @@ Where a prediction comes from, best first:
   built-in jobs to calibrate the step-time model (`scheduler.predict.steptime`);
 - history: the median run time of the most similar finished jobs
   (`scheduler.predict.runtime`), conditional on the time already run;
-- unknown: nothing similar has finished; the core then falls back to its default.
+- model at assumed speeds: a built-in trainer nothing similar has run for, on a node type
+  not yet measured (`steptime.assumed`; the service measures one with a few short runs of
+  its own, `scheduler.runtime.calibration`, or `gangway calibrate`); shown and estimated
+  with, never handed to the core, which treats the job as unknown;
+- unknown: any other job nothing similar has finished for; the core then falls back to
+  its default.
+
+Each model prediction's basis names its calibration and its expected error, and its
+low/high are the run time at that error either way.
 
 History is loaded from the store at start and then incrementally (succeeded jobs only:
 a failed or cancelled run says nothing about how long the work takes).
@@ -35,6 +43,7 @@ from scheduler.predict.steptime import (
     Calibration,
     Measured,
     NodeType,
+    assumed,
     calibrate,
     job_time_s,
 )
@@ -96,8 +105,9 @@ class Predictions:
         self._history.observe(_features(run.queue, run.user, run.name, run.num_gpus), run.runtime_s)
         trainer = trainer_job(run.spec, run.dp)
         if trainer and run.step_time_s and run.node_type:
+            startup = max(0.0, run.runtime_s - trainer.steps * run.step_time_s)
             self._measured[run.node_type].append(
-                Measured(trainer.model, trainer.plan, run.step_time_s)
+                Measured(trainer.model, trainer.plan, run.step_time_s, startup)
             )
             self._calibrations.pop(run.node_type, None)
 
@@ -109,6 +119,12 @@ class Predictions:
         if node.name not in self._calibrations:
             self._calibrations[node.name] = calibrate(node, runs)
         return self._calibrations[node.name]
+
+    def planning_calibration(self, node: NodeType) -> Calibration:
+        """The fitted model for `node`, else the one at assumed speeds: what `auto`
+        compares plans with (a ranking the assumed speeds get right far more often than
+        a run time)."""
+        return self.calibration(node) or assumed(node)
 
     # -- the loop's side ----------------------------------------------------------------
 
@@ -147,8 +163,10 @@ class Predictions:
         return out
 
     def _with_prediction(self, view: JobView) -> tuple[JobView, JobView]:
-        """(the view, it with its prediction); the last pass's pair when neither moved."""
-        remaining = self._current[view.id].remaining_s
+        """(the view, it with its prediction); the last pass's pair when neither moved. A
+        prediction at assumed speeds is not the core's to act on: unknown to it."""
+        current = self._current[view.id]
+        remaining = None if current.assumed else current.remaining_s
         last = self._views.get(view.id)
         if last is None or last[0] is not view or last[1].predicted_remaining_s != remaining:
             last = (view, replace(view, predicted_remaining_s=remaining))
@@ -251,22 +269,35 @@ class Predictions:
         trainer = trainer or trainer_job(spec)
         calibration = self.calibration(node) if node else None
         if trainer and calibration:
-            step_s = calibration.step_time_s(trainer.model, trainer.plan)
-            total = job_time_s(calibration, trainer.model, trainer.plan, trainer.steps)
-            basis = (
-                f"step-time model for {calibration.node.name} ({calibration.runs} recorded "
-                f"runs): {step_s:.3f} s/step x {trainer.steps} steps + start-up"
-            )
-            return JobPrediction(
-                total, max(0.0, total - elapsed_s), None, None, "model", basis, step_s
-            )
+            return _modelled(calibration, trainer, elapsed_s)
         history = self._history.predict(features, elapsed_s)
-        if history.runtime_s is None:
-            return JobPrediction(None, None, None, None, "unknown", history.basis)
-        remaining = max(0.0, history.runtime_s - elapsed_s)
-        return JobPrediction(
-            history.runtime_s, remaining, history.low_s, history.high_s, "history", history.basis
-        )
+        if history.runtime_s is not None:
+            remaining = max(0.0, history.runtime_s - elapsed_s)
+            return JobPrediction(
+                history.runtime_s,
+                remaining,
+                history.low_s,
+                history.high_s,
+                "history",
+                history.basis,
+            )
+        if trainer and node:
+            return _modelled(assumed(node), trainer, elapsed_s)
+        return JobPrediction(None, None, None, None, "unknown", history.basis)
+
+
+def _modelled(calibration: Calibration, trainer: TrainerJob, elapsed_s: float) -> JobPrediction:
+    """The step-time model's run time, its low/high at its expected error (none when
+    that is unknown)."""
+    step_s = calibration.step_time_s(trainer.model, trainer.plan)
+    total = job_time_s(calibration, trainer.model, trainer.plan, trainer.steps)
+    basis = f"{calibration.describe()}: {step_s:.3f} s/step x {trainer.steps} steps + start-up"
+    error = calibration.expected_error
+    low, high = (total * (1 - error), total * (1 + error)) if error is not None else (None, None)
+    remaining = max(0.0, total - elapsed_s)
+    return JobPrediction(
+        total, remaining, low, high, "model", basis, step_s, assumed=not calibration.runs
+    )
 
 
 def _features(queue: str, user: str, name: str, num_gpus: int) -> JobFeatures:

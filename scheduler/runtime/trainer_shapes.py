@@ -58,7 +58,7 @@ def node_type(node: Node, memory_bytes: float = DEVICE_MEMORY_BYTES) -> NodeType
     if node.num_gpus:
         name = f"{node.num_gpus} GPU / {cpus} CPU"
         return NodeType(name, node.num_gpus, node.num_gpus, memory_bytes)
-    return NodeType(f"{cpus} CPU", cpus, cpus, memory_bytes)
+    return NodeType(f"{cpus} CPU", cpus, cpus, memory_bytes, gpu=False)
 
 
 def common_node_type(nodes: Iterable[Node]) -> NodeType | None:

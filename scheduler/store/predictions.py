@@ -53,6 +53,9 @@ class JobPrediction:
     step_time_s: float | None = None
     estimated_end_at: datetime | None = None
     node_type: str | None = None
+    # Priced at assumed speeds (error unknown): shown and estimated with, but the core
+    # is not handed it (not stored: the loop makes it anew each start).
+    assumed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,8 @@ def test_users_and_queues_are_admin_business(api: TestClient) -> None:
         ("POST", "/v1/users/bob/keys", None),
         ("PUT", "/v1/queues/research", {"guaranteed_gpus": 4}),
         ("DELETE", "/v1/queues/research", None),
+        ("PUT", "/v1/queues/research/members", {"members": ["alice"]}),
+        ("POST", "/v1/calibrations", None),
     ]
     for method, path, payload in attempts:
         response = api.request(method, path, json=payload, headers=alice)

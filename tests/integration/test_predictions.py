@@ -221,8 +221,15 @@ def test_the_step_time_model_predicts_trainers_once_calibrated_and_plans_auto(
     before = api.post(
         "/v1/estimate", json={"name": "t", "parallelism": "auto", "entrypoint": trainer}
     )
-    assert before.status_code == 422
-    assert before.json()["error"]["field"] == "parallelism"
+    assert before.status_code == 200, before.text  # a fresh service plans at assumed speeds
+    fresh = before.json()
+    assert fresh["prediction"]["source"] == "model"
+    assert (
+        "assumed speeds for 4 GPU / 8 CPU (not measured: error unknown)"
+        in (fresh["prediction"]["basis"])
+    )
+    assert fresh["prediction"]["low_s"] is None  # its error is not known
+    assert "by the assumed speeds" in fresh["plan_reason"]
 
     calibrated(repo, loop, executor, clock)
     answer = api.post(
@@ -232,6 +239,9 @@ def test_the_step_time_model_predicts_trainers_once_calibrated_and_plans_auto(
     assert answer.status_code == 200, answer.text
     estimate = answer.json()
     assert estimate["prediction"]["source"] == "model"
+    assert "recorded runs, expected error" in estimate["prediction"]["basis"]
+    low, high = estimate["prediction"]["low_s"], estimate["prediction"]["high_s"]
+    assert low < estimate["prediction"]["runtime_s"] < high
     assert estimate["step_time_s"] > 0
     assert estimate["plan_reason"].startswith(f"dp={estimate['parallelism']['dp']}")
     assert estimate["estimated_start_at"] == clock.now.isoformat().replace("+00:00", "Z")
@@ -304,14 +314,14 @@ def test_cli_estimate_and_accuracy(
     shown = runner.invoke(gangway.cli.app, ["estimate", "--name", "x", "--dp", "2"])
     assert shown.exit_code == 0, shown.output
     assert "plan: dp=2 tp=1 pp=1" in shown.output
-    assert "run time: unknown" in shown.output
+    assert "(model: assumed speeds for" in shown.output
     assert "earliest start:" in shown.output
     answer = runner.invoke(gangway.cli.app, ["accuracy", "--json"])
     assert answer.exit_code == 0, answer.output
     assert json.loads(answer.output)["predicted"] == 0
-    refused = runner.invoke(gangway.cli.app, ["estimate", "--name", "x", "--auto"])
-    assert refused.exit_code != 0
-    assert "parallelism" in refused.output
+    planned = runner.invoke(gangway.cli.app, ["estimate", "--name", "x", "--auto"])
+    assert planned.exit_code == 0, planned.output
+    assert "by the assumed speeds for" in planned.output
 
 
 def test_the_sdk_estimates_sync_and_async(api: TestClient) -> None:
@@ -320,7 +330,7 @@ def test_the_sdk_estimates_sync_and_async(api: TestClient) -> None:
     job = {"name": "x", "parallelism": Parallelism(dp=2), "entrypoint": Builtin(steps=5)}
     answer = client.estimate(**job)
     assert answer.parallelism.dp == 2
-    assert answer.prediction.source == "unknown"
+    assert answer.prediction.source == "model"  # a trainer, at assumed speeds
     assert client.prediction_accuracy().predicted == 0
 
     async def ask() -> Estimate:
@@ -329,3 +339,53 @@ def test_the_sdk_estimates_sync_and_async(api: TestClient) -> None:
             return await aclient.estimate(JobSubmit(**job))
 
     assert asyncio.run(ask()).estimated_start_at == answer.estimated_start_at
+
+
+def test_a_fresh_service_measures_its_node_type_once_with_calibration_runs(
+    repo: JobRepository, executor: FakeExecutor, clock: Clock, api: TestClient
+) -> None:
+    """The loop queues the runs itself on its first pass (one pipeline of short,
+    lowest-priority built-in jobs), never twice, not again after a restart; once three
+    have succeeded the estimates use the model fitted to them."""
+
+    def auto_loop() -> SchedulerLoop:
+        return SchedulerLoop(
+            repo=repo, cluster=FakeCluster(), executor=executor, clock=clock, auto_calibrate=True
+        )
+
+    loop = auto_loop()
+    loop.tick()
+    runs = repo.page(user="gangway")
+    assert sorted(job.name for job in runs) == [
+        "calibrate gpt-mini b4 dp=1",
+        "calibrate gpt-mini b4 dp=2",
+        "calibrate gpt-mini b4 tp=2",
+        "calibrate gpt-tiny b8 dp=1",
+    ]
+    assert {job.priority for job in runs} == {-1_000_000}
+    assert repo.pipeline(runs[0].pipeline_id).name == "calibrate 4 GPU / 8 CPU"
+    loop.tick()
+    auto_loop().tick()  # a restart finds them
+    assert len(repo.page(user="gangway")) == 4
+
+    for job, step_s in zip(sorted(runs, key=lambda j: j.id)[:3], (0.05, 0.4, 0.3), strict=True):
+        executor.statuses[job.id] = GroupStatus(
+            GroupPhase.RUNNING, True, step=5, step_time_s=step_s
+        )
+        loop.tick()
+        executor.statuses[job.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=12)
+        loop.tick()
+    trainer = {"kind": "builtin", "model": "gpt-mini", "steps": 500, "batch_size": 4}
+    answer = api.post(
+        "/v1/estimate", json={"name": "t", "parallelism": {"dp": 2}, "entrypoint": trainer}
+    )
+    basis = answer.json()["prediction"]["basis"]
+    assert "step-time model for 4 GPU / 8 CPU (3 recorded runs, expected error" in basis
+
+
+def test_admins_queue_calibration_runs_again(repo: JobRepository, api: TestClient) -> None:
+    made = api.post("/v1/calibrations")
+    assert made.status_code == 201, made.text
+    assert [job["user"] for job in made.json()] == ["gangway"] * 4
+    repo.replace_nodes([])
+    assert api.post("/v1/calibrations").status_code == 409  # no live node to measure

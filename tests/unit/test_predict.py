@@ -7,10 +7,12 @@ import pytest
 from scheduler.core.gittins import GittinsTable
 from scheduler.predict.runtime import JobFeatures, RuntimePredictor, accuracy
 from scheduler.predict.steptime import (
+    Calibration,
     Measured,
     ModelShape,
     NodeType,
     StepPlan,
+    assumed,
     auto_plan,
     calibrate,
     memory_bytes,
@@ -134,3 +136,37 @@ def test_auto_plan_offers_only_plans_the_engine_runs() -> None:
         calibration, MODEL, gpus=4, global_batch=32, steps=1, runnable=lambda plan: False
     )
     assert nothing is None
+
+
+def test_a_fit_says_its_error_and_assumed_speeds_say_theirs_is_unknown() -> None:
+    """The expected error is the fit's median relative miss on its runs, at least the
+    floor (more with fewer runs than terms); assumed speeds price each term at a rate
+    and claim no error."""
+    node = NodeType("n", 4, 4, 80 * 2**30)
+    truth = Calibration(node, (1e-12, 1e-9, 1e-4, 0.01), runs=0)
+    runs = [
+        Measured(
+            MODEL,
+            StepPlan(dp=dp, batch_size=b),
+            truth.step_time_s(MODEL, StepPlan(dp=dp, batch_size=b)) * noise,
+        )
+        for (dp, b), noise in zip(
+            [(1, 8), (2, 8), (4, 8), (1, 32), (2, 32), (4, 32)],
+            (1.0, 1.2, 0.9, 1.1, 1.0, 0.8),
+            strict=True,
+        )
+    ]
+    fitted = calibrate(node, runs)
+    misses = sorted(
+        abs(fitted.step_time_s(r.model, r.plan) - r.step_time_s) / r.step_time_s for r in runs
+    )
+    assert fitted.expected_error == pytest.approx(max((misses[2] + misses[3]) / 2, 0.05))
+    assert "6 recorded runs, expected error" in fitted.describe()
+    exact = calibrate(node, runs[:3])  # fewer runs than terms: the floor grows
+    assert exact.expected_error is not None and exact.expected_error >= 0.05 * 4 / 3
+
+    gpu, cpu = assumed(node), assumed(NodeType("c", 8, 8, 2**34, gpu=False))
+    assert gpu.runs == 0 and gpu.expected_error is None
+    assert "not measured: error unknown" in gpu.describe()
+    plan = StepPlan(dp=2, batch_size=8)
+    assert cpu.step_time_s(MODEL, plan) > 50 * gpu.step_time_s(MODEL, plan)

@@ -1,0 +1,118 @@
+"""Calibration runs: a few short built-in jobs whose measured step times fit the
+step-time model of the node type they ran on (`scheduler.predict.steptime.calibrate`).
+
+A fresh service knows nothing of its nodes' speed: its estimates price the plan's FLOPs
+and bytes at assumed speeds, whose error is unknown. The runs measure the real ones:
+different models, batch sizes and plans (data and tensor parallel where a node has two
+devices), so each term of the model (compute, bytes sent, messages, per-step cost) is
+pinned by a run that leans on it. They are ordinary jobs of `CALIBRATION_USER`, one
+pipeline, at the lowest priority, preemptible, a few dozen steps each: anything a user
+submits goes first, and their history is any job's history once they succeed.
+
+`AutoCalibration` submits them once per node type the service finds uncalibrated, on its
+own (`GANGWAY_AUTO_CALIBRATE`); `gangway calibrate` (`POST /v1/calibrations`, admins)
+submits them again, say after the hardware changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from gangway.models import JobSubmit
+from scheduler.predict.steptime import NodeType
+from scheduler.store import JobRecord, JobRepository, NewJob
+from scheduler.store.specs import spec_from_json
+
+log = logging.getLogger("gangway")
+
+CALIBRATION_USER = "gangway"
+NAME_PREFIX = "calibrate "
+LOWEST_PRIORITY = -1_000_000
+
+
+def calibration_bodies(node: NodeType) -> list[dict[str, object]]:
+    """The runs for `node`: (model, steps, batch, parallelism) chosen so the fitted terms
+    are each pinned (a small and a larger model: compute; dp=2: gradient bytes; tp=2:
+    activation bytes and messages)."""
+    two = node.devices_per_node >= 2
+    runs: list[tuple[str, int, int, dict[str, int]]] = [
+        ("gpt-tiny", 30, 8, {"dp": 1}),
+        ("gpt-mini", 12, 4, {"dp": 1}),
+        ("gpt-mini", 12, 4, {"dp": 2} if two else {"dp": 1}),
+        ("gpt-mini", 12, 4, {"tp": 2} if two else {"dp": 1}),
+    ]
+    if not two:  # one device: vary the batch instead
+        runs[2] = ("gpt-mini", 12, 8, {"dp": 1})
+        runs[3] = ("gpt-tiny", 30, 32, {"dp": 1})
+    return [
+        JobSubmit.model_validate(
+            {
+                "name": f"{NAME_PREFIX}{model} b{batch} "
+                + " ".join(f"{k}={v}" for k, v in mesh.items()),
+                "user": CALIBRATION_USER,
+                "priority": LOWEST_PRIORITY,
+                "parallelism": mesh,
+                "time_limit_s": 900,
+                "entrypoint": {
+                    "kind": "builtin",
+                    "model": model,
+                    "steps": steps,
+                    "batch_size": batch,
+                    "eval_every": None,
+                },
+            }
+        ).model_dump(mode="json")
+        for model, steps, batch, mesh in runs
+    ]
+
+
+def submit_calibration(repo: JobRepository, node: NodeType) -> list[JobRecord]:
+    """Store the runs for `node` as one pipeline (all or none); their records."""
+    jobs = [_new_job(body) for body in calibration_bodies(node)]
+    return repo.create_pipeline(f"calibrate {node.name}", CALIBRATION_USER, jobs).jobs
+
+
+def _new_job(body: dict[str, object]) -> NewJob:
+    spec = spec_from_json(body)
+    entry = body["entrypoint"]
+    assert isinstance(entry, dict)
+    return NewJob(
+        name=str(body["name"]),
+        queue=str(body["queue"]),
+        user=CALIBRATION_USER,
+        priority=LOWEST_PRIORITY,
+        spec=body,
+        num_gpus=spec.shape.num_gpus,
+        total_steps=int(entry["steps"]),
+    )
+
+
+class AutoCalibration:
+    """Once per node type per process: if the step-time model of the type most nodes
+    have is not fitted and no calibration run was ever stored, store them. One query
+    per pass until then, none after."""
+
+    def __init__(self, repo: JobRepository) -> None:
+        self._repo = repo
+        self._settled: set[str] = set()
+
+    def check(
+        self, node: NodeType | None, calibrated: Callable[[NodeType], bool]
+    ) -> Sequence[JobRecord]:
+        """The runs stored now for `node` (none if it is measured or was ever queued)."""
+        if node is None or node.name in self._settled:
+            return []
+        self._settled.add(node.name)
+        if calibrated(node):
+            return []
+        if self._repo.page(user=CALIBRATION_USER, name_prefix=NAME_PREFIX, limit=1):
+            return []
+        made = submit_calibration(self._repo, node)
+        log.info(
+            "calibration: %d short runs submitted for node type %s (jobs %s)",
+            len(made),
+            node.name,
+            ", ".join(str(job.id) for job in made),
+        )
+        return made

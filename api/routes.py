@@ -134,11 +134,22 @@ def submit_job(
         ),
     ] = None,
 ) -> JobInfo:
+    """Store the job. A retry (the same `Idempotency-Key`, the same body) gets the job the
+    first request made, before any check: what changed since (an upstream job failed,
+    the caller left the queue's members, a model alias moved) concerns new jobs only."""
     submit = admissible(submit, caller, request)
     nodes = repo.nodes()
-    record, created = create_job(
-        submit, caller, repo=repo, request=request, nodes=nodes, idempotency_key=idempotency_key
+    first = (
+        repo.replayed(submit.user, idempotency_key, sent_digest(submit))
+        if idempotency_key
+        else None
     )
+    if first is not None:
+        record, created = first, False
+    else:
+        record, created = create_job(
+            submit, caller, repo=repo, request=request, nodes=nodes, idempotency_key=idempotency_key
+        )
     if created:
         on_change()
     else:
@@ -165,6 +176,13 @@ def create_job(
     return repo.create_once(new, reason=reason)
 
 
+def sent_digest(submit: JobSubmit) -> str:
+    """Of the body as sent: a retry of an "auto" job matches even if the plan would
+    differ; its secrets count too (other secrets are another job)."""
+    sent = json.dumps(submit_body(submit), sort_keys=True)
+    return hashlib.sha256(sent.encode()).hexdigest()
+
+
 def prepared_job(
     submit: JobSubmit,
     caller: Principal,
@@ -178,10 +196,7 @@ def prepared_job(
     """Every check of a job to store, and the row to store with the first event's reason.
     `steps`: in a pipeline, the earlier steps by name (their place in it), which this one
     may wait for and start from."""
-    # Of the body as sent: a retry of an "auto" job matches even if the plan would differ;
-    # its secrets count too (other secrets are another job).
-    sent = json.dumps(submit_body(submit), sort_keys=True)
-    digest = hashlib.sha256(sent.encode()).hexdigest()
+    digest = sent_digest(submit)
     require_queue_member(request.app.state.queue_store, submit.queue, submit.user)
     submit = pinned_init_from(submit, caller, request.app.state.registry)
     resolved = estimator(request).resolve(submit)

@@ -77,22 +77,31 @@ class JobStore(JobReads):
     def create_once(self, new: NewJob, *, reason: str = "submitted") -> tuple[JobRecord, bool]:
         """`create`, unless `new.user` already submitted a job with `new.idempotency_key`: then
         that job, and False. A key sent again with another body raises `KeyReused`.
-        The insert comes first (a fresh key, the common case, costs no lookup): the
-        unique index refuses a key seen before, or the loser of two racing requests, and
-        that one then finds the job that won."""
+        The insert relies on the unique index (the API looks a key up first, `replayed`,
+        so a retry skips the checks; two racing requests both miss there): it refuses a
+        key seen before, or the loser of the race, and that one then finds the job that
+        won."""
         key = new.idempotency_key
         if key is None:
             return self.create(new, reason=reason), True
         try:
             return self.create(new, reason=reason), True
         except IntegrityError:
-            found = self._by_idempotency_key(new.user, key)
+            found = self.replayed(new.user, key, new.request_digest)
             if found is None:
                 raise
-        record, digest = found
-        if digest != new.request_digest:
+        return found, False
+
+    def replayed(self, user: str, key: str, digest: str | None) -> JobRecord | None:
+        """The job `user` first submitted with `key`, if any (None: a fresh key); a key
+        sent again with another body (`digest`) raises `KeyReused`."""
+        found = self._by_idempotency_key(user, key)
+        if found is None:
+            return None
+        record, first = found
+        if first != digest:
             raise KeyReused(key, record.id)
-        return record, False
+        return record
 
     def _by_idempotency_key(self, user: str, key: str) -> tuple[JobRecord, str | None] | None:
         """Keys are the submitting user's own: another user's same key is another job."""

@@ -91,6 +91,25 @@ def test_a_condition_that_can_no_longer_hold_is_refused_at_submit(
     assert submitted(client, depends_on=[{"job": failed["id"], "on": "failed"}])
 
 
+def test_a_retry_gets_the_first_job_even_once_its_condition_cannot_hold(
+    client: TestClient, repo: JobRepository
+) -> None:
+    """A client that lost the answer retries with the same key: it must find the job it
+    made, not a 422 about a failure that happened since (the job was cancelled for it)."""
+    upstream = submitted(client)
+    sent = body(depends_on=[{"job": upstream["id"]}])
+    key = {"Idempotency-Key": "retry-1"}
+    first = client.post("/v1/jobs", json=sent, headers=key)
+    assert first.status_code == 201, first.text
+    repo.transition(upstream["id"], JobState.CANCELLED, reason="cancelled by user")
+    again = client.post("/v1/jobs", json=sent, headers=key)
+    assert again.status_code == 201, again.text
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["Idempotent-Replayed"] == "true"
+    other = client.post("/v1/jobs", json=body(name="another"), headers=key)
+    assert other.status_code == 409  # the key with another body is still refused
+
+
 def test_the_cli_submits_after_a_job_and_explains_the_wait(
     cli: CliRunner, client: TestClient
 ) -> None:

@@ -1,5 +1,5 @@
-"""What a submit may name as the jobs it waits for (`depends_on`) and starts from
-(`init_from: {job}`).
+"""What a submit may name as the jobs it waits for (`depends_on`), starts from
+(`init_from: {job}`) and reads the outputs of (`inputs_from`).
 
 A plain user's job may wait only for that user's own jobs, and start only from their own
 checkpoints (a checkpoint is its owner's weights; a dependency on a stranger's job would
@@ -27,10 +27,10 @@ def checked_dependencies(
     submit: JobSubmit, caller: Principal, repo: JobRepository, steps: Mapping[str, int] | None
 ) -> tuple[tuple[int | Step, Condition], ...]:
     """The (upstream job, condition) pairs the job waits for, each checked: the jobs named
-    in `depends_on`, and the job whose checkpoint `init_from` names (its success, unless
-    `depends_on` names it with another condition). `steps`: in a pipeline, the earlier
-    steps by name (their place in it), which may be named instead of a job id; None
-    outside one."""
+    in `depends_on`, and the jobs whose checkpoint `init_from` or outputs `inputs_from`
+    names (their success, unless `depends_on` names them with another condition).
+    `steps`: in a pipeline, the earlier steps by name (their place in it), which may be
+    named instead of a job id; None outside one."""
     naming = _Naming(submit, caller, repo, steps)
     pairs: dict[int | Step, Condition] = {}
     for index, dep in enumerate(submit.depends_on):
@@ -39,6 +39,9 @@ def checked_dependencies(
     init = submit.init_from
     if isinstance(init, CheckpointRef):
         upstream = naming.upstream(init.job, Condition.SUCCEEDED, "init_from.job")
+        pairs.setdefault(upstream, Condition.SUCCEEDED)
+    for index, job in enumerate(submit.inputs_from):
+        upstream = naming.upstream(job, Condition.SUCCEEDED, f"inputs_from.{index}")
         pairs.setdefault(upstream, Condition.SUCCEEDED)
     return tuple(pairs.items())
 

@@ -418,6 +418,13 @@ class JobSubmit(_Strict):
         description="jobs this one waits for, each with a condition; until all hold it "
         "stays PENDING and takes no place in the queue",
     )
+    inputs_from: list[JobOrStep] = Field(
+        default_factory=list,
+        max_length=16,
+        description="jobs (yours; in a pipeline, earlier steps by name) whose outputs this "
+        "one reads: it waits for each to succeed, and every rank finds each one's outputs "
+        "read-only at INPUTS_DIR/job-<id>/rank-<r>/",
+    )
     objective: Objective | None = Field(
         None,
         description="the reported metric whose best value the job keeps; null: val_loss, "

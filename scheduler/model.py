@@ -239,6 +239,7 @@ class JobSpec:
     code: CodeSpec = CodeSpec()
     objective: ObjectiveSpec | None = None  # the declared one, or the built-in default
     init_from: ModelInit | CheckpointInit | None = None  # the weights it starts from
+    inputs_from: tuple[int, ...] = ()  # jobs whose outputs it reads
 
     def placed(self, placement: Sequence[str] | None) -> GangShape:
         """The gang as placed: an elastic job runs at the dp its placement shows."""

@@ -21,6 +21,7 @@ INSIDE_WORK = "/gangway/work"
 INSIDE_CHECKPOINTS = "/gangway/checkpoints"
 INSIDE_OUTPUTS = "/gangway/outputs"
 INSIDE_MODEL = "/gangway/model"
+INSIDE_INPUTS = "/gangway/inputs"
 INSIDE_RUN = "/gangway/run"
 INSIDE_TMP = "/tmp"
 
@@ -123,6 +124,7 @@ class JobLaunch(_Frozen):
     outputs_dir: str | None = None  # host path of the job's collected outputs
     outputs_max_bytes: int = 0  # what this attempt may still add to them
     model_dir: str | None = None  # host path of the model version it starts from (read-only)
+    input_dirs: dict[str, str] = Field(default_factory=dict)  # name -> other jobs' outputs
     host_paths: list[str] = Field(default_factory=list)  # read-only: data files, host scripts
     sandbox: SandboxMode = SandboxMode.PREFERRED
     identity: SandboxIdentity = SandboxIdentity()

@@ -20,6 +20,7 @@ from scheduler.model import (
     ScriptEntrypoint,
 )
 from scheduler.store.model_files import version_directory
+from scheduler.store.outputs import job_outputs_dir
 from workers import faults
 from workers.engine.checkpoint_layout import checkpoint_path, completed, job_directory
 from workers.launch import (
@@ -90,6 +91,7 @@ def job_launch(
     outputs = str(policy.outputs_root / f"job-{job_id}") if policy.outputs_root else None
     return JobLaunch(
         model_dir=_model_dir(spec, policy),
+        input_dirs=_input_dirs(spec, policy),
         job_id=job_id,
         attempt=attempt,
         user=user,
@@ -129,6 +131,18 @@ def _model_dir(spec: JobSpec, policy: LaunchPolicy) -> str | None:
     if policy.models_root is None:
         raise ValueError("a job that starts from a model version needs the models directory")
     return str(version_directory(policy.models_root, init.name, init.version))
+
+
+def _input_dirs(spec: JobSpec, policy: LaunchPolicy) -> dict[str, str]:
+    """The outputs of the jobs it reads (`inputs_from`), by the folder name they get under
+    INPUTS_DIR, mounted read-only."""
+    if not spec.inputs_from:
+        return {}
+    if policy.outputs_root is None:
+        raise ValueError("a job that reads other jobs' outputs needs the outputs directory")
+    return {
+        f"job-{job}": str(job_outputs_dir(policy.outputs_root, job)) for job in spec.inputs_from
+    }
 
 
 def _run(spec: JobSpec) -> Run:

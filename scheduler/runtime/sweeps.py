@@ -69,12 +69,14 @@ class TrialRefused(ValueError):
 
 def upstream_of(body: Mapping[str, Any]) -> tuple[tuple[int, Condition], ...]:
     """The jobs a trial waits for, as its base was checked at submit: the base's
-    `depends_on` and the job whose checkpoint `init_from` names (its success, unless
-    `depends_on` names it)."""
+    `depends_on` and the jobs whose checkpoint `init_from` or outputs `inputs_from` names
+    (their success, unless `depends_on` names them)."""
     pairs = {int(d["job"]): Condition(d["on"]) for d in body.get("depends_on", [])}
     init = body.get("init_from")
     if isinstance(init, dict) and "job" in init:
         pairs.setdefault(int(init["job"]), Condition.SUCCEEDED)
+    for job in body.get("inputs_from", []):
+        pairs.setdefault(int(job), Condition.SUCCEEDED)
     return tuple(pairs.items())
 
 

@@ -64,12 +64,14 @@ def spec_from_json(stored: Mapping[str, Any]) -> JobSpec:
         ),
         objective=_objective(data["objective"], entrypoint),
         init_from=_init_from(data["init_from"]),
+        # a pipeline step's names are ids once stored (`with_step_ids`)
+        inputs_from=tuple(job for job in data.get("inputs_from", []) if isinstance(job, int)),
     )
 
 
 def with_step_ids(body: dict[str, Any], ids: Mapping[str, int]) -> dict[str, Any]:
     """A pipeline step's body with the earlier steps it names (by step name, in
-    `depends_on` and `init_from`) named by their job ids. A name not in `ids` is an
+    `depends_on`, `init_from` and `inputs_from`) named by their job ids. A name not in `ids` is an
     error: the API checks that every name is an earlier step's."""
     out = dict(body)
     out["depends_on"] = [
@@ -78,6 +80,7 @@ def with_step_ids(body: dict[str, Any], ids: Mapping[str, int]) -> dict[str, Any
     init = body.get("init_from")
     if isinstance(init, dict) and "job" in init:
         out["init_from"] = {**init, "job": _step_id(init["job"], ids)}
+    out["inputs_from"] = [_step_id(job, ids) for job in body.get("inputs_from", [])]
     return out
 
 

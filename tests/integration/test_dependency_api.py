@@ -52,6 +52,11 @@ def test_a_submit_names_its_upstream_jobs_and_readers_see_both_ends(
     page = client.get(f"/ui/jobs/{second['id']}/summary").text
     assert f'href="/jobs/{first["id"]}"' in page and f'href="/jobs/{third["id"]}"' in page
     assert client.get("/v1/jobs/999999/dependencies").status_code == 404
+    # reading a job's outputs waits for its success, as starting from its checkpoint does
+    reader = submitted(client, name="report", inputs_from=[first["id"]])
+    assert reader["spec"]["inputs_from"] == [first["id"]]
+    upstream = client.get(f"/v1/jobs/{reader['id']}/dependencies").json()["upstream"]
+    assert [(u["job"], u["on"]) for u in upstream] == [(first["id"], "succeeded")]
 
 
 def test_bad_dependencies_are_422s_naming_the_field_and_store_nothing(
@@ -70,6 +75,8 @@ def test_bad_dependencies_are_422s_naming_the_field_and_store_nothing(
         ({"depends_on": [{"job": first["id"], "on": "soon"}]}, "depends_on.0.on", ""),
         ({"depends_on": [{"job": 0}]}, "depends_on.0.job", ""),
         ({"init_from": {"job": 999_999}}, "init_from.job", "no job 999999"),
+        ({"inputs_from": [first["id"], 999_999]}, "inputs_from.1", "no job 999999"),
+        ({"inputs_from": ["pretrain"]}, "inputs_from.0", "names a pipeline step"),
     ]
     for fields, field, message in cases:
         error = refused(client, **fields)

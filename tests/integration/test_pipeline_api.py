@@ -34,6 +34,7 @@ def pipeline(**overrides: Any) -> dict[str, Any]:
                 "name": "evaluate",
                 "entrypoint": BUILTIN,
                 "depends_on": [{"job": "finetune", "on": "ended"}],
+                "inputs_from": ["pretrain"],
             },
         ],
     }
@@ -52,12 +53,15 @@ def test_a_pipeline_stores_every_step_with_the_names_made_ids(
     assert [job["pipeline_id"] for job in info["jobs"]] == [info["id"]] * 3
     assert info["jobs"][1]["spec"]["init_from"] == {"job": pretrain, "step": None}
     assert info["jobs"][2]["spec"]["depends_on"] == [{"job": finetune, "on": "ended"}]
+    assert info["jobs"][2]["spec"]["inputs_from"] == [pretrain]
+    assert repo.get(evaluate).spec.inputs_from == (pretrain,)
     assert repo.get(finetune).spec.init_from == CheckpointInit(pretrain)
     assert [(u.job_id, u.condition.value) for u in repo.links(finetune).upstream] == [
         (pretrain, "succeeded")  # init_from waits for its success
     ]
-    assert [(u.job_id, u.condition.value) for u in repo.links(evaluate).upstream] == [
-        (finetune, "ended")
+    assert sorted((u.job_id, u.condition.value) for u in repo.links(evaluate).upstream) == [
+        (pretrain, "succeeded"),  # inputs_from waits for its success too
+        (finetune, "ended"),
     ]
     events = repo.events(pretrain)
     assert events[0].reason == f"submitted as step 'pretrain' of pipeline {info['id']} " + (
@@ -81,6 +85,7 @@ def test_a_pipeline_stores_every_step_with_the_names_made_ids(
             "'nope' is not an earlier step",
         ),
         ({2: {"depends_on": [{"job": 999_999}]}}, "jobs.2.depends_on.0.job", "no job 999999"),
+        ({1: {"inputs_from": ["evaluate"]}}, "jobs.1.inputs_from.0", "not an earlier step"),
         ({1: {"name": "pretrain"}}, "jobs", "step name 'pretrain' used more than once"),
         ({2: {"parallelism": {"dp": 0}}}, "jobs.2.parallelism", ""),
         ({2: {"entrypoint": {"kind": "builtin", "model": "gpt-huge"}}}, "jobs.2.entrypoint", ""),

@@ -16,6 +16,7 @@ from workers.supervisor import sandbox
 from workers.supervisor.cgroups import rank_group
 from workers.supervisor.output import LineBuffer
 from workers.supervisor.process import ProgramProcess, descendants
+from workers.supervisor.workspace import input_mounts
 
 SUPPORT = sandbox.detect()
 if not SUPPORT.sandboxed:
@@ -154,3 +155,31 @@ def test_a_fork_bomb_stays_inside_its_rank_and_memory_past_the_limit_ends_it(
     assert program.wait(60) != 0
     assert hog.out_of_memory()
     hog.remove()
+
+
+def test_the_outputs_a_job_reads_are_there_read_only(tmp_path: Path) -> None:
+    """`inputs_from`: each job's outputs under INPUTS_DIR/job-<id>, readable as the job's
+    uid, not writable; a job that wrote nothing is an empty folder."""
+    wrote = tmp_path / "outputs" / "job-1" / "rank-0"
+    wrote.mkdir(parents=True)
+    (wrote / "a.txt").write_text("from job 1")
+    (wrote / "a.txt").chmod(0o644)
+    inputs = {"job-1": str(wrote.parent), "job-2": str(tmp_path / "outputs" / "job-2")}
+    mounts = input_mounts(tmp_path / "rank" / "inputs", inputs, sandboxed=True)
+    program, logs = start(
+        "cat /gangway/inputs/job-1/rank-0/a.txt; echo; ls /gangway/inputs; "
+        "ls /gangway/inputs/job-2 | wc -l; touch /gangway/inputs/job-1/x 2>&1 || echo refused",
+        tmp_path,
+        *mounts,
+    )
+    code, lines = output(program, logs)
+    assert code == 0, lines
+    assert lines[:4] == ["from job 1", "job-1", "job-2", "0"]  # job 2 wrote nothing
+    assert lines[-1] == "refused" and not (wrote.parent / "x").exists()
+    # unsandboxed: links to the folders that exist
+    linked = input_mounts(tmp_path / "plain" / "inputs", inputs, sandboxed=False)
+    assert linked == []
+    assert (
+        tmp_path / "plain" / "inputs" / "job-1" / "rank-0" / "a.txt"
+    ).read_text() == "from job 1"
+    assert (tmp_path / "plain" / "inputs" / "job-2").is_dir()

@@ -63,6 +63,10 @@ def test_the_ranks_receive_the_trainer_settings_and_the_services_part() -> None:
     assert launch.run.fields["keep_last"] == 2 and "kind" not in launch.run.fields
     assert launch.checkpoint_dir is not None and launch.checkpoint_dir.startswith("/ckpt")
     assert (launch.outputs_dir, launch.env, launch.user) == ("/out/job-5", {"A": "1"}, "alice")
+    assert launch.input_dirs == {}
+    reader = stored(JobSubmit(name="r", entrypoint=Builtin(), inputs_from=[3, 4]))
+    launched = job_launch(reader, job_id=6, attempt=1, user="alice", policy=policy)
+    assert launched.input_dirs == {"job-3": "/out/job-3", "job-4": "/out/job-4"}
 
 
 def test_a_function_target_is_checked_without_running_its_module(

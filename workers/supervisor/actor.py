@@ -44,6 +44,7 @@ from workers.channel import (
 )
 from workers.launch import (
     INSIDE_CHECKPOINTS,
+    INSIDE_INPUTS,
     INSIDE_MODEL,
     INSIDE_OUTPUTS,
     INSIDE_RUN,
@@ -68,6 +69,7 @@ from workers.supervisor.venvs import VenvBuild, job_venv
 from workers.supervisor.workspace import (
     RankDirs,
     give_tree,
+    input_mounts,
     node_directory,
     rank_dirs,
     shared_memory_dir,
@@ -303,6 +305,9 @@ class RankSupervisor:
                 )
             mounts.append(sandbox.Mount(Path(job.model_dir), INSIDE_MODEL))
             layout.model = Path(job.model_dir)
+        if job.input_dirs:
+            layout.inputs = dirs.root / "inputs"
+            mounts += input_mounts(layout.inputs, job.input_dirs, support.sandboxed)
         mounts += [sandbox.Mount(Path(p), p) for p in self._host_paths() if Path(p).exists()]
         python = sys.executable
         trusted_env = _trusted_environment(layout)
@@ -382,6 +387,8 @@ class RankSupervisor:
             rank_env["CHECKPOINT_DIR"] = layout.checkpoint_path
         if layout.model_path is not None:
             rank_env["MODEL_DIR"] = layout.model_path
+        if layout.inputs is not None:
+            rank_env["INPUTS_DIR"] = layout.inputs_path
         if isinstance(job.run, ScriptRun | CommandRun):
             rank_env.update(agent_store_env())
         if job.faults:
@@ -528,6 +535,7 @@ class _Layout:
         self.work: Path | None = None
         self.checkpoints: Path | None = None
         self.model: Path | None = None
+        self.inputs: Path | None = None
 
     def _place(self, inside: str, host: Path) -> str:
         return inside if self.sandboxed else str(host)
@@ -552,6 +560,11 @@ class _Layout:
     @property
     def model_path(self) -> str | None:
         return self._place(INSIDE_MODEL, self.model) if self.model is not None else None
+
+    @property
+    def inputs_path(self) -> str:
+        assert self.inputs is not None
+        return self._place(INSIDE_INPUTS, self.inputs)
 
     @property
     def work_path(self) -> str | None:

@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from workers.launch import JobLaunch, RankInfo, RankLimits, SandboxIdentity
+from workers.launch import INSIDE_INPUTS, JobLaunch, RankInfo, RankLimits, SandboxIdentity
+from workers.supervisor import sandbox
 
 NODE_DIR_ENV = "GANGWAY_NODE_DIR"
 _CHUNK = 1 << 20
@@ -226,3 +227,20 @@ def _extract_entry(
             budget.spend(len(chunk))
             sink.write(chunk)
     path.chmod(0o755 if executable else 0o644)
+
+
+def input_mounts(folder: Path, inputs: dict[str, str], sandboxed: bool) -> list[sandbox.Mount]:
+    """INPUTS_DIR: a folder holding one entry per job read (`inputs_from`), each that
+    job's outputs, read-only: in the sandbox a mount over an empty folder of that name,
+    unsandboxed a link to it. A job that wrote no outputs has an empty folder."""
+    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+    mounts = [sandbox.Mount(folder, INSIDE_INPUTS)] if sandboxed else []
+    for name, host in sorted(inputs.items()):
+        entry, source = folder / name, Path(host)
+        if sandboxed or not source.is_dir():
+            entry.mkdir(mode=0o755, exist_ok=True)
+        elif not entry.is_symlink():
+            entry.symlink_to(source, target_is_directory=True)
+        if sandboxed and source.is_dir():
+            mounts.append(sandbox.Mount(source, f"{INSIDE_INPUTS}/{name}"))
+    return mounts

@@ -169,13 +169,21 @@ def test_train_register_export_and_start_from_a_version(service: Service, tmp_pa
     assert any("started from the weights" in e.reason for e in client.events(finetune.id))
 
 
+WRITE_SCORE = 'echo 0.97 > "$OUTPUTS_DIR/score.txt"'
+READ_SCORE = (
+    'for d in "$INPUTS_DIR"/job-*; do echo "score from job ${d##*-}: $(cat $d/rank-0/score.txt)"; '
+    'done; touch "$INPUTS_DIR"/job-*/x 2>/dev/null || echo read-only'
+)
+
+
 def test_a_pipeline_runs_unattended_each_step_from_the_last_ones_weights(
     service: Service,
 ) -> None:
     """Issue 28: pretrain -> fine-tune (from pretrain's checkpoint) -> evaluate (from the
-    fine-tune's), submitted at once; each later step validates the weights it starts from
-    before its first step, and that loss is the earlier step's last: the same held-out
-    samples, as the global batch is the same (dp 2 x 4 sequences, then dp 1 x 8)."""
+    fine-tune's), and beside them a step that reads another's outputs (read-only),
+    submitted at once; each later step validates the weights it starts from before its
+    first step, and that loss is the earlier step's last: the same held-out samples, as
+    the global batch is the same (dp 2 x 4 sequences, then dp 1 x 8)."""
     client = service.start()
     tiny = {"model": "gpt-tiny", "batch_size": 8}
     info = client.submit_pipeline(
@@ -202,11 +210,23 @@ def test_a_pipeline_runs_unattended_each_step_from_the_last_ones_weights(
                 "entrypoint": {"kind": "builtin", **tiny, "steps": 1, "learning_rate": 1e-9},
                 "init_from": {"job": "finetune"},
             },
+            {  # beside them: a step that writes an output, and one that reads it
+                "name": "score",
+                "entrypoint": {"kind": "command", "argv": ["sh", "-c", WRITE_SCORE]},
+            },
+            {
+                "name": "report",
+                "inputs_from": ["score"],
+                "entrypoint": {"kind": "command", "argv": ["sh", "-c", READ_SCORE]},
+            },
         ],
     )
-    pretrain, finetune, evaluate = (job.id for job in info.jobs)
+    pretrain, finetune, evaluate, score, report = (job.id for job in info.jobs)
     client.wait(evaluate, timeout_s=300, poll_s=0.3)
+    client.wait(report, timeout_s=300, poll_s=0.3)
     assert client.pipeline(info.id).state is JobState.SUCCEEDED
+    read = [line.line for line in client.logs(report, tail=100)]
+    assert f"score from job {score}: 0.97" in read and "read-only" in read
 
     def val_losses(job_id: int) -> dict[int, float]:
         return {p.step: p.values["val_loss"] for p in client.metric_points(job_id, ["val_loss"])}

@@ -233,7 +233,7 @@ def test_admins_set_and_delete_queues(auth_cli: CliRunner, monkeypatch: pytest.M
     )  # fmt: skip
     header, line = row.splitlines()
     assert header.split()[:3] == ["QUEUE", "GUAR", "BORROW"]
-    assert line.split() == ["research", "4", "2", "2.5", "0", "0", "0", "0"]
+    assert line.split() == ["research", "4", "2", "2.5", "0", "0", "0", "0", "all"]
     assert run(auth_cli, "queues").splitlines()[1].split()[:3] == ["research", "4", "2"]
     assert json.loads(run(auth_cli, "queues", "--json"))[0]["guaranteed_gpus"] == 4
     assert run(auth_cli, "queues", "delete", "research").strip() == "queue research: quota deleted"

@@ -5,6 +5,7 @@ Submit one with `{"kind": "function", "target": "workers.examples:allreduce_rank
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -24,6 +25,26 @@ def allreduce_ranks(ctx: RankContext, steps: int = 3) -> None:
         if int(value.item()) != expected:
             raise RuntimeError(f"all_reduce gave {value.item()}, expected {expected}")
         ctx.report(step=step)
+
+
+def write_output(ctx: RankContext, name: str = "result.txt", text: str = "done") -> None:
+    """Rank 0 writes one file to the job's outputs: what a later job reads (`inputs_from`)."""
+    if ctx.rank == 0 and ctx.outputs_dir is not None:
+        (ctx.outputs_dir / name).write_text(text)
+
+
+def print_inputs(ctx: RankContext) -> None:
+    """Print each file of the other jobs' outputs this job reads (INPUTS_DIR, relative
+    path and text), then whether it may write there."""
+    root = Path(os.environ["INPUTS_DIR"])
+    files = sorted(path for path in root.rglob("*") if path.is_file())
+    for path in files:
+        print(f"{path.relative_to(root)}: {path.read_text().strip()}", flush=True)
+    try:
+        (files[0].parent / "planted").write_text("x")
+        print("writable", flush=True)
+    except (OSError, IndexError):
+        print("read-only", flush=True)
 
 
 def sleep_steps(ctx: RankContext, steps: int = 100, step_s: float = 0.1) -> None:

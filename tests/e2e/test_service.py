@@ -169,13 +169,6 @@ def test_train_register_export_and_start_from_a_version(service: Service, tmp_pa
     assert any("started from the weights" in e.reason for e in client.events(finetune.id))
 
 
-WRITE_SCORE = 'echo 0.97 > "$OUTPUTS_DIR/score.txt"'
-READ_SCORE = (
-    'for d in "$INPUTS_DIR"/job-*; do echo "score from job ${d##*-}: $(cat $d/rank-0/score.txt)"; '
-    'done; touch "$INPUTS_DIR"/job-*/x 2>/dev/null || echo read-only'
-)
-
-
 def test_a_pipeline_runs_unattended_each_step_from_the_last_ones_weights(
     service: Service,
 ) -> None:
@@ -212,12 +205,16 @@ def test_a_pipeline_runs_unattended_each_step_from_the_last_ones_weights(
             },
             {  # beside them: a step that writes an output, and one that reads it
                 "name": "score",
-                "entrypoint": {"kind": "command", "argv": ["sh", "-c", WRITE_SCORE]},
+                "entrypoint": {
+                    "kind": "function",
+                    "target": "workers.examples:write_output",
+                    "kwargs": {"name": "score.txt", "text": "0.97"},
+                },
             },
             {
                 "name": "report",
                 "inputs_from": ["score"],
-                "entrypoint": {"kind": "command", "argv": ["sh", "-c", READ_SCORE]},
+                "entrypoint": {"kind": "function", "target": "workers.examples:print_inputs"},
             },
         ],
     )
@@ -226,7 +223,7 @@ def test_a_pipeline_runs_unattended_each_step_from_the_last_ones_weights(
     client.wait(report, timeout_s=300, poll_s=0.3)
     assert client.pipeline(info.id).state is JobState.SUCCEEDED
     read = [line.line for line in client.logs(report, tail=100)]
-    assert f"score from job {score}: 0.97" in read and "read-only" in read
+    assert f"job-{score}/rank-0/score.txt: 0.97" in read and "read-only" in read
 
     def val_losses(job_id: int) -> dict[int, float]:
         return {p.step: p.values["val_loss"] for p in client.metric_points(job_id, ["val_loss"])}

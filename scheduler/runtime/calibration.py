@@ -6,7 +6,8 @@ and bytes at assumed speeds, whose error is unknown. The runs measure the real o
 different models, batch sizes and plans (data and tensor parallel where a node has two
 devices), so each term of the model (compute, bytes sent, messages, per-step cost) is
 pinned by a run that leans on it. They are ordinary jobs of `CALIBRATION_USER`, one
-pipeline, at the lowest priority, preemptible, a few dozen steps each: anything a user
+pipeline whose runs go one after another, at the lowest priority, preemptible, a few
+dozen steps each: anything a user
 submits goes first, and their history is any job's history once they succeed.
 
 `AutoCalibration` submits them once per node type the service finds uncalibrated, on its
@@ -20,8 +21,10 @@ import logging
 from collections.abc import Callable, Sequence
 
 from gangway.models import JobSubmit
+from scheduler.model import Condition
 from scheduler.predict.steptime import NodeType
 from scheduler.store import JobRecord, JobRepository, NewJob
+from scheduler.store.records import Step
 from scheduler.store.specs import spec_from_json
 
 log = logging.getLogger("gangway")
@@ -37,14 +40,14 @@ def calibration_bodies(node: NodeType) -> list[dict[str, object]]:
     activation bytes and messages)."""
     two = node.devices_per_node >= 2
     runs: list[tuple[str, int, int, dict[str, int]]] = [
-        ("gpt-tiny", 30, 8, {"dp": 1}),
-        ("gpt-mini", 12, 4, {"dp": 1}),
-        ("gpt-mini", 12, 4, {"dp": 2} if two else {"dp": 1}),
-        ("gpt-mini", 12, 4, {"tp": 2} if two else {"dp": 1}),
+        ("gpt-tiny", 40, 8, {"dp": 1}),
+        ("gpt-mini", 20, 4, {"dp": 1}),
+        ("gpt-mini", 20, 4, {"dp": 2} if two else {"dp": 1}),
+        ("gpt-mini", 20, 4, {"tp": 2} if two else {"dp": 1}),
     ]
     if not two:  # one device: vary the batch instead
-        runs[2] = ("gpt-mini", 12, 8, {"dp": 1})
-        runs[3] = ("gpt-tiny", 30, 32, {"dp": 1})
+        runs[2] = ("gpt-mini", 20, 8, {"dp": 1})
+        runs[3] = ("gpt-tiny", 40, 32, {"dp": 1})
     return [
         JobSubmit.model_validate(
             {
@@ -68,12 +71,14 @@ def calibration_bodies(node: NodeType) -> list[dict[str, object]]:
 
 
 def submit_calibration(repo: JobRepository, node: NodeType) -> list[JobRecord]:
-    """Store the runs for `node` as one pipeline (all or none); their records."""
-    jobs = [_new_job(body) for body in calibration_bodies(node)]
+    """Store the runs for `node` as one pipeline (all or none), each after the one before
+    ended: run side by side they would measure each other (ranks sharing a host's
+    processors, links, memory bandwidth); their records."""
+    jobs = [_new_job(body, index) for index, body in enumerate(calibration_bodies(node))]
     return repo.create_pipeline(f"calibrate {node.name}", CALIBRATION_USER, jobs).jobs
 
 
-def _new_job(body: dict[str, object]) -> NewJob:
+def _new_job(body: dict[str, object], index: int) -> NewJob:
     spec = spec_from_json(body)
     entry = body["entrypoint"]
     assert isinstance(entry, dict)
@@ -85,6 +90,7 @@ def _new_job(body: dict[str, object]) -> NewJob:
         spec=body,
         num_gpus=spec.shape.num_gpus,
         total_steps=int(entry["steps"]),
+        depends_on=((Step(index - 1), Condition.ENDED),) if index else (),
     )
 
 

@@ -18,6 +18,7 @@ import gangway.cli_shared
 from api.app import create_app
 from gangway import AsyncClient, Client
 from gangway.models import Builtin, Estimate, JobSubmit, Parallelism
+from scheduler.model import JobState
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.predictions import REPREDICT_RUNNING_S, Predictions
@@ -368,7 +369,12 @@ def test_a_fresh_service_measures_its_node_type_once_with_calibration_runs(
     auto_loop().tick()  # a restart finds them
     assert len(repo.page(user="gangway")) == 4
 
-    for job, step_s in zip(sorted(runs, key=lambda j: j.id)[:3], (0.05, 0.4, 0.3), strict=True):
+    ordered = sorted(runs, key=lambda j: j.id)
+    for index, step_s in enumerate((0.05, 0.4, 0.3)):
+        job = ordered[index]
+        loop.tick()  # the run before it ended: this one is released and admitted
+        later = [repo.get(j.id).state for j in ordered[index + 1 :]]
+        assert later == [JobState.PENDING] * len(later)  # one at a time: they would interfere
         executor.statuses[job.id] = GroupStatus(
             GroupPhase.RUNNING, True, step=5, step_time_s=step_s
         )

@@ -44,7 +44,10 @@ STATE_BYTES_PER_PARAM = 16
 # centre class (a fraction of its bf16 peak, as trainers reach), a CPU core otherwise.
 ASSUMED_GPU = (2e14, 1e11, 2e-5, 0.02)  # FLOP/s, bytes/s, s per message, s per step
 ASSUMED_CPU = (2e10, 2e9, 1e-4, 0.02)
-# The least error a fit claims (more when it has fewer runs than terms).
+# The least error a fit claims: one to no more runs than it has terms matches them
+# exactly, so its misses on them say nothing (FEW_RUNS_ERROR); each run beyond the
+# terms earns trust, down to MIN_EXPECTED_ERROR.
+FEW_RUNS_ERROR = 0.20
 MIN_EXPECTED_ERROR = 0.05
 
 
@@ -180,8 +183,7 @@ def calibrate(node: NodeType, runs: Sequence[Measured]) -> Calibration:
     coefficients[active] = np.maximum(solution, 0.0)
     predicted = rows @ coefficients
     error = float(np.median(np.abs(predicted - times) / times))
-    # A fit to few runs matches them better than it will match the next job.
-    floor = MIN_EXPECTED_ERROR * max(1.0, len(FEATURES) / len(runs))
+    floor = error_floor(len(runs))
     startups = [r.startup_s for r in runs if r.startup_s is not None]
     if startups:
         node = replace(node, startup_s=float(np.median(startups)))
@@ -192,6 +194,12 @@ def assumed(node: NodeType) -> Calibration:
     """The step-time terms priced at assumed speeds (`ASSUMED_GPU` / `ASSUMED_CPU`)."""
     flops, link, latency, overhead = ASSUMED_GPU if node.gpu else ASSUMED_CPU
     return Calibration(node, (1 / flops, 1 / link, latency, overhead), runs=0)
+
+
+def error_floor(runs: int) -> float:
+    """The least expected error a fit to `runs` runs claims (see FEW_RUNS_ERROR)."""
+    beyond = max(1, runs - len(FEATURES) + 1)
+    return max(MIN_EXPECTED_ERROR, FEW_RUNS_ERROR / beyond)
 
 
 def _scale(columns: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from scheduler.predict.steptime import (
     assumed,
     auto_plan,
     calibrate,
+    error_floor,
     memory_bytes,
     refine,
     work,
@@ -140,8 +141,8 @@ def test_auto_plan_offers_only_plans_the_engine_runs() -> None:
 
 def test_a_fit_says_its_error_and_assumed_speeds_say_theirs_is_unknown() -> None:
     """The expected error is the fit's median relative miss on its runs, at least the
-    floor (more with fewer runs than terms); assumed speeds price each term at a rate
-    and claim no error."""
+    floor (20% with no more runs than terms, shrinking with each run beyond); assumed
+    speeds price each term at a rate and claim no error."""
     node = NodeType("n", 4, 4, 80 * 2**30)
     truth = Calibration(node, (1e-12, 1e-9, 1e-4, 0.01), runs=0)
     runs = [
@@ -160,10 +161,13 @@ def test_a_fit_says_its_error_and_assumed_speeds_say_theirs_is_unknown() -> None
     misses = sorted(
         abs(fitted.step_time_s(r.model, r.plan) - r.step_time_s) / r.step_time_s for r in runs
     )
-    assert fitted.expected_error == pytest.approx(max((misses[2] + misses[3]) / 2, 0.05))
+    assert fitted.expected_error == pytest.approx(max((misses[2] + misses[3]) / 2, 0.2 / 3))
     assert "6 recorded runs, expected error" in fitted.describe()
-    exact = calibrate(node, runs[:3])  # fewer runs than terms: the floor grows
-    assert exact.expected_error is not None and exact.expected_error >= 0.05 * 4 / 3
+    exact = calibrate(node, runs[:4])  # as many runs as terms: matched exactly, says nothing
+    assert exact.expected_error == pytest.approx(0.20)
+    assert [error_floor(n) for n in (3, 4, 5, 6, 10)] == pytest.approx(
+        [0.2, 0.2, 0.1, 0.2 / 3, 0.05]
+    )
 
     gpu, cpu = assumed(node), assumed(NodeType("c", 8, 8, 2**34, gpu=False))
     assert gpu.runs == 0 and gpu.expected_error is None

@@ -29,7 +29,7 @@ from gangway.models import (
     UserName,
     WhoAmI,
 )
-from scheduler.runtime.calibration import submit_calibration
+from scheduler.runtime.calibration import CalibrationRunning, submit_calibration
 from scheduler.runtime.trainer_shapes import common_node_type
 from scheduler.store import AccountRepository, ApiKey, QueueRepository, User
 
@@ -72,7 +72,9 @@ def list_users(_: Admin, store: Accounts) -> list[UserInfo]:
 def create_user(body: UserCreate, _: Admin, store: Accounts) -> UserInfo:
     """A new user (409 if the name is taken, 422 if it is reserved); then issue them a key."""
     if body.name.lower() in RESERVED_NAMES:
-        raise FieldError("name", f"{body.name!r} is reserved (the bootstrap admin, auth off)")
+        raise FieldError(
+            "name", f"{body.name!r} is reserved (the bootstrap admin, auth off, calibration runs)"
+        )
     return _user_info(store.create_user(body.name, body.role))
 
 
@@ -136,13 +138,17 @@ def delete_queue(name: QueuePath, _: Admin, store: Queues, request: Request) -> 
 def calibrate(_: Admin, repo: Repo, request: Request) -> list[JobInfo]:
     """Queue the calibration runs for the node type most live nodes have
     (`scheduler.runtime.calibration`): a few short built-in jobs of user gangway at the
-    lowest priority. Once three succeed, estimates and `"parallelism": "auto"` use the
-    step-time model fitted to them instead of assumed speeds. 409 with no live node."""
+    lowest priority, one after another. Once three succeed, estimates and
+    `"parallelism": "auto"` use the step-time model fitted to them (with every earlier
+    run) instead of assumed speeds. 409 with no live node, or while earlier runs go on."""
     nodes = repo.nodes()
     node = common_node_type(nodes)
     if node is None:
         raise HTTPException(409, "no live node to calibrate")
-    made = submit_calibration(repo, node)
+    try:
+        made = submit_calibration(repo, node)
+    except CalibrationRunning as exc:
+        raise HTTPException(409, str(exc)) from exc
     changed(request)()
     names = {n.id: n.name for n in nodes}
     return [job_info(job, names, shows_env=True) for job in made]

@@ -17,6 +17,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from scheduler.model import CALIBRATION_USER
 from scheduler.store import AccountRepository, QueueRepository
 
 _bearer = HTTPBearer(auto_error=False, description="an API key issued by `gangway users key`")
@@ -37,8 +38,9 @@ class AuthConfig:
 
 NO_AUTH_CALLER = Principal("default", is_admin=True)
 BOOTSTRAP_ADMIN = Principal("admin", is_admin=True)
-# Names that mean someone else already: a user by one of them would own their jobs.
-RESERVED_NAMES = frozenset({NO_AUTH_CALLER.name, BOOTSTRAP_ADMIN.name})
+# Names that mean someone else already: a user by one of them would own their jobs (the
+# service's own calibration runs among them).
+RESERVED_NAMES = frozenset({NO_AUTH_CALLER.name, BOOTSTRAP_ADMIN.name, CALIBRATION_USER})
 
 
 class Unauthorized(Exception):

@@ -41,8 +41,14 @@ def checked_dependencies(
         upstream = naming.upstream(init.job, Condition.SUCCEEDED, "init_from.job")
         pairs.setdefault(upstream, Condition.SUCCEEDED)
     for index, job in enumerate(submit.inputs_from):
-        upstream = naming.upstream(job, Condition.SUCCEEDED, f"inputs_from.{index}")
-        pairs.setdefault(upstream, Condition.SUCCEEDED)
+        field = f"inputs_from.{index}"
+        upstream = naming.upstream(job, Condition.SUCCEEDED, field)
+        if pairs.setdefault(upstream, Condition.SUCCEEDED) is not Condition.SUCCEEDED:
+            raise FieldError(
+                field,
+                f"job {job} is in depends_on with on: {pairs[upstream].value}; its outputs "
+                "are read once it succeeded (whole), so name it in one place",
+            )
     return tuple(pairs.items())
 
 

@@ -81,7 +81,7 @@ class Runtime:
             ),
             lease=self._lease,
             sweep_every=self._settings.sweep_every_passes,
-            auto_calibrate=self._settings.auto_calibrate,
+            auto_calibrate=self._settings.calibrates(),
         )
         self._thread = threading.Thread(
             target=loop.run,

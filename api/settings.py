@@ -166,10 +166,12 @@ class Settings(BaseSettings):
     busy_interval_s: float = Field(
         0.1, gt=0, le=60, description="between passes while a gang starts, stops or resizes"
     )
-    auto_calibrate: bool = Field(
-        True,
+    auto_calibrate: bool | None = Field(
+        None,
         description="measure a node type nothing has measured yet with a few short, "
-        "lowest-priority built-in runs of user gangway (scheduler.runtime.calibration)",
+        "lowest-priority built-in runs of user gangway (scheduler.runtime.calibration); "
+        "unset: on with a Ray cluster of its own (ray_address), off for the embedded one, "
+        "whose logical GPUs share this host's cores with users' jobs",
     )
     placement_timeout_s: float = Field(120.0, gt=0)
     hang_factor: float = Field(
@@ -275,6 +277,10 @@ class Settings(BaseSettings):
     def _policy_is_valid(self) -> Settings:
         self.policy()  # PolicyConfig's own checks (e.g. levels ascending) name the field
         return self
+
+    def calibrates(self) -> bool:
+        """Whether the loop queues calibration runs on its own (`auto_calibrate`)."""
+        return self.auto_calibrate if self.auto_calibrate is not None else bool(self.ray_address)
 
     def checkpoint_root(self) -> Path:
         """Where ranks write checkpoints: shared storage when ranks run on other hosts."""

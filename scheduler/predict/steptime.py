@@ -142,7 +142,10 @@ class Calibration:
 
     def describe(self) -> str:
         if not self.runs:
-            return f"assumed speeds for {self.node.name} (not measured: error unknown)"
+            return (
+                f"assumed speeds for {self.node.name} (not measured: error unknown; "
+                "`gangway calibrate` measures it)"
+            )
         error = self.expected_error or 0.0
         return (
             f"step-time model for {self.node.name} ({self.runs} recorded runs, "
@@ -181,6 +184,10 @@ def calibrate(node: NodeType, runs: Sequence[Measured]) -> Calibration:
         active.pop(int(np.argmin(solution)))
     coefficients = np.zeros(len(FEATURES))
     coefficients[active] = np.maximum(solution, 0.0)
+    # A term no run exercised (all dp=1 on one-device nodes: no bytes sent) is not free:
+    # it keeps its assumed price, or the fit would call every collective costless.
+    unmeasured = ~rows.any(axis=0)
+    coefficients[unmeasured] = np.array(assumed(node).coefficients)[unmeasured]
     predicted = rows @ coefficients
     error = float(np.median(np.abs(predicted - times) / times))
     floor = error_floor(len(runs))

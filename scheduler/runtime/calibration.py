@@ -11,8 +11,11 @@ dozen steps each: anything a user
 submits goes first, and their history is any job's history once they succeed.
 
 `AutoCalibration` submits them once per node type the service finds uncalibrated, on its
-own (`GANGWAY_AUTO_CALIBRATE`); `gangway calibrate` (`POST /v1/calibrations`, admins)
-submits them again, say after the hardware changed.
+own (`GANGWAY_AUTO_CALIBRATE`: by default only with a Ray cluster of its own, not the
+embedded one, whose logical GPUs share this host's cores with users' jobs); `gangway
+calibrate` (`POST /v1/calibrations`, admins) submits them on demand, more runs for the
+fit. A run is measured on the node type it lands on (nothing pins it to the type it was
+meant for), which on a cluster of one type is the same.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from gangway.models import JobSubmit
-from scheduler.model import Condition
+from scheduler.model import CALIBRATION_USER, Condition, JobState
 from scheduler.predict.steptime import NodeType
 from scheduler.store import JobRecord, JobRepository, NewJob
 from scheduler.store.records import Step
@@ -29,9 +32,13 @@ from scheduler.store.specs import spec_from_json
 
 log = logging.getLogger("gangway")
 
-CALIBRATION_USER = "gangway"
 NAME_PREFIX = "calibrate "
 LOWEST_PRIORITY = -1_000_000
+
+
+def name_prefix(node: NodeType) -> str:
+    """What every calibration run of `node` is named with first."""
+    return f"{NAME_PREFIX}{node.name}: "
 
 
 def calibration_bodies(node: NodeType) -> list[dict[str, object]]:
@@ -51,7 +58,7 @@ def calibration_bodies(node: NodeType) -> list[dict[str, object]]:
     return [
         JobSubmit.model_validate(
             {
-                "name": f"{NAME_PREFIX}{model} b{batch} "
+                "name": f"{name_prefix(node)}{model} b{batch} "
                 + " ".join(f"{k}={v}" for k, v in mesh.items()),
                 "user": CALIBRATION_USER,
                 "priority": LOWEST_PRIORITY,
@@ -70,10 +77,25 @@ def calibration_bodies(node: NodeType) -> list[dict[str, object]]:
     ]
 
 
+class CalibrationRunning(Exception):
+    """Runs of an earlier calibration have not ended: new ones would run beside them."""
+
+
+def active_calibration(repo: JobRepository) -> list[JobRecord]:
+    """Calibration runs that have not ended."""
+    active = [s for s in JobState if not s.is_terminal]
+    return repo.page(states=active, user=CALIBRATION_USER, name_prefix=NAME_PREFIX, limit=10)
+
+
 def submit_calibration(repo: JobRepository, node: NodeType) -> list[JobRecord]:
     """Store the runs for `node` as one pipeline (all or none), each after the one before
     ended: run side by side they would measure each other (ranks sharing a host's
-    processors, links, memory bandwidth); their records."""
+    processors, links, memory bandwidth); their records. `CalibrationRunning` while
+    earlier runs have not ended, for the same reason."""
+    running = active_calibration(repo)
+    if running:
+        ids = ", ".join(str(job.id) for job in running)
+        raise CalibrationRunning(f"calibration runs {ids} have not ended; they would interfere")
     jobs = [_new_job(body, index) for index, body in enumerate(calibration_bodies(node))]
     return repo.create_pipeline(f"calibrate {node.name}", CALIBRATION_USER, jobs).jobs
 
@@ -96,8 +118,8 @@ def _new_job(body: dict[str, object], index: int) -> NewJob:
 
 class AutoCalibration:
     """Once per node type per process: if the step-time model of the type most nodes
-    have is not fitted and no calibration run was ever stored, store them. One query
-    per pass until then, none after."""
+    have is not fitted and no calibration run of that type was ever stored, store them
+    (after any other type's runs ended). A query or two per pass until then, none after."""
 
     def __init__(self, repo: JobRepository) -> None:
         self._repo = repo
@@ -109,12 +131,15 @@ class AutoCalibration:
         """The runs stored now for `node` (none if it is measured or was ever queued)."""
         if node is None or node.name in self._settled:
             return []
+        done = self._repo.page(user=CALIBRATION_USER, name_prefix=name_prefix(node), limit=1)
+        if calibrated(node) or done:
+            self._settled.add(node.name)
+            return []
+        try:
+            made = submit_calibration(self._repo, node)
+        except CalibrationRunning:  # another type's runs first: asked again next pass
+            return []
         self._settled.add(node.name)
-        if calibrated(node):
-            return []
-        if self._repo.page(user=CALIBRATION_USER, name_prefix=NAME_PREFIX, limit=1):
-            return []
-        made = submit_calibration(self._repo, node)
         log.info(
             "calibration: %d short runs submitted for node type %s (jobs %s)",
             len(made),

@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 
 from scheduler.core.decisions import Admit, Decision, Wait
 from scheduler.model import (
+    CALIBRATION_USER,
     RESOURCE_HOLDING_STATES,
     JobSpec,
     JobState,
@@ -101,8 +102,13 @@ class Predictions:
             self._learn(run)
 
     def _learn(self, run: FinishedRun) -> None:
+        """A succeeded run: its run time for similar jobs' history, and a trainer's step
+        time for its node type's model. Calibration runs teach the model only: as
+        history they would make every stranger's job in their queue look a minute long."""
         self._learned += 1
-        self._history.observe(_features(run.queue, run.user, run.name, run.num_gpus), run.runtime_s)
+        if run.user != CALIBRATION_USER:
+            features = _features(run.queue, run.user, run.name, run.num_gpus)
+            self._history.observe(features, run.runtime_s)
         trainer = trainer_job(run.spec, run.dp)
         if trainer and run.step_time_s and run.node_type:
             startup = max(0.0, run.runtime_s - trainer.steps * run.step_time_s)

@@ -62,6 +62,8 @@ def node_type(node: Node, memory_bytes: float = DEVICE_MEMORY_BYTES) -> NodeType
 
 
 def common_node_type(nodes: Iterable[Node]) -> NodeType | None:
-    """The type most of the live nodes have: where a job not yet placed will likely run."""
-    counts = Counter(node_type(n) for n in nodes if n.alive)
+    """The type most of the live GPU nodes have: where a job not yet placed will likely
+    run (every rank needs a GPU; a cluster of CPU nodes only: theirs)."""
+    live = [n for n in nodes if n.alive]
+    counts = Counter(node_type(n) for n in live if n.num_gpus) or Counter(map(node_type, live))
     return counts.most_common(1)[0][0] if counts else None

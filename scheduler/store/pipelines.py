@@ -44,6 +44,7 @@ class PipelineStore(Repository):
         earlier steps (`records.Step`), and its body may name them by step name."""
         now = self._clock()
         with Session(self._engine) as session, session.begin():
+            self._guard(session)  # the loop stores calibration runs: only while it leads
             group = PipelineRow(name=name, user=user, submitted_at=now)
             session.add(group)
             session.flush()

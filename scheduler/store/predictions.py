@@ -16,7 +16,7 @@ from sqlalchemy import Float, ForeignKey, String, Text, func, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from gangway.states import JobState
-from scheduler.model import JobSpec
+from scheduler.model import CALIBRATION_USER, JobSpec
 from scheduler.store.base import Repository
 from scheduler.store.specs import spec_from_json
 from scheduler.store.tables import Base, JobMetricRow, JobRow, UTCDateTime
@@ -144,11 +144,16 @@ class PredictionStore(Repository):
 
     def accuracy_pairs(self) -> list[AccuracyPair]:
         """(predicted while waiting, actual run time) of every succeeded job that was
-        predicted at all (jobs finished before predictions existed are left out)."""
+        predicted at all (jobs finished before predictions existed are left out), not
+        counting calibration runs."""
         query = (
             select(JobRow.started_at, JobRow.finished_at, JobPredictionRow.at_start_s)
             .join(JobPredictionRow, JobPredictionRow.job_id == JobRow.id)
-            .where(JobRow.state == JobState.SUCCEEDED.value, JobRow.started_at.is_not(None))
+            .where(
+                JobRow.state == JobState.SUCCEEDED.value,
+                JobRow.started_at.is_not(None),
+                JobRow.user != CALIBRATION_USER,  # the service's own runs, not users'
+            )
         )
         with Session(self._engine) as session:
             return [

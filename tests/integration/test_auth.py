@@ -154,6 +154,9 @@ def test_user_errors_name_what_is_wrong(api: TestClient) -> None:
     assert bad_role.status_code == 422 and bad_role.json()["error"]["field"] == "role"
     assert api.post("/v1/users/nobody/keys", headers=admin).status_code == 404
     assert api.get("/v1/users", headers=admin).json()[0]["name"] == "alice"
+    for reserved in ("admin", "default", "gangway"):  # gangway: the calibration runs' user
+        named = api.post("/v1/users", json={"name": reserved}, headers=admin)
+        assert named.status_code == 422 and named.json()["error"]["field"] == "name"
 
 
 def test_admins_create_change_and_delete_queues(api: TestClient, repo: JobRepository) -> None:
@@ -196,6 +199,14 @@ def test_auth_is_off_by_default_only_for_the_embedded_database() -> None:
     assert Settings(database_url="postgresql://db/x").auth_required() is True
     assert Settings(database_url="postgresql://db/x", auth=False).auth_required() is False
     assert Settings(auth=True).auth_required() is True
+
+
+def test_the_service_calibrates_on_its_own_only_with_a_ray_cluster_of_its_own() -> None:
+    """The embedded Ray's logical GPUs share this host's cores: calibration runs beside a
+    user's first jobs would slow them and measure them."""
+    assert Settings(auto_calibrate=None).calibrates() is False
+    assert Settings(auto_calibrate=None, ray_address="head:6379").calibrates() is True
+    assert Settings(auto_calibrate=True).calibrates() is True
 
 
 def test_revoked_and_unknown_keys_authenticate_no_one(repo: JobRepository) -> None:

@@ -77,6 +77,11 @@ def test_bad_dependencies_are_422s_naming_the_field_and_store_nothing(
         ({"init_from": {"job": 999_999}}, "init_from.job", "no job 999999"),
         ({"inputs_from": [first["id"], 999_999]}, "inputs_from.1", "no job 999999"),
         ({"inputs_from": ["pretrain"]}, "inputs_from.0", "names a pipeline step"),
+        (
+            {"depends_on": [{"job": first["id"], "on": "started"}], "inputs_from": [first["id"]]},
+            "inputs_from.0",
+            "read once it succeeded",
+        ),
     ]
     for fields, field, message in cases:
         error = refused(client, **fields)

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import httpx
+import pydantic
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -480,3 +481,13 @@ def test_serve_hands_the_outputs_settings_to_the_app_and_the_sweep(tmp_path: Pat
     assert isinstance(retention, ArtifactRetention)
     assert Settings().storage_quota_bytes == 100 * 2**30
     assert Settings().artifact_retention_days == 30
+
+
+def test_a_renamed_quota_setting_stops_the_service_naming_the_new_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GANGWAY_OUTPUTS_QUOTA_BYTES", "1000")
+    with pytest.raises(
+        pydantic.ValidationError, match="GANGWAY_OUTPUTS_QUOTA_BYTES is gone: set GANGWAY_STORAGE"
+    ):
+        Settings()

@@ -18,10 +18,11 @@ import gangway.cli_shared
 from api.app import create_app
 from gangway import AsyncClient, Client
 from gangway.models import Builtin, Estimate, JobSubmit, Parallelism
-from scheduler.model import JobState
+from scheduler.model import RESOURCE_HOLDING_STATES, JobState
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.predictions import REPREDICT_RUNNING_S, Predictions
+from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import JobRecord, JobRepository, NewJob
 from tests.integration.test_loop import NODES, Clock, FakeCluster, FakeExecutor
 
@@ -226,7 +227,7 @@ def test_the_step_time_model_predicts_trainers_once_calibrated_and_plans_auto(
     fresh = before.json()
     assert fresh["prediction"]["source"] == "model"
     assert (
-        "assumed speeds for 4 GPU / 8 CPU (not measured: error unknown)"
+        "assumed speeds for 4 GPU / 8 CPU (not measured: error unknown; `gangway calibrate`"
         in (fresh["prediction"]["basis"])
     )
     assert fresh["prediction"]["low_s"] is None  # its error is not known
@@ -346,8 +347,10 @@ def test_a_fresh_service_measures_its_node_type_once_with_calibration_runs(
     repo: JobRepository, executor: FakeExecutor, clock: Clock, api: TestClient
 ) -> None:
     """The loop queues the runs itself on its first pass (one pipeline of short,
-    lowest-priority built-in jobs), never twice, not again after a restart; once three
-    have succeeded the estimates use the model fitted to them."""
+    lowest-priority built-in jobs, one after another), never twice, not again after a
+    restart; until they are measured a trainer's prediction at assumed speeds is shown
+    but not handed to the core; once three have succeeded the estimates use the model
+    fitted to them, and the runs are nobody's history."""
 
     def auto_loop() -> SchedulerLoop:
         return SchedulerLoop(
@@ -358,16 +361,25 @@ def test_a_fresh_service_measures_its_node_type_once_with_calibration_runs(
     loop.tick()
     runs = repo.page(user="gangway")
     assert sorted(job.name for job in runs) == [
-        "calibrate gpt-mini b4 dp=1",
-        "calibrate gpt-mini b4 dp=2",
-        "calibrate gpt-mini b4 tp=2",
-        "calibrate gpt-tiny b8 dp=1",
+        "calibrate 4 GPU / 8 CPU: gpt-mini b4 dp=1",
+        "calibrate 4 GPU / 8 CPU: gpt-mini b4 dp=2",
+        "calibrate 4 GPU / 8 CPU: gpt-mini b4 tp=2",
+        "calibrate 4 GPU / 8 CPU: gpt-tiny b8 dp=1",
     ]
     assert {job.priority for job in runs} == {-1_000_000}
     assert repo.pipeline(runs[0].pipeline_id).name == "calibrate 4 GPU / 8 CPU"
     loop.tick()
     auto_loop().tick()  # a restart finds them
     assert len(repo.page(user="gangway")) == 4
+    mine = submit(repo, "mine", entrypoint={"kind": "builtin", "steps": 50})
+    loop.tick()
+    shown = api.get(f"/v1/jobs/{mine.id}").json()["prediction"]
+    assert shown["source"] == "model" and "assumed speeds" in shown["basis"]
+    working = WorkingSet(repo, (JobState.PENDING, *RESOURCE_HOLDING_STATES))
+    views = Predictions(repo).views(working.load(), working, repo.nodes(), clock.now)
+    assert {v.id: v.predicted_remaining_s for v in views}[mine.id] is None  # not the core's
+    api.post(f"/v1/jobs/{mine.id}/cancel")
+    assert api.post("/v1/calibrations").status_code == 409  # beside the running ones: no
 
     ordered = sorted(runs, key=lambda j: j.id)
     for index, step_s in enumerate((0.05, 0.4, 0.3)):
@@ -387,6 +399,9 @@ def test_a_fresh_service_measures_its_node_type_once_with_calibration_runs(
     )
     basis = answer.json()["prediction"]["basis"]
     assert "step-time model for 4 GPU / 8 CPU (3 recorded runs, expected error" in basis
+    stranger = {"kind": "function", "target": "workers.examples:allreduce_ranks"}
+    unknown = api.post("/v1/estimate", json={"name": "etl", "entrypoint": stranger}).json()
+    assert unknown["prediction"]["source"] == "unknown"  # calibration runs are no history
 
 
 def test_admins_queue_calibration_runs_again(repo: JobRepository, api: TestClient) -> None:

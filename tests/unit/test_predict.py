@@ -174,3 +174,15 @@ def test_a_fit_says_its_error_and_assumed_speeds_say_theirs_is_unknown() -> None
     assert "not measured: error unknown" in gpu.describe()
     plan = StepPlan(dp=2, batch_size=8)
     assert cpu.step_time_s(MODEL, plan) > 50 * gpu.step_time_s(MODEL, plan)
+
+
+def test_a_term_no_run_exercised_keeps_its_assumed_price() -> None:
+    """One-device nodes calibrate with dp=1 only: no bytes sent, no messages. The fit must
+    not call communication free, or every data-parallel plan would look costless."""
+    node = NodeType("one", 1, 1, 80 * 2**30)
+    runs = [Measured(MODEL, StepPlan(batch_size=b), 0.01 * b + 0.02) for b in (2, 4, 8, 16)]
+    fitted = calibrate(node, runs)
+    prior = assumed(node)
+    assert fitted.coefficients[1:3] == prior.coefficients[1:3]  # bytes, messages
+    wide = StepPlan(dp=8, batch_size=8)
+    assert fitted.step_time_s(MODEL, wide) > fitted.step_time_s(MODEL, StepPlan(batch_size=8))

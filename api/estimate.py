@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from api.convert import runtime_prediction
 from api.errors import FieldError
-from api.validation import runnable_plan, validate_submission
+from api.validation import check_model, runnable_plan, validate_submission
 from gangway.models import (
     Builtin,
     Estimate,
@@ -61,6 +61,7 @@ class Estimator:
         entry = submit.entrypoint
         if not isinstance(entry, Builtin):
             raise FieldError("parallelism", '"auto" needs the built-in trainer')
+        check_model(entry)  # planned for below, before the submit's own checks
         node = common_node_type(self._repo.nodes())
         if node is None:
             raise FieldError("parallelism", '"auto" needs a live node to plan for')

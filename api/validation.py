@@ -78,14 +78,17 @@ def _engine_check(
     validate_plan(plan, MODEL_CONFIGS[model], batch_size=batch_size)
 
 
+def check_model(entrypoint: Builtin) -> None:
+    """The built-in trainer knows the model (422 naming `entrypoint.model` if not)."""
+    if entrypoint.model not in MODEL_CONFIGS:
+        known = ", ".join(sorted(MODEL_CONFIGS))
+        raise FieldError("entrypoint.model", f"unknown model {entrypoint.model!r}; known: {known}")
+
+
 def _check_entrypoint(submit: JobSubmit, spec: JobSpec) -> None:
     entrypoint = submit.entrypoint
     if isinstance(entrypoint, Builtin):
-        if entrypoint.model not in MODEL_CONFIGS:
-            known = ", ".join(sorted(MODEL_CONFIGS))
-            raise FieldError(
-                "entrypoint.model", f"unknown model {entrypoint.model!r}; known: {known}"
-            )
+        check_model(entrypoint)
         _check_plan(entrypoint, spec)
     elif submit.package is not None:
         return  # the code is in the job's working directory, which only the ranks unpack

@@ -33,6 +33,7 @@ RESOURCE_HOLDING_STATES = frozenset(
 # Holding states the loop drives toward running (PREEMPTING it drives out, RESIZING
 # through a checkpoint and a new launch).
 ACTIVE_STATES = (JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING)
+UNFINISHED_STATES = tuple(state for state in JobState if not state.is_terminal)
 
 # Every legal edge. Any non-terminal state may go to CANCELLED (user) or FAILED (an error
 # the runtime cannot recover from). An active state may go back to PENDING when the runtime

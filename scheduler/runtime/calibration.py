@@ -24,11 +24,10 @@ import logging
 from collections.abc import Callable, Sequence
 
 from gangway.models import JobSubmit
-from scheduler.model import CALIBRATION_USER, Condition, JobState
+from scheduler.model import CALIBRATION_USER, UNFINISHED_STATES, Condition
 from scheduler.predict.steptime import NodeType
-from scheduler.store import JobRecord, JobRepository, NewJob
-from scheduler.store.records import Step
-from scheduler.store.specs import spec_from_json
+from scheduler.store import JobRecord, JobRepository
+from scheduler.store.records import Step, new_job
 
 log = logging.getLogger("gangway")
 
@@ -83,8 +82,9 @@ class CalibrationRunning(Exception):
 
 def active_calibration(repo: JobRepository) -> list[JobRecord]:
     """Calibration runs that have not ended."""
-    active = [s for s in JobState if not s.is_terminal]
-    return repo.page(states=active, user=CALIBRATION_USER, name_prefix=NAME_PREFIX, limit=10)
+    return repo.page(
+        states=UNFINISHED_STATES, user=CALIBRATION_USER, name_prefix=NAME_PREFIX, limit=10
+    )
 
 
 def submit_calibration(repo: JobRepository, node: NodeType) -> list[JobRecord]:
@@ -96,24 +96,11 @@ def submit_calibration(repo: JobRepository, node: NodeType) -> list[JobRecord]:
     if running:
         ids = ", ".join(str(job.id) for job in running)
         raise CalibrationRunning(f"calibration runs {ids} have not ended; they would interfere")
-    jobs = [_new_job(body, index) for index, body in enumerate(calibration_bodies(node))]
+    jobs = [
+        new_job(body, depends_on=((Step(index - 1), Condition.ENDED),) if index else ())
+        for index, body in enumerate(calibration_bodies(node))
+    ]
     return repo.create_pipeline(f"calibrate {node.name}", CALIBRATION_USER, jobs).jobs
-
-
-def _new_job(body: dict[str, object], index: int) -> NewJob:
-    spec = spec_from_json(body)
-    entry = body["entrypoint"]
-    assert isinstance(entry, dict)
-    return NewJob(
-        name=str(body["name"]),
-        queue=str(body["queue"]),
-        user=CALIBRATION_USER,
-        priority=LOWEST_PRIORITY,
-        spec=body,
-        num_gpus=spec.shape.num_gpus,
-        total_steps=int(entry["steps"]),
-        depends_on=((Step(index - 1), Condition.ENDED),) if index else (),
-    )
 
 
 class AutoCalibration:

@@ -51,11 +51,10 @@ from scheduler.store import (
     JobEnded,
     JobRecord,
     JobRepository,
-    NewJob,
     QueueRepository,
     StaleState,
 )
-from scheduler.store.specs import spec_from_json
+from scheduler.store.records import new_job
 from scheduler.store.sweeps import SweepRecord, SweepState, TrialRecord
 
 log = logging.getLogger(__name__)
@@ -371,18 +370,7 @@ class SweepController:
                 f"trial {number}: queue {body['queue']!r} is for its members, and "
                 f"{body['user']} is not one now"
             )
-        spec = spec_from_json(body)
-        entry = body["entrypoint"]
-        new = NewJob(
-            name=body["name"],
-            queue=body["queue"],
-            user=body["user"],
-            priority=body["priority"],
-            spec=body,
-            num_gpus=spec.shape.num_gpus,
-            total_steps=entry.get("steps") if entry["kind"] == "builtin" else None,
-            depends_on=upstream_of(body),
-        )
+        new = new_job(body, depends_on=upstream_of(body))
         shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
         reason = f"submitted as trial {number} of sweep {sweep.id} ({sweep.name}): {shown}"
         made = self._repo.add_trial(sweep.id, number, params, new, reason)

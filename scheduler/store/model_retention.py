@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gangway.states import JobState
-from scheduler.model import ModelInit
+from scheduler.model import UNFINISHED_STATES, ModelInit
 from scheduler.store.artifact_retention import DELETING, SweptFolders, remove_folder
 from scheduler.store.model_files import version_directory
 from scheduler.store.records import JobRecord
@@ -31,7 +31,6 @@ from scheduler.store.registry import ModelNotFound, ModelRegistry
 from scheduler.store.sweeps import SweepRecord
 
 log = logging.getLogger("gangway")
-UNFINISHED = [state for state in JobState if not state.is_terminal]
 
 
 class Pins(Protocol):
@@ -79,7 +78,7 @@ def pinned_versions(pins: Pins) -> set[tuple[str, int]]:
     will still make, start from."""
     found = {
         (job.spec.init_from.name, job.spec.init_from.version)
-        for job in pins.in_states(UNFINISHED)
+        for job in pins.in_states(UNFINISHED_STATES)
         if isinstance(job.spec.init_from, ModelInit)
     }
     for sweep in pins.running_sweeps():

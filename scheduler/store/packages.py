@@ -22,11 +22,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gangway.packaging import DEFAULT_MAX_FILES, DEFAULT_MAX_UNPACKED_BYTES, check_zip
-from gangway.states import JobState
+from scheduler.model import UNFINISHED_STATES
 from scheduler.store.specs import spec_from_json
 from scheduler.store.tables import JobRow, PackageRow
 
-ACTIVE_STATES = tuple(s.value for s in JobState if not s.is_terminal)
+ACTIVE_STATES = tuple(s.value for s in UNFINISHED_STATES)
 
 
 class PackageTooLarge(ValueError):

@@ -259,3 +259,21 @@ def job_row(session: Session, job_id: int) -> JobRow:
     if row is None:
         raise JobNotFound(job_id)
     return row
+
+
+def new_job(
+    body: dict[str, Any], *, depends_on: tuple[tuple[int | Step, Condition], ...] = ()
+) -> NewJob:
+    """A checked job body as the row to store, for the jobs the service makes itself (a
+    sweep's trials, calibration runs): its shape read from the body as any stored job's."""
+    entry = body["entrypoint"]
+    return NewJob(
+        name=body["name"],
+        queue=body["queue"],
+        user=body["user"],
+        priority=body["priority"],
+        spec=body,
+        num_gpus=spec_from_json(body).shape.num_gpus,
+        total_steps=entry.get("steps") if entry["kind"] == "builtin" else None,
+        depends_on=depends_on,
+    )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from api.auth import Principal
 from api.errors import FieldError
-from gangway.models import CheckpointRef, JobSubmit
+from gangway.models import JobSubmit
 from scheduler.core.dependencies import Holds, Upstream, holds
 from scheduler.model import Condition
 from scheduler.store import JobNotFound, JobRecord, JobRepository
@@ -33,20 +33,14 @@ def checked_dependencies(
     named instead of a job id; None outside one."""
     naming = _Naming(submit, caller, repo, steps)
     pairs: dict[int | Step, Condition] = {}
-    for index, dep in enumerate(submit.depends_on):
-        condition = Condition(dep.on)
-        pairs[naming.upstream(dep.job, condition, f"depends_on.{index}.job")] = condition
-    init = submit.init_from
-    if isinstance(init, CheckpointRef):
-        upstream = naming.upstream(init.job, Condition.SUCCEEDED, "init_from.job")
-        pairs.setdefault(upstream, Condition.SUCCEEDED)
-    for index, job in enumerate(submit.inputs_from):
-        field = f"inputs_from.{index}"
-        upstream = naming.upstream(job, Condition.SUCCEEDED, field)
-        if pairs.setdefault(upstream, Condition.SUCCEEDED) is not Condition.SUCCEEDED:
+    for named in submit.named_upstream():
+        condition = Condition(named.on)
+        upstream = naming.upstream(named.job, condition, named.field)
+        kept = pairs.setdefault(upstream, condition)
+        if named.source == "inputs_from" and kept is not condition:
             raise FieldError(
-                field,
-                f"job {job} is in depends_on with on: {pairs[upstream].value}; its outputs "
+                named.field,
+                f"job {named.job} is in depends_on with on: {kept.value}; its outputs "
                 "are read once it succeeded (whole), so name it in one place",
             )
     return tuple(pairs.items())

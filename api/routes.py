@@ -204,12 +204,8 @@ def prepared_job(
     spec = submit_body(submit)  # stored with its secrets, which the ranks get
     job_spec = spec_from_json(spec)
     validate_submission(submit, job_spec, nodes)
-    if isinstance(submit.entrypoint, Builtin) and submit.entrypoint.pause_at:
-        raise FieldError(
-            "entrypoint.pause_at",
-            "set only by a sweep's early stopping: a job stopped there would wait, held, "
-            "with nothing to release it",
-        )
+    if isinstance(submit.entrypoint, Builtin):
+        _refuse_sweep_fields(submit.entrypoint)
     depends_on = checked_dependencies(submit, caller, repo, steps)
     if submit.package is not None:
         _use_package(request.app.state.packages, submit.package)
@@ -229,6 +225,18 @@ def prepared_job(
     )
     chose = resolved.choice
     return new, f"submitted; parallelism auto chose {chose.reason}" if chose else "submitted"
+
+
+def _refuse_sweep_fields(entry: Builtin) -> None:
+    """`pause_at` and `pause_unless` are a sweep's: a job stopped there would wait, held,
+    with nothing to release it."""
+    for name in ("pause_at", "pause_unless"):
+        if getattr(entry, name):
+            raise FieldError(
+                f"entrypoint.{name}",
+                "set only by a sweep's early stopping: a job stopped there would wait, "
+                "held, with nothing to release it",
+            )
 
 
 def estimator(request: Request) -> Estimator:

@@ -42,6 +42,7 @@ class Outcome:
     gpu_seconds: float
     steps: int
     trials: int
+    attempts: int
     wall_s: float
 
 
@@ -69,16 +70,26 @@ def run_sweep(client: Client, body: dict[str, Any], timeout_s: float) -> Outcome
             raise TimeoutError(f"sweep {body['name']} still running after {timeout_s} s")
         time.sleep(1.0)
         info = client.sweep(info.id)
-    return outcome(info, time.monotonic() - started)
+    attempts = [client.get(t.job_id).attempt for t in info.trials]
+    for trial, tries in zip(info.trials, attempts, strict=True):
+        shown = " ".join(f"{k.rsplit('.', 1)[-1]}={v:.3g}" for k, v in trial.params.items())
+        value = f"{trial.objective:.4f}" if trial.objective is not None else "-"
+        print(
+            f"  {info.name} trial {trial.number:2d} {shown:34} {trial.state:9} step "
+            f"{trial.step:5d} attempts {tries} {trial.gpu_seconds:6.1f} GPU-s {value}",
+            flush=True,
+        )
+    return outcome(info, sum(attempts), time.monotonic() - started)
 
 
-def outcome(info: SweepInfo, wall_s: float) -> Outcome:
+def outcome(info: SweepInfo, attempts: int, wall_s: float) -> Outcome:
     return Outcome(
         name=info.name,
         best=info.best.value if info.best else None,
         gpu_seconds=info.gpu_seconds,
         steps=sum(t.step for t in info.trials),
         trials=len(info.trials),
+        attempts=attempts,
         wall_s=wall_s,
     )
 
@@ -96,7 +107,13 @@ def on_fresh_service(body: dict[str, Any], timeout_s: float) -> Outcome:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=27, help="a trial's whole budget")
+    parser.add_argument(
+        "--min-steps", type=int, default=None, help="ASHA's first rung (default: steps / 9)"
+    )
     parser.add_argument("--concurrent", type=int, default=1)
+    parser.add_argument(
+        "--sweeps", default="grid,asha,tpe", help="which to run (the ratios need the grid)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=3600)
     args = parser.parse_args()
@@ -108,24 +125,27 @@ def main() -> None:
             "asha",
             searcher="random",
             max_trials=27,
-            early_stopping={"rule": "asha", "reduction_factor": 3},
+            early_stopping={"rule": "asha", "reduction_factor": 3, "min_steps": args.min_steps},
             **common,
         ),
         sweep_body("tpe", searcher="tpe", max_trials=16, **common),
     ]
-    results = [on_fresh_service(body, args.timeout_s) for body in runs]
+    wanted = args.sweeps.split(",")
+    results = [on_fresh_service(body, args.timeout_s) for body in runs if body["name"] in wanted]
     print(f"gpt-tiny, {args.steps} steps a trial, {args.concurrent} trial(s) at a time")
     print(
-        f"{'sweep':6} {'trials':>6} {'best val_loss':>13} {'GPU-s':>8} {'steps':>6} {'wall s':>7}"
+        f"{'sweep':6} {'trials':>6} {'attempts':>8} {'best val_loss':>13} {'GPU-s':>8} "
+        f"{'steps':>6} {'wall s':>7}"
     )
     for r in results:
         best = f"{r.best:.4f}" if r.best is not None else "-"
         print(
-            f"{r.name:6} {r.trials:6d} {best:>13} {r.gpu_seconds:8.1f} {r.steps:6d} {r.wall_s:7.0f}"
+            f"{r.name:6} {r.trials:6d} {r.attempts:8d} {best:>13} {r.gpu_seconds:8.1f} "
+            f"{r.steps:6d} {r.wall_s:7.0f}"
         )
     grid = results[0]
     for other in results[1:]:
-        if grid.best is None or other.best is None:
+        if grid.name != "grid" or grid.best is None or other.best is None:
             continue
         print(
             f"{other.name} / grid: best {other.best / grid.best:.3f}x, "

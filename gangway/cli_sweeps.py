@@ -18,7 +18,9 @@ from gangway.cli_spec import read_body
 from gangway.errors import validation_failed
 from gangway.models import SweepInfo, SweepSubmit
 
-sweep_app = typer.Typer(help="Hyperparameter sweeps: trials are jobs, stopped early by ASHA.")
+sweep_app = typer.Typer(
+    help="Hyperparameter sweeps: trials are jobs, stopped early by ASHA or Hyperband."
+)
 
 
 @sweep_app.callback(invoke_without_command=True)
@@ -81,15 +83,16 @@ def print_sweep(info: SweepInfo, as_json: bool) -> None:
         f"{len(info.trials)}/{info.max_trials} trials, objective {objective}, "
         f"{info.gpu_seconds:,.0f} GPU-seconds"
     )
+    hyperband = info.early_stopping == "hyperband"
     if info.rung_steps:
-        echo(f"  rungs at steps {', '.join(map(str, info.rung_steps))}")
+        echo(f"  {info.early_stopping} rungs at steps {', '.join(map(str, info.rung_steps))}")
     print_table(
         [">#", ">JOB", "STATE", ">STEP", ">OBJECTIVE", ">GPU-S", "PARAMETERS"],
         (
             [
                 t.number,
                 t.job_id,
-                t.state,
+                f"{t.state} (bracket {t.bracket})" if hyperband else t.state,
                 t.step,
                 f"{t.objective:.5g}" if t.objective is not None else "-",
                 f"{t.gpu_seconds:,.0f}",

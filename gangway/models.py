@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     AfterValidator,
@@ -134,6 +134,18 @@ class Instability(_Strict):
     lr_scale: float = Field(1.0, gt=0, le=1, description="learning rate x this per rollback")
 
 
+class PauseBar(_Strict):
+    """Set by a sweep's early stopping: at `step` (one of `pause_at`) the trainer goes on
+    without stopping when its `metric` there is better than `better_than` (null: whatever
+    it is), since the sweep would let it go on anyway; a stop and a restart cost a trial
+    seconds of GPU time for nothing."""
+
+    step: Int = Field(ge=1)
+    metric: str = Field(pattern=METRIC_NAME)
+    mode: Literal["min", "max"] = "min"
+    better_than: float | None = Field(default=None, allow_inf_nan=False)
+
+
 class Builtin(_Strict):
     """The built-in trainer: a GPT-style model on synthetic tokens."""
 
@@ -198,6 +210,12 @@ class Builtin(_Strict):
         description="set by a sweep's early stopping (a submit with it is refused): steps "
         "at which the trainer saves a checkpoint and stops; the job then waits, held, "
         "until the sweep releases it, and resumes from there",
+    )
+    pause_unless: list[PauseBar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="set by a sweep's early stopping with pause_at (a submit with it is "
+        "refused): the bars that let the trainer go on past a pause_at step",
     )
 
 
@@ -339,6 +357,15 @@ class Dependency(_Strict):
     on: ConditionName = "succeeded"
 
 
+class Upstream(NamedTuple):
+    """A job a submit names as one it waits for (`JobSubmit.named_upstream`)."""
+
+    job: JobOrStep
+    on: ConditionName
+    field: str  # where the body names it, for a 422
+    source: Literal["depends_on", "init_from", "inputs_from"]
+
+
 class CheckpointRef(_Strict):
     """Another job's checkpoint: its newest complete one when this job starts, or the one
     at `step`. The job must be the caller's; this job waits for it to succeed unless
@@ -460,6 +487,24 @@ class JobSubmit(_Strict):
         "to anyone: a job shows only their names (`secret_names`); a name is in env or "
         "here, not both",
     )
+
+    def named_upstream(self) -> list[Upstream]:
+        """Every job this one waits for, as named, with its condition: `depends_on`'s
+        first, then the job whose checkpoint `init_from` names and those whose outputs
+        `inputs_from` names (their success). A job named twice waits on its first
+        condition, so `depends_on` decides. The one rule the API checks at submit and a
+        sweep applies to each trial body."""
+        named = [
+            Upstream(d.job, d.on, f"depends_on.{i}.job", "depends_on")
+            for i, d in enumerate(self.depends_on)
+        ]
+        if isinstance(self.init_from, CheckpointRef):
+            named.append(Upstream(self.init_from.job, "succeeded", "init_from.job", "init_from"))
+        named += [
+            Upstream(job, "succeeded", f"inputs_from.{i}", "inputs_from")
+            for i, job in enumerate(self.inputs_from)
+        ]
+        return named
 
     @field_validator("depends_on")
     @classmethod
@@ -705,9 +750,11 @@ SWEEP_PATH = (
 class EarlyStopping(_Strict):
     """ASHA: rungs at `min_steps x reduction_factor^k` steps; a trial goes past a rung only
     in the top 1/reduction_factor there, else it pauses (checkpoint kept, GPUs freed) until
-    promoted. `min_steps` null: the budget / reduction_factor^2 (three rungs)."""
+    promoted. `min_steps` null: the budget / reduction_factor^2 (three rungs). Hyperband:
+    one ASHA per rung, each starting its trials there (the last runs them to the end),
+    trials dealt to them in Hyperband's proportions; values compared within one only."""
 
-    rule: Literal["asha"] = "asha"
+    rule: Literal["asha", "hyperband"] = "asha"
     min_steps: Int | None = Field(None, ge=1)
     reduction_factor: Int = Field(3, ge=2, le=10)
     max_steps: Int | None = Field(
@@ -756,6 +803,7 @@ class SweepTrialInfo(BaseModel):
     params: dict[str, Any]
     state: Literal["running", "paused", "completed", "stopped", "failed"]
     job_state: JobState
+    bracket: int = Field(0, description="Hyperband's bracket: the rung it started at")
     rung: int = Field(description="the rung it works toward, or stopped at")
     objective: float | None = Field(None, description="its value at the highest rung reached")
     rung_values: dict[int, float] = Field(description="rung -> the objective there")
@@ -782,7 +830,10 @@ class SweepInfo(BaseModel):
     objective: Objective
     searcher: str
     space: dict[str, Dimension] = Field(description="the dimensions searched, by path")
-    rung_steps: list[int] = Field(description="ASHA's rungs in steps; empty without it")
+    early_stopping: Literal["asha", "hyperband"] | None = Field(
+        None, description="the early-stopping rule; null: every trial runs its budget"
+    )
+    rung_steps: list[int] = Field(description="the rule's rungs in steps; empty without one")
     max_trials: int
     max_concurrent: int
     trials: list[SweepTrialInfo]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -40,6 +40,7 @@ from scheduler.core.asha import (
     TrialState,
     TrialView,
     advance,
+    go_on_bars,
     places,
 )
 from scheduler.model import BUILTIN_OBJECTIVE, Condition, JobState
@@ -59,6 +60,8 @@ from scheduler.store.sweeps import SweepRecord, SweepState, TrialRecord
 
 log = logging.getLogger(__name__)
 
+Bars = Mapping[int, float | None]  # rung -> the value a trial must beat to go on there
+
 MAX_FAILED_PASSES = 3
 
 
@@ -66,16 +69,12 @@ class TrialRefused(ValueError):
     """The searcher's next trial is not a valid job: the sweep cannot go on."""
 
 
-def upstream_of(body: Mapping[str, Any]) -> tuple[tuple[int, Condition], ...]:
-    """The jobs a trial waits for, as its base was checked at submit: the base's
-    `depends_on` and the jobs whose checkpoint `init_from` or outputs `inputs_from` names
-    (their success, unless `depends_on` names them)."""
-    pairs = {int(d["job"]): Condition(d["on"]) for d in body.get("depends_on", [])}
-    init = body.get("init_from")
-    if isinstance(init, dict) and "job" in init:
-        pairs.setdefault(int(init["job"]), Condition.SUCCEEDED)
-    for job in body.get("inputs_from", []):
-        pairs.setdefault(int(job), Condition.SUCCEEDED)
+def upstream_of(trial: JobSubmit) -> tuple[tuple[int, Condition], ...]:
+    """The jobs a trial waits for, by the rule its base was checked by at submit
+    (`JobSubmit.named_upstream`; job ids only: a sweep is not a pipeline)."""
+    pairs: dict[int, Condition] = {}
+    for named in trial.named_upstream():
+        pairs.setdefault(int(named.job), Condition(named.on))
     return tuple(pairs.items())
 
 
@@ -92,6 +91,9 @@ class SweepPlan:
     @property
     def rung_steps(self) -> tuple[int, ...]:
         return self.rungs.steps if self.rungs else ()
+
+    def bracket_of(self, number: int) -> int:
+        return self.rungs.bracket_of(number) if self.rungs else 0
 
 
 def sweep_plan(spec: Mapping[str, Any]) -> SweepPlan:
@@ -121,24 +123,42 @@ def rungs_of(request: SweepSubmit) -> Rungs | None:
     budget = rule.max_steps or (entry.steps if isinstance(entry, Builtin) else None)
     if budget is None:
         raise ValueError("early stopping needs max_steps for a job that is not the built-in")
-    first = rule.min_steps or max(1, budget // rule.reduction_factor**2)
-    return Rungs(min(first, budget), rule.reduction_factor, budget)
+    first = min(rule.min_steps or max(1, budget // rule.reduction_factor**2), budget)
+    rungs = Rungs(first, rule.reduction_factor, budget)
+    return replace(rungs, brackets=len(rungs.steps)) if rule.rule == "hyperband" else rungs
 
 
-def trial_body(plan: SweepPlan, number: int, params: Mapping[str, Any]) -> dict[str, Any]:
+def trial_body(
+    plan: SweepPlan, number: int, params: Mapping[str, Any], bars: Bars
+) -> dict[str, Any]:
     """The base job with the trial's parameters at their paths; the built-in trainer
-    validates at every rung (the rungs are multiples of the first) and stops at each but
-    the last, held, for the sweep to release or keep (other jobs are paused by the
-    scheduler's preemption once they pass a rung)."""
+    validates at every rung of its bracket (the rungs are multiples of the first) and
+    stops at each but the last, held, for the sweep to release or keep, unless its value
+    there beats the rung's bar (`with_bars`); other jobs are paused by the scheduler's
+    preemption once they pass a rung."""
     body = submit_body(plan.request.base)
     for path, value in params.items():
         set_path(body, path, value)
     body["name"] = f"{plan.request.name}-{number}"
-    if body["entrypoint"]["kind"] == "builtin":
-        body["entrypoint"]["pause_at"] = list(plan.rung_steps[:-1])
-        if plan.rungs is not None:
-            body["entrypoint"]["eval_every"] = plan.rungs.min_steps
-    return body
+    if body["entrypoint"]["kind"] == "builtin" and plan.rungs is not None:
+        first = plan.bracket_of(number)
+        body["entrypoint"]["pause_at"] = list(plan.rung_steps[first:-1])
+        body["entrypoint"]["eval_every"] = plan.rung_steps[first]
+    return with_bars(body, plan, bars)
+
+
+def with_bars(body: Mapping[str, Any], plan: SweepPlan, bars: Bars) -> dict[str, Any]:
+    """The job body with the built-in trainer's `pause_unless` set from `bars` (rung ->
+    value to beat); other entrypoints have no pause points and are returned as they are."""
+    entry = body["entrypoint"]
+    if entry["kind"] != "builtin":
+        return dict(body)
+    mode = "min" if plan.minimize else "max"
+    pause_unless = [
+        {"step": plan.rung_steps[rung], "metric": plan.metric, "mode": mode, "better_than": bar}
+        for rung, bar in sorted(bars.items())
+    ]
+    return {**body, "entrypoint": {**entry, "pause_unless": pause_unless}}
 
 
 def set_path(body: dict[str, Any], path: str, value: Any) -> None:
@@ -237,7 +257,7 @@ class SweepController:
         plan = self._plan(sweep)
         jobs = {j.id: j for j in self._repo.many(t.job_id for t in sweep.trials)}
         trials = [self._observed(sweep.id, plan, t, jobs[t.job_id]) for t in sweep.trials]
-        views = [TrialView(t.number, t.state, t.rung, t.values) for t in trials]
+        views = _views(plan, trials)
         by_number = {t.number: t for t in trials}
         self.expendable |= {
             by_number[number].job_id: place
@@ -245,11 +265,13 @@ class SweepController:
         }
         for action in advance(views, plan.rungs, plan.budget, minimize=plan.minimize):
             if isinstance(action, Continue):
-                self._go_on(sweep, by_number[action.number], jobs, action)
+                bars = self._bars(plan, trials, action.number, action.rung)
+                self._go_on(sweep, plan, by_number[action.number], jobs, action, bars=bars)
             elif isinstance(action, Pause):
                 self._pause(sweep, plan, by_number[action.number], jobs, action)
             elif isinstance(action, Promote):
-                self._promote(sweep, by_number[action.number], jobs, action)
+                bars = self._bars(plan, trials, action.number, action.rung)
+                self._promote(sweep, plan, by_number[action.number], jobs, action, bars=bars)
             elif isinstance(action, Start):
                 started = self._start(sweep, plan, trials)
                 if started is None:
@@ -260,6 +282,20 @@ class SweepController:
             else:
                 assert isinstance(action, Finish)
                 self._repo.end_sweep(sweep.id, SweepState.SUCCEEDED, action.reason)
+
+    def _bars(
+        self, plan: SweepPlan, trials: list[TrialRecord], number: int, from_rung: int
+    ) -> Bars:
+        if plan.rungs is None:
+            return {}
+        return go_on_bars(
+            _views(plan, trials),
+            plan.rungs,
+            plan.budget,
+            number=number,
+            from_rung=from_rung,
+            minimize=plan.minimize,
+        )
 
     # -- step 1: what the trials' jobs did -----------------------------------------------
 
@@ -329,27 +365,51 @@ class SweepController:
     def _go_on(
         self,
         sweep: SweepRecord,
+        plan: SweepPlan,
         trial: TrialRecord,
         jobs: Mapping[int, JobRecord],
         action: Continue,
+        *,
+        bars: Bars,
     ) -> None:
-        """A trial in the top at its rung goes on at once: released if its trainer
-        stopped there (held), left running otherwise."""
+        """A trial in the top at its rung goes on at once: left running if its trainer
+        went on past the rung, released (with bars as of now) if it stopped there."""
         job = jobs[trial.job_id]
         if job.state is JobState.PENDING and job.hold is not None:
-            reason = f"{action.reason} (sweep {sweep.id}); resumes toward rung {action.rung}"
-            self._repo.annotate(job.id, reason, hold=None, queued_at=self._clock())
+            self._release(sweep, plan, job, action.reason, rung=action.rung, bars=bars)
         self._repo.update_trial(sweep.id, trial.number, rung=action.rung)
 
     def _promote(
-        self, sweep: SweepRecord, trial: TrialRecord, jobs: Mapping[int, JobRecord], action: Promote
+        self,
+        sweep: SweepRecord,
+        plan: SweepPlan,
+        trial: TrialRecord,
+        jobs: Mapping[int, JobRecord],
+        action: Promote,
+        *,
+        bars: Bars,
     ) -> None:
         """Release the hold: the job resumes from its checkpoint toward the next rung."""
         job = jobs[trial.job_id]
-        reason = f"{action.reason} (sweep {sweep.id}); resumes toward rung {action.rung}"
         if not job.state.is_terminal:
-            self._repo.annotate(job.id, reason, hold=None, queued_at=self._clock())
+            self._release(sweep, plan, job, action.reason, rung=action.rung, bars=bars)
         self._repo.update_trial(sweep.id, trial.number, state=TrialState.RUNNING, rung=action.rung)
+
+    def _release(
+        self,
+        sweep: SweepRecord,
+        plan: SweepPlan,
+        job: JobRecord,
+        why: str,
+        *,
+        rung: int,
+        bars: Bars,
+    ) -> None:
+        """Release a held trial toward `rung`, its bars at the later rungs set as of now
+        (those it was started with were drawn from fewer values)."""
+        reason = f"{why} (sweep {sweep.id}); resumes toward rung {rung}"
+        spec = with_bars(job.spec_json, plan, bars)
+        self._repo.annotate(job.id, reason, hold=None, queued_at=self._clock(), spec=spec)
 
     def _start(
         self, sweep: SweepRecord, plan: SweepPlan, trials: list[TrialRecord]
@@ -359,9 +419,10 @@ class SweepController:
         combination) ends the sweep with the reason, as no such job may be stored."""
         number = len(trials)
         params = suggest(plan.request, number, trials, plan.rung_steps)
-        body = trial_body(plan, number, params)
+        first = plan.bracket_of(number)
+        body = trial_body(plan, number, params, self._bars(plan, trials, number, first))
         try:
-            JobSubmit.model_validate(body, context={"stored": True})
+            checked = JobSubmit.model_validate(body, context={"stored": True})
         except ValidationError as exc:
             shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
             raise TrialRefused(f"trial {number} ({shown}) is not a valid job: {exc}") from exc
@@ -370,10 +431,10 @@ class SweepController:
                 f"trial {number}: queue {body['queue']!r} is for its members, and "
                 f"{body['user']} is not one now"
             )
-        new = new_job(body, depends_on=upstream_of(body))
+        new = new_job(body, depends_on=upstream_of(checked))
         shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
         reason = f"submitted as trial {number} of sweep {sweep.id} ({sweep.name}): {shown}"
-        made = self._repo.add_trial(sweep.id, number, params, new, reason)
+        made = self._repo.add_trial(sweep.id, number, params, new, reason, rung=first)
         return made[0] if made is not None else None
 
     def _stop(
@@ -381,3 +442,9 @@ class SweepController:
     ) -> None:
         self._cancel(jobs[trial.job_id], f"stopped by sweep {sweep.id}: {reason}")
         self._repo.update_trial(sweep.id, trial.number, state=TrialState.STOPPED)
+
+
+def _views(plan: SweepPlan, trials: list[TrialRecord]) -> list[TrialView]:
+    return [
+        TrialView(t.number, t.state, t.rung, t.values, plan.bracket_of(t.number)) for t in trials
+    ]

@@ -127,9 +127,17 @@ class SweepStore(Repository):
             return [_sweep(row, []) for row in rows]
 
     def add_trial(
-        self, sweep_id: int, number: int, params: dict[str, Any], job: NewJob, reason: str
+        self,
+        sweep_id: int,
+        number: int,
+        params: dict[str, Any],
+        job: NewJob,
+        reason: str,
+        *,
+        rung: int = 0,
     ) -> tuple[TrialRecord, JobRecord] | None:
-        """Trial `number` and its job, in one transaction (a number made twice fails);
+        """Trial `number` and its job, working toward `rung` (its bracket's first), in
+        one transaction (a number made twice fails);
         None if the sweep is no longer running. The sweep's row is written in the same
         transaction (locked on PostgreSQL), so a trial is never added after the sweep
         ended: a cancel that ended it sees every trial it must stop."""
@@ -149,7 +157,7 @@ class SweepStore(Repository):
                 job_id=row.id,
                 params=params,
                 state=TrialState.RUNNING.value,
-                rung=0,
+                rung=rung,
                 values={},
             )
             session.add(trial)

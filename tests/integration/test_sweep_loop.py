@@ -38,8 +38,9 @@ def val_loss(learning_rate: float, step: int) -> float:
 @dataclass
 class FakeTrainer:
     """Every gang advances STEPS_PER_PASS steps a pass, reports val_loss every
-    `eval_every` steps and at its end, stops at its `pause_at` steps and when told to,
-    with a checkpoint, and resumes from the step it stopped at."""
+    `eval_every` steps and at its end, stops at its `pause_at` steps (unless its value
+    there beats the step's bar) and when told to, with a checkpoint, and resumes from the
+    step it stopped at."""
 
     repo: JobRepository
     executor: FakeExecutor
@@ -63,7 +64,12 @@ class FakeTrainer:
             entry = job.spec_json["entrypoint"]
             total, every = entry["steps"], entry["eval_every"]
             after = min(total, step + STEPS_PER_PASS)
-            pause = [p for p in entry["pause_at"] if step < p <= after]
+            lr = entry["learning_rate"]
+            pause = [
+                p
+                for p in entry["pause_at"]
+                if step < p <= after and not _beats_its_bar(entry, p, val_loss(lr, p))
+            ]
             after = pause[0] if pause else after  # the trainer stops there, saved
             points = []
             for at in range(step + 1, after + 1):
@@ -71,13 +77,19 @@ class FakeTrainer:
                     seq = self.seq[(job_id, job.attempt)] = (
                         self.seq.get((job_id, job.attempt), 0) + 1
                     )
-                    value = val_loss(entry["learning_rate"], at)
+                    value = val_loss(lr, at)
                     points.append(ReportedPoint(seq, at, time.time(), {"val_loss": value}))
             self.steps[job_id] = after
             phase = GroupPhase.SUCCEEDED if after >= total or pause else GroupPhase.RUNNING
             self.executor.statuses[job_id] = GroupStatus(
                 phase, True, step=after, checkpoint_step=after, points=tuple(points)
             )
+
+
+def _beats_its_bar(entry: dict[str, Any], step: int, value: float) -> bool:
+    """The trainer goes on past a pause step whose bar its value beats."""
+    bar = next((b for b in entry["pause_unless"] if b["step"] == step), None)
+    return bar is not None and (bar["better_than"] is None or value < bar["better_than"])
 
 
 def create_sweep(repo: JobRepository, **fields: Any) -> int:
@@ -139,20 +151,30 @@ def test_asha_pauses_promotes_and_ends_a_sweep_within_its_budget(
     assert best.params["entrypoint.learning_rate"] == min(
         tried, key=lambda lr: abs(math.log10(lr) + 2)
     )
-    # Trial 2's trainer stopped at rung 0 (step 3) with a checkpoint; the sweep kept it
-    # held (paused) until it was the top third there, then released it: it resumed from
-    # step 3 (a second attempt) and stopped again at rung 1 (step 9).
-    assert (jobs[2].attempt, jobs[2].step) == (2, 9)
-    events = repo.events(jobs[2].id)
-    reasons = [e.reason for e in events]
-    stopped = reasons.index(
-        "paused at step 3 (its pause_at) with a checkpoint; held until released"
-    )
-    paused = next(i for i, r in enumerate(reasons) if r.startswith("paused by sweep"))
-    promoted = next(i for i, r in enumerate(reasons) if "promoted: in the top" in r)
-    admitted = [i for i, e in enumerate(events) if e.to_state is JobState.ADMITTED]
-    assert stopped < paused < promoted < admitted[1]
-    assert all(not stopped < i < promoted for i in admitted)  # held: never admitted
+    # A trial whose value at rung 0 beat the bar it was started with went on at once, in
+    # its first attempt: its trainer never stopped there.
+    went_on = [n for n, job in jobs.items() if job.attempt == 1 and job.step > 3]
+    assert went_on
+    for number in went_on:
+        reasons = [e.reason for e in repo.events(jobs[number].id)]
+        assert not any(r.startswith("paused at step 3") for r in reasons), reasons
+    # A trial paused at a rung (checkpoint, hold) was released once it was the top third
+    # there: it resumed from the step it stopped at (a second attempt), never admitted
+    # while held.
+    promoted = [
+        n
+        for n, job in jobs.items()
+        if any("promoted: in the top" in e.reason for e in repo.events(job.id))
+    ]
+    assert promoted
+    for number in promoted:
+        events = repo.events(jobs[number].id)
+        reasons = [e.reason for e in events]
+        paused = next(i for i, r in enumerate(reasons) if r.startswith("paused by sweep"))
+        released = next(i for i, r in enumerate(reasons) if "promoted: in the top" in r)
+        admitted = [i for i, e in enumerate(events) if e.to_state is JobState.ADMITTED]
+        assert paused < released < admitted[1] and jobs[number].attempt >= 2
+        assert all(not paused < i < released for i in admitted)  # held: never admitted
     assert {job.step for job in jobs.values()} <= {3, 9, 27}  # each stopped at a rung
 
 
@@ -182,6 +204,35 @@ def test_a_restart_mid_sweep_loses_no_trial_and_makes_none_twice(
     for old in before:
         kept = after.trials[old.number]
         assert (kept.job_id, kept.params) == (old.job_id, old.params)
+
+
+def test_a_hyperband_sweep_starts_each_bracket_at_its_rung_and_ends(
+    repo: JobRepository, clock: Clock
+) -> None:
+    """Hyperband over rungs 3, 9, 27: trials dealt to three brackets; a trial of bracket
+    1 first stops (or is judged) at step 9 and one of bracket 2 runs to the end; values
+    are ranked within a bracket."""
+    sweep_id = create_sweep(
+        repo, early_stopping={"rule": "hyperband", "min_steps": 3, "reduction_factor": 3}
+    )
+    executor = FakeExecutor()
+    loop = make_loop(repo, executor, clock)
+    trainer = FakeTrainer(repo, executor)
+    for _ in drive(loop, trainer, 400):
+        if repo.sweep(sweep_id).state is not SweepState.RUNNING:
+            break
+    sweep = repo.sweep(sweep_id)
+    assert sweep.state is SweepState.SUCCEEDED, sweep.reason
+    assert [t.number for t in sweep.trials] == list(range(9))
+    brackets = {0: 0, 1: 1, 3: 2}  # Hyperband's dealing of the first trials (unit test)
+    jobs = {t.number: repo.get(t.job_id) for t in sweep.trials}
+    entries = {n: jobs[n].spec_json["entrypoint"] for n in brackets}
+    assert [entries[n]["eval_every"] for n in (0, 1, 3)] == [3, 9, 27]
+    assert jobs[3].step == BUDGET and sweep.trials[3].state is TrialState.COMPLETED
+    assert jobs[1].step >= 9 and set(sweep.trials[1].values) >= {1}
+    assert 0 not in sweep.trials[1].values  # never judged at rung 0
+    judged = [e.reason for t in sweep.trials for e in repo.events(t.job_id)]
+    assert any("in bracket 0" in r for r in judged) and any("in bracket 1" in r for r in judged)
 
 
 def test_a_sweep_that_cannot_go_on_ends_without_stopping_anyone_elses_jobs(

@@ -22,10 +22,11 @@ from scheduler.core.asha import (
     TrialState,
     TrialView,
     advance,
+    go_on_bars,
     places,
 )
 from scheduler.runtime.searchers import grid_point, grid_size, suggest, trial_budget
-from scheduler.runtime.sweeps import rungs_of, set_path, sweep_plan, trial_body
+from scheduler.runtime.sweeps import rungs_of, set_path, sweep_plan, trial_body, with_bars
 from scheduler.store.sweeps import TrialRecord
 from tests.unit.builders import NOW, Cluster, pending, running
 
@@ -113,6 +114,40 @@ def test_once_every_trial_started_the_best_at_a_rung_always_goes_on() -> None:
     )
 
 
+def test_a_bar_is_the_value_a_trial_must_beat_to_go_on_as_advance_would_let_it() -> None:
+    """Each bar answers, for a value the new trial may report at a rung, what `advance`
+    would then do: beat the bar -> Continue, else Pause."""
+    trials = [
+        trial(0, P, 0, r0=1.0),
+        trial(1, P, 0, r0=2.0),
+        trial(2, C, 2, r0=0.5, r1=0.8, r2=0.7),
+        trial(3, P, 1, r0=0.9, r1=1.5),
+    ]
+    budget = Budget(9, 1)
+    # rung 0: 5 values with the new one -> top 1: beat the best (0.5); rung 1: 3 -> top 1
+    assert go_on_bars(trials, RUNGS, budget, number=4, from_rung=0, minimize=True) == {
+        0: 0.5,
+        1: 0.8,
+    }
+    for value, goes_on in ((0.49, True), (0.5, False), (0.6, False)):
+        reached = [*trials, trial(4, R, 0, r0=value)]
+        action = advance(reached, RUNGS, budget, minimize=True)[0]
+        assert isinstance(action, Continue) is goes_on and action.number == 4
+    # the second trial: 2 values at rung 0 -> top floor(2/3) = 0: it stops whatever it
+    # reports; once every trial has started, the best of two goes on
+    first = [trial(0, P, 0, r0=1.0)]
+    assert go_on_bars(first, RUNGS, budget, number=1, from_rung=0, minimize=True) == {}
+    assert go_on_bars(first, RUNGS, Budget(2, 1), number=1, from_rung=0, minimize=True) == {
+        0: 1.0,
+        1: None,  # nobody there yet: the top 1 of 1 goes on whatever it reports
+    }
+    # a promoted trial's own values do not count against it; maximising ranks the highest
+    assert go_on_bars(trials, RUNGS, budget, number=3, from_rung=1, minimize=False) == {}
+    assert go_on_bars(trials, RUNGS, Budget(4, 1), number=3, from_rung=1, minimize=False) == {
+        1: 0.8
+    }
+
+
 def test_without_early_stopping_trials_run_to_the_end() -> None:
     trials = [trial(0, R, 0, r0=9.0), trial(1, C, 0, r0=1.0)]
     assert advance(trials, None, Budget(3, 2), minimize=True) == [Start()]
@@ -165,10 +200,17 @@ def test_a_seeded_searcher_gives_the_same_trial_for_the_same_history(searcher: s
 def test_a_trial_body_is_the_base_with_its_parameters_at_their_paths() -> None:
     plan = sweep_plan(sweep(early_stopping={"rule": "asha"}).model_dump(mode="json"))
     assert plan.rung_steps == (9, 27, 81)  # 81 / 3^2
-    body = trial_body(plan, 4, {"entrypoint.learning_rate": 0.01, "entrypoint.batch_size": 16})
+    params = {"entrypoint.learning_rate": 0.01, "entrypoint.batch_size": 16}
+    body = trial_body(plan, 4, params, {0: 1.5, 1: None})
     entry = body["entrypoint"]
     assert (entry["learning_rate"], entry["batch_size"], entry["eval_every"]) == (0.01, 16, 9)
     assert body["name"] == "lr-4"
+    assert entry["pause_at"] == [9, 27]
+    assert entry["pause_unless"] == [
+        {"step": 9, "metric": "val_loss", "mode": "min", "better_than": 1.5},
+        {"step": 27, "metric": "val_loss", "mode": "min", "better_than": None},
+    ]
+    assert with_bars(body, plan, {})["entrypoint"]["pause_unless"] == []
 
 
 def test_paths_reach_keys_and_list_items_and_new_env_names_only() -> None:
@@ -230,3 +272,51 @@ def test_a_grid_point_is_found_without_building_a_huge_grid() -> None:
     assert grid_size(space) == 10**9
     assert grid_point(space, 1_234_567) == {"env.X0": 1, "env.X1": 234, "env.X2": 567}
     assert trial_budget(sweep(searcher="grid", space=space)) == 1000
+
+
+HYPERBAND = Rungs(min_steps=27, factor=3, max_steps=729, brackets=4)  # 27, 81, 243, 729
+
+
+def test_hyperband_deals_trials_to_brackets_in_its_proportions_first_ones_to_each() -> None:
+    """Shares ceil(4/(s+1) x 3^s) for s = 3, 2, 1, 0 halvings: 27, 12, 6, 4."""
+    dealt = [HYPERBAND.bracket_of(n) for n in range(49)]
+    assert [dealt.count(b) for b in range(4)] == [27, 12, 6, 4]
+    assert set(dealt[:12]) == {0, 1, 2, 3}  # a short sweep still hedges
+    assert [HYPERBAND.bracket_of(n) for n in range(49, 98)] == dealt  # it repeats
+    assert Rungs(27, 3, 729).bracket_of(5) == 0  # ASHA: one bracket
+    with pytest.raises(ValueError, match="brackets"):
+        Rungs(27, 3, 81, brackets=3)
+
+
+def test_hyperband_ranks_values_within_a_bracket_only() -> None:
+    """A trial that starts at rung 1 (bracket 1) is not measured against bracket 0's
+    values there: it is alone in its bracket and goes on once every trial started."""
+    assert [HYPERBAND.bracket_of(n) for n in range(3)] == [0, 1, 0]
+    trials = [
+        TrialView(0, P, 1, {0: 1.0, 1: 0.5}, 0),
+        TrialView(1, R, 1, {1: 0.9}, 1),  # worse than trial 0's 0.5 at rung 1
+        TrialView(2, P, 0, {0: 2.0}, 0),
+    ]
+    actions = advance(trials, HYPERBAND, Budget(3, 1), minimize=True)
+    assert actions[0] == Continue(1, 2, "went on: in the top 1 of 1 at rung 1 in bracket 1")
+    assert go_on_bars(trials, HYPERBAND, Budget(3, 1), number=1, from_rung=1, minimize=True) == {
+        1: None,
+        2: None,
+    }
+    # in bracket 0, the second of two at rung 1 would stop whatever it reports
+    assert go_on_bars(trials, HYPERBAND, Budget(9, 1), number=2, from_rung=1, minimize=True) == {}
+    assert places(trials, minimize=True) == {1: 0.5}
+
+
+def test_a_hyperband_trial_pauses_only_at_its_brackets_rungs() -> None:
+    plan = sweep_plan(
+        sweep(early_stopping={"rule": "hyperband", "min_steps": 9}).model_dump(mode="json")
+    )
+    assert plan.rung_steps == (9, 27, 81) and plan.rungs is not None
+    assert plan.rungs.brackets == 3
+    params = {"entrypoint.learning_rate": 0.01}
+    number = next(n for n in range(20) if plan.bracket_of(n) == 1)
+    entry = trial_body(plan, number, params, {})["entrypoint"]
+    assert (entry["pause_at"], entry["eval_every"]) == ([27], 27)
+    last = next(n for n in range(20) if plan.bracket_of(n) == 2)
+    assert trial_body(plan, last, params, {})["entrypoint"]["pause_at"] == []

@@ -20,7 +20,7 @@ import copy
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from gangway.models import Builtin, CheckpointPolicy, Optimizer, wire_default
+from gangway.models import Builtin, CheckpointPolicy, Optimizer, PauseBar, wire_default
 from workers.engine import async_ps, async_worker, balance
 from workers.engine.checkpoint import Checkpointer, is_rank0, stop_agreed
 from workers.engine.data import SyntheticTokens, TokenFile, TokenStream
@@ -95,6 +95,7 @@ class TrainSpec:
     eval_batches: int = wire_default(Builtin, "eval_batches")
     on_instability: InstabilityPolicy = field(default_factory=InstabilityPolicy)
     pause_at: Sequence[int] = field(default_factory=list)  # Builtin.pause_at (sync modes)
+    pause_unless: Sequence[PauseBar] = field(default_factory=list)  # Builtin.pause_unless
     # The engine's own knobs, not in the job spec:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
@@ -255,14 +256,40 @@ def _train_sync(
         if is_rank0() and (first_of_attempt or step == spec.steps or step % spec.log_every == 0):
             print(_progress_line(step, spec.steps, metrics), flush=True)
         if step in spec.pause_at and step < spec.steps:
-            reporter.event(f"paused at step {step} (pause_at): saved to be continued")
-            break
+            if (passed := _passed_bar(spec, step, metrics)) is None:
+                reporter.event(f"paused at step {step} (pause_at): saved to be continued")
+                break
+            reporter.event(f"went on past step {step} (pause_at): {passed}")
     result.step = step
     ended = step > result.resumed_from or result.stopped
     if ended and loop.save(checkpointer, step):
         # at the end, and on a stop request (preemption notice)
         reporter.report(step=step, **metrics, checkpoint_step=step)
     return result
+
+
+def _passed_bar(spec: TrainSpec, step: int, metrics: Mapping[str, float]) -> str | None:
+    """Why the trainer goes on past this pause_at step, or None to stop there. Every
+    rank must take the same way (one that stopped alone would leave its peers waiting in
+    the next step's collectives), so where a bar applies the ranks agree, in one
+    one-element all-reduce: any rank that did not pass stops them all."""
+    bar = next((b for b in spec.pause_unless if b.step == step), None)
+    if bar is None:
+        return None
+    value = metrics.get(bar.metric)
+    passed = value is not None and math.isfinite(value) and _better(bar, value)
+    if stop_agreed(not passed):
+        return None
+    if bar.better_than is None:
+        return f"{bar.metric} {value:.6g}: the sweep lets any value go on"
+    sign = "<" if bar.mode == "min" else ">"
+    return f"{bar.metric} {value:.6g} {sign} {bar.better_than:.6g}, the sweep's bar"
+
+
+def _better(bar: PauseBar, value: float) -> bool:
+    if bar.better_than is None:
+        return True
+    return value < bar.better_than if bar.mode == "min" else value > bar.better_than
 
 
 def _train_async(

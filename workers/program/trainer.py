@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+from gangway.models import PauseBar
 from workers.engine.health import InstabilityPolicy
 from workers.engine.plan import ParallelPlan, plan_from_entrypoint
 from workers.engine.training import TrainSpec, train
@@ -25,13 +26,15 @@ def builtin_spec(trainer_fields: Mapping[str, Any]) -> TrainSpec:
     """The training spec from the launch's trainer fields (`BuiltinRun.fields`). A name
     neither the spec nor the plan knows is an error, not dropped: a field added to
     `gangway.models.Builtin` and not plumbed through would otherwise be ignored silently
-    on every rank. `on_instability` arrives as a plain dict."""
+    on every rank. `on_instability` and `pause_unless` arrive as plain dicts."""
     unknown = sorted(set(trainer_fields) - KNOWN_KEYS)
     if unknown:
         raise ValueError(f"the built-in trainer does not know {', '.join(unknown)}")
     values = {k: v for k, v in trainer_fields.items() if k in _SPEC_KEYS}
     if "on_instability" in values:
         values["on_instability"] = InstabilityPolicy(**values["on_instability"])
+    if "pause_unless" in values:
+        values["pause_unless"] = [PauseBar.model_validate(b) for b in values["pause_unless"]]
     return TrainSpec(**values)
 
 

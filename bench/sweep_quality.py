@@ -13,7 +13,7 @@ ratios to the grid.
 Validation loss is measured on the first `eval_batches` global batches of the held-out
 split, so trials with different batch sizes see different (equally drawn) samples.
 
-    .venv/bin/python -m bench.sweep_quality --steps 27
+    .venv/bin/python -u -m bench.sweep_quality --steps 729 --min-steps 27
 """
 
 from __future__ import annotations

@@ -43,12 +43,16 @@ from workers.engine.training import TrainSpec, train
 class Recorder:
     def __init__(self) -> None:
         self.steps: list[dict[str, Any]] = []
+        # When each report came, from when the recorder was made: a step's whole loop
+        # iteration is the time between two reports.
+        self.ended: list[float] = [time.perf_counter()]
 
     def should_stop(self) -> bool:
         return False
 
     def report(self, *, step: int, loss: float | None = None, **metrics: Any) -> None:
         self.steps.append({"step": step, "loss": loss, **metrics})
+        self.ended.append(time.perf_counter())
 
     def event(self, text: str) -> None:
         """Printed already by the trainer on rank 0."""

@@ -4,9 +4,9 @@
 
 Runs `bench/engine_worker.py` under `torchrun --nproc-per-node N` in alternating order:
 plain DDP (PyTorch tutorial shape), Gangway's engine at dp=2 doing the same work (no
-clipping), and the engine with its default clipping; then the engine with FSDP at dp=2
-and dp=4 for the state each rank holds. Prints each run's JSON line and the
-median ratio engine / plain.
+clipping), the engine with its default clipping, plain FSDP2 and the engine with FSDP;
+then the engine with FSDP at dp=2 and dp=4 for the state each rank holds. Prints each
+run's JSON line and, per pairing, the median ratio engine / plain over the repeats.
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ def torchrun(nproc: int, *worker_args: str) -> dict[str, Any]:
         str(WORKER),
         *worker_args,
     ]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    done = subprocess.run(command, check=False, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-4000:]}")
+    output = done.stdout
     line = next(line for line in output.splitlines() if line.startswith("{"))
     result: dict[str, Any] = json.loads(line)
     print(line, flush=True)
@@ -46,15 +49,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     common = ["--model", args.model, "--steps", str(args.steps)]
-    ratios, clipped = [], []
+    ratios: dict[str, list[float]] = {"ddp": [], "ddp+clip": [], "fsdp": []}
     for _ in range(args.repeat):
         plain = torchrun(2, "--mode", "plain", *common)
         engine = torchrun(2, "--mode", "engine", *common)
         with_clip = torchrun(2, "--mode", "engine", *common, "--clip", "1.0")
-        ratios.append(engine["tokens_per_s"] / plain["tokens_per_s"])
-        clipped.append(with_clip["tokens_per_s"] / plain["tokens_per_s"])
-    print(f"engine / plain DDP tokens/s: median {statistics.median(ratios):.3f} {ratios}")
-    print(f"engine clipping at 1.0 / plain: median {statistics.median(clipped):.3f} {clipped}")
+        plain_fsdp = torchrun(2, "--mode", "plain", "--fsdp", *common)
+        engine_fsdp = torchrun(2, "--mode", "engine", "--fsdp", *common)
+        ratios["ddp"].append(engine["tokens_per_s"] / plain["tokens_per_s"])
+        ratios["ddp+clip"].append(with_clip["tokens_per_s"] / plain["tokens_per_s"])
+        ratios["fsdp"].append(engine_fsdp["tokens_per_s"] / plain_fsdp["tokens_per_s"])
+    for name, against in (("ddp", "DDP"), ("ddp+clip", "DDP"), ("fsdp", "FSDP")):
+        shown = ", ".join(f"{r:.3f}" for r in ratios[name])
+        median = statistics.median(ratios[name])
+        print(f"engine ({name}) / plain {against} tokens/s: median {median:.3f} [{shown}]")
     for nproc, fsdp in ((2, False), (2, True), (4, True)):
         flags = ["--fsdp"] if fsdp else []
         run = torchrun(nproc, "--mode", "engine", *common, "--steps", "3", "--warmup", "0", *flags)

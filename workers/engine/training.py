@@ -513,11 +513,19 @@ class _Loop:
             local /= self.plan.dp
 
     def _clip(self) -> float:
-        """Global gradient norm over every shard and stage; clip to `max_grad_norm`."""
+        """Global gradient norm over every shard and stage; clip to `max_grad_norm`.
+        By torch's multi-tensor norm, once per kind of gradient: plain ones, and sharded
+        ones (DTensor) per mesh and placement, each kind's norm made whole by one
+        collective (a full norm per sharded tensor would be one collective each)."""
+        grads = list(gradients_of(self.parts.parts))
+        kinds: dict[Any, list[torch.Tensor]] = {}
+        for grad in grads:
+            kind = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
+            kinds.setdefault(kind, []).append(grad)
         squares = torch.zeros((), device=self.device)
-        for grad in gradients_of(self.parts.parts):
-            norm = torch.linalg.vector_norm(grad.float())
-            squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
+        for group in kinds.values():
+            norm = torch.nn.utils.get_total_norm(group)
+            squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
         if self.plan.pp > 1:
             dist.all_reduce(squares, group=self.mesh.get_group("pp"))
         total = float(squares.sqrt().item())
@@ -526,7 +534,7 @@ class _Loop:
             # By hand, as a Python float: torch's clip helpers refuse a mix of DTensor
             # (sharded) and plain (replicated) gradients, which TP without FSDP has.
             scale = limit / (total + 1e-6)
-            for grad in gradients_of(self.parts.parts):
+            for grad in grads:
                 grad.mul_(scale)
         return total
 

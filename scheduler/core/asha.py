@@ -24,6 +24,7 @@ paused trial costs nothing until it is promoted.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,19 +67,11 @@ class Rungs:
     def bracket_of(self, number: int) -> int:
         """Trial `number`'s bracket: smooth weighted round-robin over the shares (the
         bracket furthest behind its share next, lowest first), so the same number always
-        lands in the same bracket."""
+        lands in the same bracket. Dealt once per set of shares and kept: O(brackets)
+        per trial number, however many trials and brackets."""
         if self.brackets == 1:
             return 0
-        shares = self._shares()
-        total = sum(shares)
-        dealt = [0] * self.brackets
-        chosen = 0
-        for turn in range(number % total + 1):
-            chosen = max(
-                range(self.brackets), key=lambda b: (shares[b] * (turn + 1) - dealt[b] * total, -b)
-            )
-            dealt[chosen] += 1
-        return chosen
+        return _dealer(tuple(self._shares())).bracket(number)
 
     def _shares(self) -> list[int]:
         last = len(self.steps) - 1
@@ -98,6 +91,31 @@ class Rungs:
     @property
     def last(self) -> int:
         return len(self.steps) - 1
+
+
+class _Dealer:
+    """The order in which smooth weighted round-robin deals trials to brackets, dealt as
+    far as a trial number has asked (it repeats every sum(shares) trials)."""
+
+    def __init__(self, shares: tuple[int, ...]) -> None:
+        self.shares, self.total = shares, sum(shares)
+        self.current = [0] * len(shares)
+        self.order: list[int] = []
+
+    def bracket(self, number: int) -> int:
+        turn = number % self.total
+        while len(self.order) <= turn:
+            for b, share in enumerate(self.shares):
+                self.current[b] += share
+            chosen = max(range(len(self.shares)), key=lambda b: (self.current[b], -b))
+            self.current[chosen] -= self.total
+            self.order.append(chosen)
+        return self.order[turn]
+
+
+@functools.cache
+def _dealer(shares: tuple[int, ...]) -> _Dealer:
+    return _Dealer(shares)
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,7 +134,8 @@ def trial_body(
     """The base job with the trial's parameters at their paths; the built-in trainer
     validates at every rung of its bracket (the rungs are multiples of the first) and
     stops at each but the last, held, for the sweep to release or keep, unless its value
-    there beats the rung's bar (`with_bars`); other jobs are paused by the scheduler's
+    there beats the rung's bar (`with_bars`, as the values stood when the trial was
+    made: a job's spec never changes); other jobs are paused by the scheduler's
     preemption once they pass a rung."""
     body = submit_body(plan.request.base)
     for path, value in params.items():
@@ -144,7 +145,9 @@ def trial_body(
         first = plan.bracket_of(number)
         body["entrypoint"]["pause_at"] = list(plan.rung_steps[first:-1])
         body["entrypoint"]["eval_every"] = plan.rung_steps[first]
-    return with_bars(body, plan, bars)
+    # A job that may not be preempted cannot be paused once it went on past a rung on a
+    # bar gone stale: it stops at every rung and waits for the sweep's word.
+    return with_bars(body, plan, bars if body.get("preemptible", True) else {})
 
 
 def with_bars(body: Mapping[str, Any], plan: SweepPlan, bars: Bars) -> dict[str, Any]:
@@ -185,6 +188,16 @@ def _passed_its_rung(trial: TrialRecord, job: JobRecord, steps: tuple[int, ...])
     running = trial.state is TrialState.RUNNING and rung < len(steps)
     settled = job.state in (JobState.RUNNING, JobState.PENDING)
     return running and settled and rung not in trial.values and job.step >= steps[rung]
+
+
+def _rungs_passed(trial: TrialRecord, job: JobRecord, steps: tuple[int, ...]) -> list[int]:
+    """The rungs before the last, from the one the trial works toward, that its job's
+    step has reached and the trial has no value for yet."""
+    return [
+        r
+        for r in range(trial.rung, len(steps) - 1)
+        if steps[r] <= job.step and r not in trial.values
+    ]
 
 
 def _held_behind(trial: TrialRecord, job: JobRecord, steps: tuple[int, ...]) -> bool:
@@ -265,13 +278,11 @@ class SweepController:
         }
         for action in advance(views, plan.rungs, plan.budget, minimize=plan.minimize):
             if isinstance(action, Continue):
-                bars = self._bars(plan, trials, action.number, action.rung)
-                self._go_on(sweep, plan, by_number[action.number], jobs, action, bars=bars)
+                self._go_on(sweep, by_number[action.number], jobs, action)
             elif isinstance(action, Pause):
                 self._pause(sweep, plan, by_number[action.number], jobs, action)
             elif isinstance(action, Promote):
-                bars = self._bars(plan, trials, action.number, action.rung)
-                self._promote(sweep, plan, by_number[action.number], jobs, action, bars=bars)
+                self._promote(sweep, by_number[action.number], jobs, action)
             elif isinstance(action, Start):
                 started = self._start(sweep, plan, trials)
                 if started is None:
@@ -309,6 +320,7 @@ class SweepController:
         state, rung = trial.state, trial.rung
         steps = plan.rung_steps
         if job.state is JobState.SUCCEEDED:
+            values |= self._values_at(job, plan, _rungs_passed(trial, job, steps))
             final = self._repo.latest_value(job.id, plan.metric, job.step)
             if final is not None:
                 values[len(steps) - 1 if steps else 0] = final
@@ -316,10 +328,10 @@ class SweepController:
         elif job.state.is_terminal:
             state = TrialState.FAILED
         elif _passed_its_rung(trial, job, steps):
-            found = self._repo.latest_value(job.id, plan.metric, steps[rung])
-            if found is not None:
-                values[rung] = found
-            elif job.hold is not None:  # stopped at the rung without the objective
+            # every rung it passed since the last pass (a trainer that beat its bars, a
+            # pass that came late), so the board has each of its values
+            values |= self._values_at(job, plan, _rungs_passed(trial, job, steps))
+            if rung not in values and job.hold is not None:  # stopped without the objective
                 state = TrialState.FAILED
                 self._cancel(
                     job, f"sweep {sweep_id}: reported no {plan.metric} by step {steps[rung]}"
@@ -331,6 +343,11 @@ class SweepController:
             return trial
         self._repo.update_trial(sweep_id, trial.number, state=state, rung=rung, values=values)
         return TrialRecord(trial.number, trial.job_id, trial.params, state, rung, values)
+
+    def _values_at(self, job: JobRecord, plan: SweepPlan, rungs: list[int]) -> dict[int, float]:
+        """The objective the job reported at or before each of these rungs' steps."""
+        found = {r: self._repo.latest_value(job.id, plan.metric, plan.rung_steps[r]) for r in rungs}
+        return {r: v for r, v in found.items() if v is not None}
 
     def _cancel(self, job: JobRecord, reason: str) -> None:
         if not job.state.is_terminal:
@@ -365,51 +382,32 @@ class SweepController:
     def _go_on(
         self,
         sweep: SweepRecord,
-        plan: SweepPlan,
         trial: TrialRecord,
         jobs: Mapping[int, JobRecord],
         action: Continue,
-        *,
-        bars: Bars,
     ) -> None:
         """A trial in the top at its rung goes on at once: left running if its trainer
-        went on past the rung, released (with bars as of now) if it stopped there."""
-        job = jobs[trial.job_id]
-        if job.state is JobState.PENDING and job.hold is not None:
-            self._release(sweep, plan, job, action.reason, rung=action.rung, bars=bars)
+        went on past the rung, released if it stopped there."""
+        self._release(sweep, jobs[trial.job_id], action.reason, action.rung)
         self._repo.update_trial(sweep.id, trial.number, rung=action.rung)
 
     def _promote(
-        self,
-        sweep: SweepRecord,
-        plan: SweepPlan,
-        trial: TrialRecord,
-        jobs: Mapping[int, JobRecord],
-        action: Promote,
-        *,
-        bars: Bars,
+        self, sweep: SweepRecord, trial: TrialRecord, jobs: Mapping[int, JobRecord], action: Promote
     ) -> None:
         """Release the hold: the job resumes from its checkpoint toward the next rung."""
-        job = jobs[trial.job_id]
-        if not job.state.is_terminal:
-            self._release(sweep, plan, job, action.reason, rung=action.rung, bars=bars)
+        self._release(sweep, jobs[trial.job_id], action.reason, action.rung)
         self._repo.update_trial(sweep.id, trial.number, state=TrialState.RUNNING, rung=action.rung)
 
-    def _release(
-        self,
-        sweep: SweepRecord,
-        plan: SweepPlan,
-        job: JobRecord,
-        why: str,
-        *,
-        rung: int,
-        bars: Bars,
-    ) -> None:
-        """Release a held trial toward `rung`, its bars at the later rungs set as of now
-        (those it was started with were drawn from fewer values)."""
+    def _release(self, sweep: SweepRecord, job: JobRecord, why: str, rung: int) -> None:
+        """Release a held trial toward `rung`, unless it is held at that rung's step or
+        later (it passed more than one rung between two passes): it stays held and the
+        next pass judges it where it stopped, rather than restarting it to pause it."""
+        steps = self._plan(sweep).rung_steps
+        held = job.state is JobState.PENDING and job.hold is not None
+        if not held or (rung < len(steps) and job.step >= steps[rung]):
+            return
         reason = f"{why} (sweep {sweep.id}); resumes toward rung {rung}"
-        spec = with_bars(job.spec_json, plan, bars)
-        self._repo.annotate(job.id, reason, hold=None, queued_at=self._clock(), spec=spec)
+        self._repo.annotate(job.id, reason, hold=None, queued_at=self._clock())
 
     def _start(
         self, sweep: SweepRecord, plan: SweepPlan, trials: list[TrialRecord]

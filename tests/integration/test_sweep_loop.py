@@ -45,6 +45,7 @@ class FakeTrainer:
     repo: JobRepository
     executor: FakeExecutor
     steps: dict[int, int] = field(default_factory=dict)
+    steps_per_pass: int = STEPS_PER_PASS
     seq: dict[tuple[int, int], int] = field(default_factory=dict)
     stops_seen: int = 0
 
@@ -63,7 +64,7 @@ class FakeTrainer:
                 continue
             entry = job.spec_json["entrypoint"]
             total, every = entry["steps"], entry["eval_every"]
-            after = min(total, step + STEPS_PER_PASS)
+            after = min(total, step + self.steps_per_pass)
             lr = entry["learning_rate"]
             pause = [
                 p
@@ -204,6 +205,31 @@ def test_a_restart_mid_sweep_loses_no_trial_and_makes_none_twice(
     for old in before:
         kept = after.trials[old.number]
         assert (kept.job_id, kept.params) == (old.job_id, old.params)
+
+
+def test_rungs_passed_between_two_passes_are_each_recorded_and_judged(
+    repo: JobRepository, clock: Clock
+) -> None:
+    """A trainer that moves 30 steps a pass passes every rung its bars let it between two
+    passes: each rung's value is recorded (the board misses none), and a trial held at a
+    later rung than the one it is let on toward is judged there, not released first."""
+    sweep_id = create_sweep(repo, max_concurrent=2)
+    executor = FakeExecutor()
+    loop = make_loop(repo, executor, clock)
+    trainer = FakeTrainer(repo, executor, steps_per_pass=30)
+    for _ in drive(loop, trainer, 400):
+        if repo.sweep(sweep_id).state is not SweepState.RUNNING:
+            break
+    sweep = repo.sweep(sweep_id)
+    assert sweep.state is SweepState.SUCCEEDED, sweep.reason
+    for trial in sweep.trials:
+        job = repo.get(trial.job_id)
+        reached = [r for r, at in enumerate((3, 9, 27)) if at <= job.step]
+        assert sorted(trial.values) == reached, (trial.number, job.step, trial.values)
+        reasons = [e.reason for e in repo.events(job.id)]
+        released = [r for r in reasons if "resumes toward rung" in r]
+        assert len(released) == job.attempt - 1  # every release made an attempt
+    assert any(t.state is TrialState.COMPLETED for t in sweep.trials)
 
 
 def test_a_hyperband_sweep_starts_each_bracket_at_its_rung_and_ends(

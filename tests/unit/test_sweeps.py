@@ -211,6 +211,19 @@ def test_a_trial_body_is_the_base_with_its_parameters_at_their_paths() -> None:
         {"step": 27, "metric": "val_loss", "mode": "min", "better_than": None},
     ]
     assert with_bars(body, plan, {})["entrypoint"]["pause_unless"] == []
+    # a trial that may not be preempted gets no bars: it stops at every rung
+    fixed = sweep_plan(
+        sweep(
+            base={
+                "name": "tiny",
+                "preemptible": False,
+                "entrypoint": {"kind": "builtin", "steps": 81},
+            },
+            early_stopping={"rule": "asha"},
+        ).model_dump(mode="json")
+    )
+    entry = trial_body(fixed, 4, params, {0: 1.5})["entrypoint"]
+    assert (entry["pause_at"], entry["pause_unless"]) == ([9, 27], [])
 
 
 def test_paths_reach_keys_and_list_items_and_new_env_names_only() -> None:
@@ -284,6 +297,11 @@ def test_hyperband_deals_trials_to_brackets_in_its_proportions_first_ones_to_eac
     assert set(dealt[:12]) == {0, 1, 2, 3}  # a short sweep still hedges
     assert [HYPERBAND.bracket_of(n) for n in range(49, 98)] == dealt  # it repeats
     assert Rungs(27, 3, 729).bracket_of(5) == 0  # ASHA: one bracket
+    # 24 brackets (factor 2 from step 1 to 10^7): shares up to 2^23, dealt only as far
+    # as trial numbers ask, so a thousand trials cost a thousand turns, not 2^23 each
+    many = Rungs(1, 2, 10_000_000, brackets=24)
+    dealt = [many.bracket_of(n) for n in range(1000)]
+    assert dealt[:4] == [0, 1, 0, 2] and set(dealt) <= set(range(24))
     with pytest.raises(ValueError, match="brackets"):
         Rungs(27, 3, 81, brackets=3)
 

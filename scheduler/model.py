@@ -14,11 +14,11 @@ from typing import Any
 from gangway.states import Condition as Condition  # re-exported, as JobState is
 from gangway.states import JobState as JobState  # re-exported: part of this contract
 
-# States in which a job's placement is reserved on the cluster.
 # The user the service's own calibration runs belong to (`scheduler.runtime.calibration`):
 # a name no account may take, whose runs teach the step-time model and nothing else.
 CALIBRATION_USER = "gangway"
 
+# States in which a job's placement is reserved on the cluster.
 RESOURCE_HOLDING_STATES = frozenset(
     {
         JobState.ADMITTED,

@@ -219,16 +219,15 @@ def go_on_bars(
     budget: Budget,
     *,
     number: int,
-    from_rung: int,
     minimize: bool,
 ) -> dict[int, float | None]:
-    """What trial `number`, working from rung `from_rung`, needs at each later rung but
-    the last to go on there without stopping: rung -> the value to beat (None: any value
-    goes on; a rung left out: it stops there whatever it reports). The same rule as
-    `advance` with the trial's value added to the values recorded there now, so its
-    trainer can go on at once where the sweep would let it (no stop, no restart); values
-    other trials record meanwhile may change the answer, and then the sweep pauses or
-    releases it as it would have."""
+    """What the new trial `number` needs at each rung of its bracket but the last to go
+    on there without stopping: rung -> the value to beat (None: any value goes on; a
+    rung left out: it stops there whatever it reports). The same rule as `advance` with
+    the trial's value added to the values recorded there now, so its trainer can go on
+    at once where the sweep would let it (no stop, no restart); values other trials
+    record meanwhile may change the answer, and then the sweep pauses or releases it as
+    it would have."""
     bracket = rungs.bracket_of(number)
     others = [t for t in trials if t.number != number and t.bracket == bracket]
     board = _Board(
@@ -239,7 +238,7 @@ def go_on_bars(
         bracket=bracket,
     )
     bars: dict[int, float | None] = {}
-    for rung in range(from_rung, rungs.last):
+    for rung in range(bracket, rungs.last):
         entries = board.at.get(rung, [])
         count = board.top_count(len(entries) + 1)
         if count == 0:

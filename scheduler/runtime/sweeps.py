@@ -294,20 +294,6 @@ class SweepController:
                 assert isinstance(action, Finish)
                 self._repo.end_sweep(sweep.id, SweepState.SUCCEEDED, action.reason)
 
-    def _bars(
-        self, plan: SweepPlan, trials: list[TrialRecord], number: int, from_rung: int
-    ) -> Bars:
-        if plan.rungs is None:
-            return {}
-        return go_on_bars(
-            _views(plan, trials),
-            plan.rungs,
-            plan.budget,
-            number=number,
-            from_rung=from_rung,
-            minimize=plan.minimize,
-        )
-
     # -- step 1: what the trials' jobs did -----------------------------------------------
 
     def _observed(
@@ -417,8 +403,14 @@ class SweepController:
         combination) ends the sweep with the reason, as no such job may be stored."""
         number = len(trials)
         params = suggest(plan.request, number, trials, plan.rung_steps)
-        first = plan.bracket_of(number)
-        body = trial_body(plan, number, params, self._bars(plan, trials, number, first))
+        bars = (
+            go_on_bars(
+                _views(plan, trials), plan.rungs, plan.budget, number=number, minimize=plan.minimize
+            )
+            if plan.rungs is not None
+            else {}
+        )
+        body = trial_body(plan, number, params, bars)
         try:
             checked = JobSubmit.model_validate(body, context={"stored": True})
         except ValidationError as exc:
@@ -432,6 +424,7 @@ class SweepController:
         new = new_job(body, depends_on=upstream_of(checked))
         shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
         reason = f"submitted as trial {number} of sweep {sweep.id} ({sweep.name}): {shown}"
+        first = plan.bracket_of(number)  # its first rung
         made = self._repo.add_trial(sweep.id, number, params, new, reason, rung=first)
         return made[0] if made is not None else None
 

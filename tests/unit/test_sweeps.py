@@ -125,7 +125,7 @@ def test_a_bar_is_the_value_a_trial_must_beat_to_go_on_as_advance_would_let_it()
     ]
     budget = Budget(9, 1)
     # rung 0: 5 values with the new one -> top 1: beat the best (0.5); rung 1: 3 -> top 1
-    assert go_on_bars(trials, RUNGS, budget, number=4, from_rung=0, minimize=True) == {
+    assert go_on_bars(trials, RUNGS, budget, number=4, minimize=True) == {
         0: 0.5,
         1: 0.8,
     }
@@ -136,15 +136,16 @@ def test_a_bar_is_the_value_a_trial_must_beat_to_go_on_as_advance_would_let_it()
     # the second trial: 2 values at rung 0 -> top floor(2/3) = 0: it stops whatever it
     # reports; once every trial has started, the best of two goes on
     first = [trial(0, P, 0, r0=1.0)]
-    assert go_on_bars(first, RUNGS, budget, number=1, from_rung=0, minimize=True) == {}
-    assert go_on_bars(first, RUNGS, Budget(2, 1), number=1, from_rung=0, minimize=True) == {
+    assert go_on_bars(first, RUNGS, budget, number=1, minimize=True) == {}
+    assert go_on_bars(first, RUNGS, Budget(2, 1), number=1, minimize=True) == {
         0: 1.0,
         1: None,  # nobody there yet: the top 1 of 1 goes on whatever it reports
     }
-    # a promoted trial's own values do not count against it; maximising ranks the highest
-    assert go_on_bars(trials, RUNGS, budget, number=3, from_rung=1, minimize=False) == {}
-    assert go_on_bars(trials, RUNGS, Budget(4, 1), number=3, from_rung=1, minimize=False) == {
-        1: 0.8
+    # a trial's own values do not count against it; maximising ranks the highest
+    assert go_on_bars(trials, RUNGS, budget, number=3, minimize=False) == {0: 2.0}
+    assert go_on_bars(trials, RUNGS, Budget(4, 1), number=3, minimize=False) == {
+        0: 1.0,
+        1: 0.8,
     }
 
 
@@ -317,12 +318,12 @@ def test_hyperband_ranks_values_within_a_bracket_only() -> None:
     ]
     actions = advance(trials, HYPERBAND, Budget(3, 1), minimize=True)
     assert actions[0] == Continue(1, 2, "went on: in the top 1 of 1 at rung 1 in bracket 1")
-    assert go_on_bars(trials, HYPERBAND, Budget(3, 1), number=1, from_rung=1, minimize=True) == {
+    assert go_on_bars(trials, HYPERBAND, Budget(3, 1), number=1, minimize=True) == {
         1: None,
         2: None,
     }
-    # in bracket 0, the second of two at rung 1 would stop whatever it reports
-    assert go_on_bars(trials, HYPERBAND, Budget(9, 1), number=2, from_rung=1, minimize=True) == {}
+    # in bracket 0, a second trial would stop at every rung whatever it reports
+    assert go_on_bars(trials, HYPERBAND, Budget(9, 1), number=2, minimize=True) == {}
     assert places(trials, minimize=True) == {1: 0.5}
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -36,6 +36,7 @@ from gangway.models import (
 )
 from gangway.requirement_lines import first_refused
 
+_V = TypeVar("_V")
 _COMMENT = re.compile(r"(^|\s)#.*$")
 
 app = typer.Typer(
@@ -268,11 +269,13 @@ def cluster(url: Url = DEFAULT_URL, as_json: AsJson = False) -> None:
         echo_json(info.model_dump_json(indent=2))
         return
     cli_shared.print_table(
-        ["NODE", "HEALTH", ">GPUS", ">USED", ">FREE", "JOBS"],
+        ["NODE", "HEALTH", "TYPE", ">SPEED", ">GPUS", ">USED", ">FREE", "JOBS"],
         (
             [
                 node.name,
                 "alive" if node.alive else "down",
+                node.gpu_type or "-",
+                f"{node.gpu_speed:g}",
                 node.gpus_total,
                 node.gpus_allocated,
                 node.gpus_free,
@@ -466,7 +469,9 @@ def _print_lines(lines: Iterable[LogLine], as_json: bool) -> None:
 @app.command()
 def simulate(
     trace: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="trace CSV")],
-    nodes: Annotated[int, typer.Option(min=1, help="nodes in the simulated cluster")],
+    nodes: Annotated[
+        int | None, typer.Option(min=1, help="nodes in the cluster (or give --node-types)")
+    ] = None,
     gpus_per_node: Annotated[int, typer.Option(min=1)] = 8,
     nodes_per_rack: Annotated[int | None, typer.Option(min=1)] = None,
     policy: Annotated[
@@ -490,6 +495,17 @@ def simulate(
     out: Annotated[Path, typer.Option(help="folder for result.json and plots")] = Path(
         "sim-results"
     ),
+    node_types: Annotated[
+        str | None,
+        typer.Option(help="GPU types in node order, e.g. H100=6,A100=6 (nodes: their sum)"),
+    ] = None,
+    gpu_speeds: Annotated[
+        str | None,
+        typer.Option(help="relative speed per type, e.g. H100=2,A100=1 (else a seed table)"),
+    ] = None,
+    type_blind: Annotated[
+        bool, typer.Option(help="also run each policy placing jobs as if types were one")
+    ] = False,
 ) -> None:
     """Replay a cluster trace through Gangway's scheduling core and the baselines."""
     try:
@@ -497,6 +513,10 @@ def simulate(
     except ModuleNotFoundError as exc:
         raise _needs_server_extra("simulate", exc) from exc
 
+    types = _pairs("--node-types", node_types, int)
+    nodes = nodes or sum(count for _, count in types)
+    if not nodes:
+        raise typer.BadParameter("give --nodes or --node-types", param_hint="--nodes")
     simulate_command(
         trace=trace,
         policies=policy or [],
@@ -514,8 +534,28 @@ def simulate(
             "time_limit_factor": time_limit_factor,
             "oracle": oracle,
             "placement": placement,
+            "node_types": types,
+            "gpu_speeds": _pairs("--gpu-speeds", gpu_speeds, float),
         },
+        blind_too=type_blind,
     )
+
+
+def _pairs(option: str, text: str | None, value: Callable[[str], _V]) -> tuple[tuple[str, _V], ...]:
+    """NAME=NUMBER,NAME=NUMBER -> ((NAME, NUMBER), ...), naming the option when malformed."""
+    pairs = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, _, raw = item.partition("=")
+        try:
+            if not name.strip():
+                raise ValueError(name)
+            pairs.append((name.strip(), value(raw)))
+        except ValueError:
+            bad = f"expected NAME=NUMBER, got {item!r}"
+            raise typer.BadParameter(bad, param_hint=option) from None
+    return tuple(pairs)
 
 
 def _print_job(job: JobInfo, as_json: bool) -> None:

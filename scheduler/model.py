@@ -107,6 +107,10 @@ class GangShape:
     # this shape describes (the current one for a running job, dp_max for a pending one).
     dp_min: int | None = None
     dp_max: int | None = None
+    # The GPU types its ranks may run on (None: any) and whether one gang may mix them.
+    # Unmixed, a gang runs on one type: a synchronous gang steps at its slowest GPU's pace.
+    gpu_types: frozenset[str] | None = None
+    mix_gpu_types: bool = False
     # Derived once: the scheduling pass reads these millions of times.
     num_ranks: int = field(init=False, repr=False, compare=False)
     num_gpus: int = field(init=False, repr=False, compare=False)
@@ -263,6 +267,10 @@ class Node:
     num_cpus: float
     alive: bool = True
     rack: str | None = None  # nodes of one rack/block share fast links
+    gpu_type: str | None = None  # "H100", "A100", ...; None: not known
+    # Its GPUs' speed relative to the cluster's reference type (a step takes 1 / speed
+    # of the reference's time), as the runtime knows it: measured, else a seed table.
+    gpu_speed: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

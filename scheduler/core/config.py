@@ -60,6 +60,9 @@ class PolicyConfig:
     resize_lookahead_s: an elastic job does not grow while other jobs are expected to
         free GPUs within this window; it grows once, when they have (each grow restarts).
     gittins: the Gittins table for "gittins" order (rebuilt by the caller as jobs end).
+    speed_aware_placement: on a cluster of several GPU types, a gang goes on the fastest
+        type it allows that holds it now (nodes carry their type's relative speed). Off
+        (type-blind, the simulator's baseline), a job that names no types goes anywhere.
     """
 
     aging_interval_s: float = 3600.0
@@ -80,6 +83,7 @@ class PolicyConfig:
     restart_cost_s: float = 60.0
     resize_lookahead_s: float = 120.0
     gittins: GittinsTable | None = field(default=None, compare=False, repr=False)
+    speed_aware_placement: bool = True
 
     def __post_init__(self) -> None:
         for name in ("aging_interval_s", "default_runtime_s", "starvation_s"):

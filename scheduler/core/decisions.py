@@ -14,6 +14,7 @@ class Blocker(enum.StrEnum):
 
     CLUSTER_FULL = "cluster_full"  # fewer free GPUs than the gang needs
     NODE_SHAPE = "node_shape"  # enough GPUs in total, not in the per-node shape it needs
+    GPU_TYPE = "gpu_type"  # enough GPUs free, not enough of a type it may run on
     RESERVATION = "reservation"  # would delay the start reserved for a job ahead of it
     PREEMPTING = "preempting"  # lower-priority jobs are checkpointing to make room for it
     QUOTA = "quota"  # its queue would exceed its GPU limit

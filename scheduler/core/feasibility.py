@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler.core.placement import FreePool, place_gang, rack_labels, total_capacity
+from scheduler.core.placement import FreePool, place_gang, total_capacity
 from scheduler.model import GangShape, Node
 
 
@@ -30,6 +30,23 @@ def never_fits_reason(shape: GangShape, nodes: Sequence[Node]) -> str | None:
             f"{shape.gpus_per_rank} GPUs per rank) needs {group_gpus} GPUs on one node; "
             f"the largest node has {largest}"
         )
-    if place_gang(shape, FreePool(total_capacity(alive), rack_labels(alive))) is None:
-        return "the gang does not fit the cluster's nodes even when the cluster is empty"
-    return None
+    return _never_places(shape, alive)
+
+
+def _never_places(shape: GangShape, alive: Sequence[Node]) -> str | None:
+    pool = FreePool.of_nodes(total_capacity(alive), alive)
+    if not pool.choices(shape):
+        assert shape.gpu_types is not None  # a job that names none may go anywhere
+        here = ", ".join(sorted({n.gpu_type or "of unknown type" for n in alive}))
+        return (
+            f"resources.gpu_types asks for {', '.join(sorted(shape.gpu_types))}; "
+            f"the cluster's GPUs are {here}"
+        )
+    if place_gang(shape, pool) is not None:
+        return None
+    if pool.types is not None and pool.types.mixed and not shape.mix_gpu_types:
+        return (
+            "the gang does not fit the nodes of any one GPU type even when the cluster is "
+            "empty (resources.mix_gpu_types lets one gang span types)"
+        )
+    return "the gang does not fit the cluster's nodes even when the cluster is empty"

@@ -11,6 +11,14 @@ consecutive ranks and group g = stage * dp + replica. Placement, in order of pre
 3. each group on the node with the fewest free GPUs that fits it (best fit; ties in a
    deterministic node order), which keeps whole nodes free for large gangs.
 
+GPU types: on a cluster of several types, a gang goes on one type (a synchronous gang
+steps at its slowest GPU's pace, so mixing wastes the fast ones), the fastest of the types
+it allows that can hold it now: of the places it can start now, the one where it is
+predicted to finish first. Only a job that allows mixing (`mix_gpu_types`) spans types,
+and only when no single type holds it. A type-blind pool (`speed_aware=False`: the
+baseline the simulator compares against) places a job that names no types anywhere, as
+if the cluster had one type.
+
 Free capacity is a `FreePool`: indexed by free GPUs (and by rack), so one pass can place
 thousands of gangs on thousands of nodes. Simulations work on copies (principle 6).
 """
@@ -18,12 +26,16 @@ thousands of gangs on thousands of nodes. Simulations work on copies (principle 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple, TypeVar
 
 from scheduler.model import GangShape, JobView, Node, Placement
 
 FreeMap = Mapping[str, "Capacity"]
+# Where one placement attempt may put ranks: None any node, a type name only nodes of
+# that type, a set of names nodes of any of them (a mixed gang over some types).
+Kind = str | frozenset[str] | None
+_K = TypeVar("_K")
 
 
 class Capacity(NamedTuple):
@@ -51,6 +63,47 @@ def total_capacity(nodes: Iterable[Node]) -> dict[str, Capacity]:
 
 def rack_labels(nodes: Iterable[Node]) -> dict[str, str]:
     return {n.id: n.rack for n in nodes if n.rack}
+
+
+UNKNOWN_TYPE = ""  # the type of nodes whose GPUs' type is not known
+
+
+class GpuTypes:
+    """The GPU types of a pool's nodes, and the order in which a gang tries them: fastest
+    first when the pool is speed-aware, by name otherwise. Nodes of no known type are one
+    more type, UNKNOWN_TYPE, which no job can name. Never changed once built, so a pool's
+    copies share it; the order per (types asked, mixing) is kept."""
+
+    def __init__(self, nodes: Iterable[Node], *, speed_aware: bool = True) -> None:
+        alive = [n for n in nodes if n.alive]
+        self.of_node = {n.id: n.gpu_type or UNKNOWN_TYPE for n in alive}
+        speeds: dict[str, float] = {}
+        for node in alive:
+            speeds.setdefault(node.gpu_type or UNKNOWN_TYPE, node.gpu_speed)
+        self.speed = speeds
+        order = (lambda t: (-speeds[t], t)) if speed_aware else (lambda t: (0.0, t))
+        self.names = sorted(speeds, key=order)
+        self.mixed = len(self.names) > 1
+        self.speed_aware = speed_aware
+        self._choices: dict[tuple[frozenset[str] | None, bool], tuple[Kind, ...]] = {}
+
+    def choices(self, shape: GangShape) -> tuple[Kind, ...]:
+        """Where to try placing `shape`, in order (empty: nowhere on this cluster)."""
+        key = (shape.gpu_types, shape.mix_gpu_types)
+        found = self._choices.get(key)
+        if found is None:
+            found = self._choices[key] = self._order(*key)
+        return found
+
+    def _order(self, wanted: frozenset[str] | None, mix: bool) -> tuple[Kind, ...]:
+        allowed = [t for t in self.names if wanted is None or t in wanted]
+        everywhere = len(allowed) == len(self.names)
+        if everywhere and (not self.mixed or (wanted is None and not self.speed_aware)):
+            return (None,)  # one type here, or a type-blind pool: anywhere, as before types
+        kinds: list[Kind] = list(allowed)
+        if mix and len(allowed) > 1:
+            kinds.append(None if everywhere else frozenset(allowed))
+        return tuple(kinds)
 
 
 def usage(shape: GangShape, placement: Placement) -> dict[str, Capacity]:
@@ -113,13 +166,28 @@ class FreePool:
     built, then the order in which they changed.
     """
 
-    def __init__(self, free: FreeMap, racks: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, free: FreeMap, racks: Mapping[str, str] | None = None, types: GpuTypes | None = None
+    ) -> None:
         self._caps: dict[str, Capacity] = {}
         self._racks = dict(racks or {})
+        # Indexed by type (and type and rack) only where nodes of several types are.
+        self.types = types
+        self._type_of = types.of_node if types is not None and types.mixed else {}
         self._all = _Index()
         self._by_rack: dict[str, _Index] = {}
+        self._by_type: dict[str, _Index] = {}
+        self._by_type_rack: dict[tuple[str, str], _Index] = {}
         for node_id in sorted(free):
             self._put(node_id, free[node_id])
+
+    @classmethod
+    def of_nodes(
+        cls, free: FreeMap, nodes: Iterable[Node], *, speed_aware: bool = True
+    ) -> FreePool:
+        """A pool over `free` that knows the nodes' racks and GPU types."""
+        nodes = list(nodes)
+        return cls(free, rack_labels(nodes), GpuTypes(nodes, speed_aware=speed_aware))
 
     @property
     def total_gpus(self) -> int:
@@ -131,8 +199,11 @@ class FreePool:
         clone = FreePool({}, None)
         clone._caps = dict(self._caps)
         clone._racks = self._racks  # never changed after construction: safe to share
+        clone.types, clone._type_of = self.types, self._type_of  # the same
         clone._all = self._all.copy()
         clone._by_rack = {rack: index.copy() for rack, index in self._by_rack.items()}
+        clone._by_type = {kind: index.copy() for kind, index in self._by_type.items()}
+        clone._by_type_rack = {key: index.copy() for key, index in self._by_type_rack.items()}
         return clone
 
     def as_dict(self) -> dict[str, Capacity]:
@@ -144,9 +215,32 @@ class FreePool:
     def rack_of(self, node_id: str) -> str | None:
         return self._racks.get(node_id)
 
-    def racks_by_fullness(self) -> list[tuple[int, str]]:
-        """(free GPUs, rack), fullest first: best fit at rack level."""
+    def racks_by_fullness(self, kind: Kind = None) -> list[tuple[int, str]]:
+        """(free GPUs, rack), fullest first: best fit at rack level. For one GPU type,
+        its GPUs in each rack; for a set of types, every GPU of the rack (a bound)."""
+        if isinstance(kind, str):
+            return sorted(
+                (index.total_gpus, rack)
+                for (of_type, rack), index in self._by_type_rack.items()
+                if of_type == kind
+            )
         return sorted((index.total_gpus, rack) for rack, index in self._by_rack.items())
+
+    def type_gpus(self, kinds: Iterable[Kind]) -> int:
+        """Free GPUs on nodes of the given kinds (any node for None)."""
+        total = 0
+        for kind in set(kinds):
+            if kind is None:
+                return self.total_gpus
+            names = {kind} if isinstance(kind, str) else kind
+            total += sum(self._by_type[n].total_gpus for n in names if n in self._by_type)
+        return total
+
+    def choices(self, shape: GangShape) -> tuple[Kind, ...]:
+        """Where to try placing `shape`, in order (see `GpuTypes.choices`)."""
+        if self.types is None:
+            return (None,) if shape.gpu_types is None else ()
+        return self.types.choices(shape)
 
     def set(self, node_id: str, cap: Capacity) -> None:
         if node_id in self._caps:
@@ -185,14 +279,24 @@ class FreePool:
     def largest_gpus(self) -> int:
         return self._all.sizes[-1] if self._all.sizes else 0
 
-    def best_fit(self, gpus: int, cpus: float, rack: str | None = None) -> str | None:
-        """A node (in `rack`, if given) with the fewest free GPUs that fits the request."""
-        index = self._all if rack is None else self._by_rack.get(rack)
+    def best_fit(
+        self, gpus: int, cpus: float, rack: str | None = None, kind: Kind = None
+    ) -> str | None:
+        """A node (in `rack`, of `kind`, if given) with the fewest free GPUs that fits."""
+        if isinstance(kind, str):
+            index = (
+                self._by_type.get(kind) if rack is None else self._by_type_rack.get((kind, rack))
+            )
+        else:
+            index = self._all if rack is None else self._by_rack.get(rack)
         if index is None or index.total_gpus < gpus:
             return None
+        among = kind if isinstance(kind, frozenset) else None
         for size in index.sizes[bisect.bisect_left(index.sizes, gpus) :]:
             for node_id in index.buckets[size]:
-                if self._caps[node_id].cpus >= cpus:
+                if self._caps[node_id].cpus >= cpus and (
+                    among is None or self._type_of.get(node_id, UNKNOWN_TYPE) in among
+                ):
                     return node_id
         return None
 
@@ -201,10 +305,12 @@ class FreePool:
         self._all.add(node_id, cap.gpus)
         rack = self._racks.get(node_id)
         if rack is not None:
-            index = self._by_rack.get(rack)
-            if index is None:
-                index = self._by_rack[rack] = _Index()
-            index.add(node_id, cap.gpus)
+            _index_of(self._by_rack, rack).add(node_id, cap.gpus)
+        kind = self._type_of.get(node_id)
+        if kind is not None:
+            _index_of(self._by_type, kind).add(node_id, cap.gpus)
+            if rack is not None:
+                _index_of(self._by_type_rack, (kind, rack)).add(node_id, cap.gpus)
 
     def _pop(self, node_id: str) -> Capacity:
         cap = self._caps.pop(node_id)
@@ -212,7 +318,19 @@ class FreePool:
         rack = self._racks.get(node_id)
         if rack is not None:
             self._by_rack[rack].remove(node_id, cap.gpus)
+        kind = self._type_of.get(node_id)
+        if kind is not None:
+            self._by_type[kind].remove(node_id, cap.gpus)
+            if rack is not None:
+                self._by_type_rack[kind, rack].remove(node_id, cap.gpus)
         return cap
+
+
+def _index_of(indexes: dict[_K, _Index], key: _K) -> _Index:
+    index = indexes.get(key)
+    if index is None:
+        index = indexes[key] = _Index()
+    return index
 
 
 def place_gang(
@@ -226,24 +344,50 @@ def place_gang(
     pool = free if isinstance(free, FreePool) else FreePool(free)
     if pool.total_gpus < shape.num_gpus:
         return None  # the common case in a busy pass: reject in O(1)
+    kinds: Sequence[Kind] = pool.choices(shape)
+    if len(kinds) > 1 and shape.num_ranks == shape.ranks_per_group:
+        kinds = _tightest_first(shape, pool, kinds)
+    for kind in kinds:
+        placement = _place(shape, pool, kind, keep)
+        if placement is not None:
+            return placement
+    return None
+
+
+def _tightest_first(shape: GangShape, pool: FreePool, kinds: Sequence[Kind]) -> list[Kind]:
+    """A gang on one node: the kinds that have a node for it, by how tightly their best
+    node fits it (fewest GPUs left free), then in speed order. Fastest first alone would
+    scatter small jobs over the fast type's whole nodes and send the gangs that need whole
+    nodes to the slow type (measured on Philly: 2.95 h average JCT against 2.39 h)."""
+    gpus, cpus = shape.num_gpus, shape.num_ranks * shape.cpus_per_rank
+    fits = []
+    for order, kind in enumerate(kinds):
+        node_id = pool.best_fit(gpus, cpus, kind=kind)
+        cap = pool.get(node_id) if node_id is not None else None
+        if cap is not None:
+            fits.append((cap.gpus, order, kind))
+    return [kind for _, _, kind in sorted(fits, key=lambda fit: fit[:2])]
+
+
+def _place(shape: GangShape, pool: FreePool, kind: Kind, keep: bool) -> Placement | None:
     if shape.num_ranks == shape.ranks_per_group:  # one group, one node: most jobs
         gpus, cpus = shape.num_gpus, shape.num_ranks * shape.cpus_per_rank
-        node_id = pool.best_fit(gpus, cpus)
+        node_id = pool.best_fit(gpus, cpus, kind=kind)
         if node_id is None:
             return None
         if keep:
             pool.take(node_id, gpus, cpus)
         return Placement((node_id,) * shape.num_ranks)
-    for rack_gpus, rack in pool.racks_by_fullness():  # several groups: try one rack first
+    for rack_gpus, rack in pool.racks_by_fullness(kind):  # several groups: one rack first
         if rack_gpus >= shape.num_gpus:
-            placement = _place_groups(shape, pool, rack, keep)
+            placement = _place_groups(shape, pool, rack, kind, keep)
             if placement is not None:
                 return placement
-    return _place_groups(shape, pool, None, keep)
+    return _place_groups(shape, pool, None, kind, keep)
 
 
 def _place_groups(
-    shape: GangShape, pool: FreePool, only_rack: str | None, keep: bool
+    shape: GangShape, pool: FreePool, only_rack: str | None, kind: Kind, keep: bool
 ) -> Placement | None:
     """Replica by replica, stage by stage (see the module docstring); all or nothing."""
     dp, pp = shape.parallelism.dp, shape.parallelism.pp
@@ -255,7 +399,9 @@ def _place_groups(
         for replica in range(dp):
             previous: str | None = None
             for stage in range(pp):
-                node_id = _pick(pool, group_gpus, group_cpus, previous, only_rack)
+                node_id = _pick(
+                    pool, group_gpus, group_cpus, previous, only_rack=only_rack, kind=kind
+                )
                 if node_id is None:
                     return None
                 pool.take(node_id, group_gpus, group_cpus)
@@ -271,7 +417,13 @@ def _place_groups(
 
 
 def _pick(
-    pool: FreePool, gpus: int, cpus: float, previous: str | None, only_rack: str | None
+    pool: FreePool,
+    gpus: int,
+    cpus: float,
+    previous: str | None,
+    *,
+    only_rack: str | None,
+    kind: Kind,
 ) -> str | None:
     if previous is not None:
         left = pool.get(previous)
@@ -279,7 +431,7 @@ def _pick(
             return previous
         rack = pool.rack_of(previous)
         if rack is not None:
-            node_id = pool.best_fit(gpus, cpus, rack)
+            node_id = pool.best_fit(gpus, cpus, rack, kind)
             if node_id is not None:
                 return node_id
-    return pool.best_fit(gpus, cpus, only_rack)
+    return pool.best_fit(gpus, cpus, only_rack, kind)

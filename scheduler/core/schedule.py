@@ -37,8 +37,8 @@ from scheduler.core.placement import (
     NOTHING,
     Capacity,
     FreePool,
+    Kind,
     place_gang,
-    rack_labels,
     total_capacity,
     usage,
 )
@@ -95,7 +95,7 @@ class _Pass:
     limits: dict[str, int] = field(default_factory=dict)  # queue -> max GPUs, where capped
     queue_used: dict[str, int] = field(default_factory=dict)
     borrowed: set[int] = field(default_factory=set)
-    shortage_memo: dict[tuple[int, int, int], Explanation] = field(default_factory=dict)
+    shortage_memo: dict[tuple[object, ...], Explanation] = field(default_factory=dict)
     blocked_gpus: int = 0  # GPUs asked by the reserved and blocked jobs so far
     # Waits beyond the ETA horizon: (index in decisions, blocked GPUs up to that job)
     rough_etas: list[tuple[int, int]] = field(default_factory=list)
@@ -132,7 +132,11 @@ def schedule(
     state = _Pass(
         now=now,
         config=config,
-        free=FreePool(_free_now(snapshot, releases), rack_labels(snapshot.nodes)),
+        free=FreePool.of_nodes(
+            _free_now(snapshot, releases),
+            snapshot.nodes,
+            speed_aware=config.speed_aware_placement,
+        ),
         holders=holders,
         releases=releases,
         etas_left=config.eta_jobs,
@@ -624,7 +628,8 @@ def _explain_queued(state: _Pass, job: JobView, behind: int) -> Explanation:
     """Memoized per pass: a long queue holds many jobs of the same shape, and the free
     capacity only changes when a job is admitted (which clears the memo)."""
     shape = job.shape
-    key = (shape.num_gpus, shape.ranks_per_group * shape.gpus_per_rank, behind)
+    group = shape.ranks_per_group * shape.gpus_per_rank
+    key = (shape.num_gpus, group, shape.gpu_types, shape.mix_gpu_types, behind)
     explanation = state.shortage_memo.get(key)
     if explanation is None:
         explanation = _explain_shortage(state, shape, f"queued behind job {behind}")
@@ -637,12 +642,32 @@ def _explain_shortage(state: _Pass, shape: GangShape, unblock: str) -> Explanati
     free_now = state.free.total_gpus
     if free_now < need:
         return Explanation(Blocker.CLUSTER_FULL, f"needs {need} GPUs; {free_now} free now", unblock)
+    kinds = state.free.choices(shape)
+    if None not in kinds and all(state.free.type_gpus([k]) < need for k in kinds):
+        return _explain_types(state, shape, kinds, unblock)  # only some types will do
     group = shape.ranks_per_group * shape.gpus_per_rank
     return Explanation(
         Blocker.NODE_SHAPE,
         f"needs {shape.num_ranks // shape.ranks_per_group} block(s) of {group} GPUs on one "
         f"node; {free_now} GPUs are free but the largest free block is "
         f"{state.free.largest_gpus()}",
+        unblock,
+    )
+
+
+def _explain_types(
+    state: _Pass, shape: GangShape, kinds: Sequence[Kind], unblock: str
+) -> Explanation:
+    """Enough GPUs are free, but the gang may use only some of them: those of the types
+    it names, or (unmixed) those of one type at a time."""
+    pool = state.free
+    names = sorted({n for k in kinds for n in ([k] if isinstance(k, str) else k or ())})
+    free_by_type = ", ".join(f"{n or 'unknown'} {pool.type_gpus([n])}" for n in names)
+    one_type = "" if shape.mix_gpu_types else " of one type"
+    return Explanation(
+        Blocker.GPU_TYPE,
+        f"needs {shape.num_gpus} GPUs{one_type} ({'/'.join(n or 'unknown' for n in names)}); "
+        f"free now by type: {free_by_type} ({pool.total_gpus} free in all)",
         unblock,
     )
 

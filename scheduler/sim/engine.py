@@ -3,7 +3,9 @@
 Work model: a job needs `duration_s` of run time on its full gang. A run makes progress from
 its start (after `restore_s` when it resumes from a checkpoint); progress is checkpointed
 every `checkpoint_interval_s`. A preempted job keeps its GPUs for `checkpoint_save_s`
-(stopping), loses the progress since its last checkpoint, and queues again.
+(stopping), loses the progress since its last checkpoint, and queues again. On a cluster of
+several GPU types (`node_types`), a run progresses at its slowest GPU's speed (a
+synchronous gang waits for it): `duration_s` is the run time at speed 1.
 
 What the policy sees is what a real cluster knows: the time limit users declared (the
 trace's duration x `time_limit_factor`, when given), and progress so far with its step
@@ -36,6 +38,7 @@ from scheduler.model import (
     Placement,
     RunInfo,
 )
+from scheduler.predict.gpu_speeds import speeds_for
 from scheduler.predict.runtime import JobFeatures, RuntimePredictor
 from scheduler.sim.jobs import EPOCH, Phase, Sample, SimConfig, SimJob, SimResult, shape_for
 from scheduler.sim.policies import NEVER_S, SimPolicy
@@ -64,6 +67,8 @@ class Simulator:
         for none (each costs a timeline search per blocked job and changes no decision)."""
         self.config = config
         self.policy = policy
+        types = [name for name, count in config.node_types for _ in range(count)]
+        speeds = speeds_for(types, dict(config.gpu_speeds))
         self.nodes = tuple(
             Node(
                 f"n{i:05d}",
@@ -71,9 +76,12 @@ class Simulator:
                 config.gpus_per_node,
                 8.0 * config.gpus_per_node,
                 rack=f"r{i // config.nodes_per_rack}" if config.nodes_per_rack else None,
+                gpu_type=types[i] if types else None,
+                gpu_speed=speeds[types[i]] if types else 1.0,
             )
             for i in range(config.nodes)
         )
+        self._speed_of = {node.id: node.gpu_speed for node in self.nodes}
         self.jobs = [
             SimJob(t, shape_for(t.num_gpus, config.gpus_per_node, config.placement)) for t in trace
         ]
@@ -247,14 +255,15 @@ class Simulator:
         estimate given the progress made so far (None: unknown). `predicted` memoizes
         the predictor within one pass (it learns only between passes)."""
         done = job.saved_s + (job.progress_s(now, self.config.restore_s) if job.placement else 0)
+        speed = job.speed if job.placement else 1.0  # a waiting job's: at speed 1
         if self.config.oracle:
-            return max(0.0, job.trace.duration_s - done)
+            return max(0.0, job.trace.duration_s - done) / speed
         key = (job.features, done)
         if key in predicted:
             total = predicted[key]
         else:
             total = predicted[key] = self.predictor.runtime_s(job.features, done)
-        return None if total is None else max(0.0, total - done)
+        return None if total is None else max(0.0, total - done) / speed
 
     def _run_info(self, job: SimJob, now: float) -> RunInfo:
         progress = job.progress_s(now, self.config.restore_s)
@@ -264,7 +273,7 @@ class Simulator:
             started_at=EPOCH + timedelta(seconds=job.run_start_s),
             step=int(progress),
             total_steps=int(remaining) if self.config.oracle else None,
-            step_time_s=1.0 if progress > 0 else None,
+            step_time_s=1.0 / job.speed if progress > 0 else None,
             steps_since_checkpoint=int(since_checkpoint),
         )
 
@@ -272,13 +281,14 @@ class Simulator:
 
     def _start(self, job: SimJob, placement: Placement, now: float) -> None:
         job.phase, job.placement, job.run_start_s = Phase.RUNNING, placement, now
+        job.speed = min(self._speed_of[node_id] for node_id in placement.node_ids)
         job.runs += 1
         job.waited_s += now - job.queued_s
         if job.first_start_s is None:
             job.first_start_s = now
         job.version += 1
         warmup = self.config.restore_s if job.runs > 1 else 0.0
-        ends = now + warmup + (job.trace.duration_s - job.saved_s)
+        ends = now + warmup + (job.trace.duration_s - job.saved_s) / job.speed
         self._push(ends, _Event.END, job.trace.job_id, job.version)
 
     def _preempt(self, job: SimJob, now: float) -> None:
@@ -287,7 +297,8 @@ class Simulator:
         progress = job.progress_s(now, self.config.restore_s)
         kept = progress - progress % self.config.checkpoint_interval_s
         job.saved_s += kept
-        job.lost_gpu_s += (progress - kept + self.config.checkpoint_save_s) * job.shape.num_gpus
+        lost_s = (progress - kept) / job.speed + self.config.checkpoint_save_s
+        job.lost_gpu_s += lost_s * job.shape.num_gpus
         job.attained_gpu_s += (now - job.run_start_s) * job.shape.num_gpus
         job.preemptions += 1
         job.phase = Phase.STOPPING

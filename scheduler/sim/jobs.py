@@ -29,10 +29,20 @@ class SimConfig:
     time_limit_factor: float | None = None
     oracle: bool = False
     placement: str = "consolidated"  # or "count": any free GPUs anywhere (Tiresias' sim)
+    # A cluster of several GPU types: (type, nodes) blocks in node order, covering every
+    # node; empty: one type. A trace job's duration is its run time on a type of speed 1.
+    node_types: tuple[tuple[str, int], ...] = ()
+    gpu_speeds: tuple[tuple[str, float], ...] = ()  # by type; missing: the seed table's
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ValueError("the cluster needs at least one node with one GPU")
+        if self.node_types and sum(count for _, count in self.node_types) != self.nodes:
+            raise ValueError("node_types must cover the cluster's nodes exactly")
+        if any(count < 1 for _, count in self.node_types):
+            raise ValueError("every node type needs at least one node")
+        if any(speed <= 0 for _, speed in self.gpu_speeds):
+            raise ValueError("gpu_speeds must be > 0")
         if min(self.checkpoint_interval_s, self.tick_s, self.wait_tick_s) <= 0:
             raise ValueError("checkpoint_interval_s, tick_s and wait_tick_s must be > 0")
         if self.placement not in PLACEMENTS:
@@ -64,6 +74,7 @@ class SimJob:
     lost_gpu_s: float = 0.0
     version: int = 0  # bumps when a pending end event becomes stale
     predicted_s: float | None = None  # run time predicted at arrival (None: unknown)
+    speed: float = 1.0  # of the current run: its slowest GPU's
     # Derived once: what the predictor knows of the job, and its submit time as a datetime.
     features: JobFeatures = field(init=False, repr=False)
     submitted_at: datetime = field(init=False, repr=False)
@@ -79,9 +90,9 @@ class SimJob:
         self.submitted_at = EPOCH + timedelta(seconds=trace.submit_s)
 
     def progress_s(self, now: float, restore_s: float) -> float:
-        """Progress of the current run, not yet checkpointed."""
+        """Progress of the current run (seconds of work at speed 1), not yet checkpointed."""
         warmup = restore_s if self.runs > 1 else 0.0
-        return max(0.0, now - self.run_start_s - warmup)
+        return max(0.0, now - self.run_start_s - warmup) * self.speed
 
 
 @dataclass
@@ -106,8 +117,9 @@ class SimResult:
 def shape_for(num_gpus: int, gpus_per_node: int, placement: str = "consolidated") -> GangShape:
     """A trace job of g GPUs. Consolidated: tensor-parallel groups of the largest of 8, 4,
     2, 1 that divides g and fits a node, data parallel across them. Count (the Tiresias
-    simulator's scheme, node boundaries ignored): g ranks of one GPU, each anywhere."""
+    simulator's scheme, node boundaries ignored): g ranks of one GPU, each anywhere. A
+    trace names no GPU types, so its jobs may take any and span them when they must."""
     if placement == "count":
-        return GangShape(Parallelism(dp=num_gpus))
+        return GangShape(Parallelism(dp=num_gpus), mix_gpu_types=True)
     tp = max(t for t in (1, 2, 4, 8) if num_gpus % t == 0 and t <= gpus_per_node)
-    return GangShape(Parallelism(dp=num_gpus // tp, tp=tp))
+    return GangShape(Parallelism(dp=num_gpus // tp, tp=tp), mix_gpu_types=True)

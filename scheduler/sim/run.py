@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from rich.table import Table
 from scheduler.sim.engine import Simulator
 from scheduler.sim.jobs import SimConfig, SimResult
 from scheduler.sim.metrics import Metrics, compute
-from scheduler.sim.policies import POLICIES
+from scheduler.sim.policies import POLICIES, SimPolicy
 from scheduler.sim.report import table_rows, write_json, write_plots
 from scheduler.sim.trace import load_trace
 
@@ -30,9 +31,23 @@ def _advance(progress: Progress, task: TaskID, done: int) -> None:
     progress.update(task, completed=done)
 
 
+def type_blind(policy: SimPolicy) -> SimPolicy:
+    """The same policy placing every job as if the cluster had one GPU type (the
+    baseline heterogeneity-aware placement is measured against)."""
+    config = replace(policy.config, speed_aware_placement=False)
+    return replace(policy, name=f"{policy.name}-type-blind", config=config)
+
+
 def simulate_command(
-    *, trace: Path, policies: list[str], limit: int | None, out: Path, cluster: dict[str, Any]
+    *,
+    trace: Path,
+    policies: list[str],
+    limit: int | None,
+    out: Path,
+    cluster: dict[str, Any],
+    blind_too: bool = False,
 ) -> None:
+    """`blind_too`: run each policy also type-blind, right after it."""
     console = Console()
     if not console.is_terminal:  # a log or a pipe: keep the table readable, not squeezed
         console = Console(width=170)
@@ -51,18 +66,21 @@ def simulate_command(
         TimeElapsedColumn(),
         console=console,
     ) as progress:
-        for name in policies or list(POLICIES):
-            task = progress.add_task(f"{name:<14}", total=len(jobs))
+        chosen = [POLICIES[name] for name in policies or list(POLICIES)]
+        if blind_too:
+            chosen = [variant for p in chosen for variant in (p, type_blind(p))]
+        for policy in chosen:
+            task = progress.add_task(f"{policy.name:<14}", total=len(jobs))
             started = time.perf_counter()
-            result = Simulator(jobs, config, POLICIES[name]).run(
+            result = Simulator(jobs, config, policy).run(
                 functools.partial(_advance, progress, task)
             )
-            seconds[name] = time.perf_counter() - started
+            seconds[policy.name] = time.perf_counter() - started
             results.append(result)
             metrics.append(compute(result))
-    table = Table(
-        title=f"{trace.name}: {len(jobs)} jobs, {config.nodes} x {config.gpus_per_node} GPUs"
-    )
+    types = " + ".join(f"{count} {name}" for name, count in config.node_types)
+    shape = f"{config.nodes} x {config.gpus_per_node} GPUs" + (f" ({types})" if types else "")
+    table = Table(title=f"{trace.name}: {len(jobs)} jobs, {shape}")
     header, *rows = table_rows(metrics)
     for title in header:
         table.add_column(title, justify="right")

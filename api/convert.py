@@ -334,6 +334,8 @@ def cluster_info(nodes: Sequence[Node], holders: Sequence[JobRecord]) -> Cluster
                 id=node.id,
                 name=node.name,
                 alive=node.alive,
+                gpu_type=node.gpu_type,
+                gpu_speed=node.gpu_speed,
                 gpus_total=node.num_gpus,
                 gpus_allocated=node.num_gpus - gpus_free if node.alive else 0,
                 gpus_free=gpus_free,

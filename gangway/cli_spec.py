@@ -46,6 +46,10 @@ AutoOption = Annotated[
     ),
 ]
 BudgetOption = Annotated[int | None, typer.Option(help="with --auto: at most this many GPUs")]
+GpuTypeOption = Annotated[
+    list[str] | None,
+    typer.Option("--gpu-type", help="a GPU type the ranks may run on (repeat); default: any"),
+]
 SettingsOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -75,6 +79,7 @@ class SpecFlags:
     max_restarts: int = wire_default(JobSubmit, "max_restarts")
     auto: AutoOption = False
     gpu_budget: BudgetOption = None
+    gpu_type: GpuTypeOption = None
 
 
 def with_spec_flags(command: Callable[..., None]) -> Callable[..., None]:
@@ -122,16 +127,20 @@ def job_spec(
     parallelism: Parallelism | Literal["auto"] = (
         "auto" if flags.auto else Parallelism(dp=flags.dp, tp=flags.tp, pp=flags.pp)
     )
-    return JobSubmit(
-        name=flags.name or (workdir or Path.cwd()).resolve().name,
-        priority=flags.priority,
-        queue=flags.queue,
-        parallelism=parallelism,
-        gpu_budget=flags.gpu_budget,
-        resources=Resources(gpus_per_rank=flags.gpus_per_rank),
-        entrypoint=entrypoint,
-        max_restarts=flags.max_restarts,
-    )
+    try:
+        return JobSubmit(
+            name=flags.name or (workdir or Path.cwd()).resolve().name,
+            priority=flags.priority,
+            queue=flags.queue,
+            parallelism=parallelism,
+            gpu_budget=flags.gpu_budget,
+            resources=Resources(gpus_per_rank=flags.gpus_per_rank, gpu_types=flags.gpu_type),
+            entrypoint=entrypoint,
+            max_restarts=flags.max_restarts,
+        )
+    except ValidationError as exc:  # a flag's value the wire model refuses: name it
+        echo(f"error: {validation_failed(exc)}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _string_keys(value: Any) -> Any:

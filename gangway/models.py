@@ -100,9 +100,24 @@ class Parallelism(_Strict):
     )
 
 
+GPU_TYPE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
 class Resources(_Strict):
     gpus_per_rank: Int = Field(1, ge=1, le=16)
     cpus_per_rank: float = Field(1.0, gt=0, le=1024)
+    gpu_types: list[Annotated[str, Field(pattern=GPU_TYPE_NAME)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description="GPU types the ranks may run on, as the nodes name them (H100, A100); "
+        "null: any. The gang goes on the fastest of them that can hold it",
+    )
+    mix_gpu_types: bool = Field(
+        False,
+        description="let one gang span GPU types when no single type holds it (it then "
+        "steps at its slowest GPU's pace unless the trainer balances the work)",
+    )
 
 
 # The built-in trainer's choices, named once: the ranks' plan and spec take these types.
@@ -976,6 +991,10 @@ class NodeInfo(BaseModel):
     id: str
     name: str
     alive: bool
+    gpu_type: str | None = Field(None, description="null: not known")
+    gpu_speed: float = Field(
+        1.0, description="its GPU type's speed relative to H100: measured, else a seed table"
+    )
     gpus_total: int
     gpus_allocated: int
     gpus_free: int

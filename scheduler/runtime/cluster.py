@@ -8,6 +8,8 @@ from scheduler.model import Node
 
 NODE_NAME_LABEL = "gangway.io/node"
 RACK_LABEL = "gangway.io/rack"  # set with `ray start --labels` on nodes that share a rack
+GPU_TYPE_LABEL = "gangway.io/gpu-type"  # names the node's GPUs where Ray does not know them
+ACCELERATOR_RESOURCE = "accelerator_type:"  # Ray's own, on nodes whose GPUs it detected
 
 
 class ClusterSource(Protocol):
@@ -40,4 +42,14 @@ def node_from_ray(raw: dict[str, Any]) -> Node | None:
         num_cpus=float(resources.get("CPU", 0.0)),
         alive=bool(raw.get("Alive", False)),
         rack=labels.get(RACK_LABEL),
+        gpu_type=gpu_type(labels, resources),
     )
+
+
+def gpu_type(labels: dict[str, str], resources: dict[str, float]) -> str | None:
+    """The node's GPU type: its label, else the accelerator type Ray detected (a resource
+    `accelerator_type:H100`), else not known."""
+    if labels.get(GPU_TYPE_LABEL):
+        return labels[GPU_TYPE_LABEL]
+    detected = sorted(k for k in resources if k.startswith(ACCELERATOR_RESOURCE))
+    return detected[0].removeprefix(ACCELERATOR_RESOURCE) if detected else None

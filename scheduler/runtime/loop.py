@@ -110,7 +110,10 @@ class SchedulerLoop:
         self._queues = queues  # read every pass: admins change quotas while it runs
         self._half_life_s = fair_share_half_life_s
         self._lifecycle = lifecycle or LifecycleConfig()
-        self._nodes = NodeWatch(repo, cluster, clock, suspect_s)
+        self._predictions = Predictions(repo)
+        self._nodes = NodeWatch(
+            repo, cluster, clock, suspect_s, speeds=self._predictions.gpu_speeds
+        )
         self._jobs = WorkingSet(repo, _SCHEDULED_STATES)
         self._applier = Applier(
             repo, executor, clock, self._policy, self._nodes.suspect, written=self._jobs.written
@@ -127,7 +130,6 @@ class SchedulerLoop:
             fence=fence,
             sweep_every=sweep_every,
         )
-        self._predictions = Predictions(repo)
         self._calibration = AutoCalibration(repo) if auto_calibrate else None
         self._usage: tuple[int, datetime, dict[tuple[str, str], float]] | None = None
         # job id -> (row version, report, until): a report the lifecycle found nothing in,

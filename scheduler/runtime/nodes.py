@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -10,10 +10,13 @@ from scheduler.model import Node
 from scheduler.runtime.cluster import ClusterSource
 from scheduler.store import JobRepository
 
+Speeds = Callable[[Sequence[Node]], Mapping[str, float]]
+
 
 class NodeWatch:
     """Nodes where a gang's ranks were lost are not placed on for `suspect_s`: Ray may
-    report a dead node alive for a while (its health check is slower than ours)."""
+    report a dead node alive for a while (its health check is slower than ours). Each
+    node carries its GPU type's speed as `speeds` knows it (by type name, "" for none)."""
 
     def __init__(
         self,
@@ -21,7 +24,9 @@ class NodeWatch:
         cluster: ClusterSource,
         clock: Callable[[], datetime],
         suspect_s: float,
+        speeds: Speeds | None = None,
     ) -> None:
+        self._speeds = speeds
         self._repo = repo
         self._cluster = cluster
         self._clock = clock
@@ -50,6 +55,9 @@ class NodeWatch:
             replace(node, alive=False) if node.id in self._suspects else node
             for node in self._cluster.nodes()
         ]
+        if self._speeds is not None:
+            speed = self._speeds(nodes)
+            nodes = [replace(n, gpu_speed=speed.get(n.gpu_type or "", n.gpu_speed)) for n in nodes]
         if nodes != self._stored:  # a thousand nodes rewritten every pass cost more than a pass
             self._repo.replace_nodes(nodes)
             self._stored = nodes

@@ -39,6 +39,7 @@ from scheduler.model import (
     JobView,
     Node,
 )
+from scheduler.predict.gpu_speeds import measured_speeds, speeds_for
 from scheduler.predict.runtime import JobFeatures, RuntimePredictor
 from scheduler.predict.steptime import (
     Calibration,
@@ -49,7 +50,14 @@ from scheduler.predict.steptime import (
     job_time_s,
 )
 from scheduler.runtime.prediction_writes import ending, moved
-from scheduler.runtime.trainer_shapes import TrainerJob, common_node_type, node_type, trainer_job
+from scheduler.runtime.trainer_shapes import (
+    REFERENCE_MODEL,
+    REFERENCE_PLAN,
+    TrainerJob,
+    common_node_type,
+    node_type,
+    trainer_job,
+)
 from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import JobRecord, JobRepository
 from scheduler.store.predictions import FinishedRun, JobPrediction
@@ -88,6 +96,7 @@ class Predictions:
         self._views_reused = False
         self._refreshed_at: int | None = None  # the working set's generation then
         self._last_starts: dict[int, datetime | None] = {}
+        self._speeds: tuple[object, dict[str, float]] | None = None
 
     # -- history ------------------------------------------------------------------------
 
@@ -125,6 +134,22 @@ class Predictions:
         if node.name not in self._calibrations:
             self._calibrations[node.name] = calibrate(node, runs)
         return self._calibrations[node.name]
+
+    def gpu_speeds(self, nodes: Sequence[Node]) -> dict[str, float]:
+        """Each GPU type's speed (by name, "" for none): from the calibrated step-time
+        model of its nodes where this cluster has measured them (the reference
+        workload's step time against the other types'), else the seed table."""
+        types = {n.gpu_type or "": node_type(n) for n in nodes if n.num_gpus}
+        key = (tuple(sorted(types.items())), self._learned)
+        if self._speeds is None or self._speeds[0] != key:
+            self.refresh()
+            steps = {
+                name: calibration.step_time_s(REFERENCE_MODEL, REFERENCE_PLAN)
+                for name, node in types.items()
+                if name and (calibration := self.calibration(node)) is not None
+            }
+            self._speeds = (key, speeds_for(types, measured_speeds(steps)))
+        return self._speeds[1]
 
     def planning_calibration(self, node: NodeType) -> Calibration:
         """The fitted model for `node`, else the one at assumed speeds: what `auto`

@@ -51,13 +51,18 @@ def trainer_job(spec: JobSpec, dp: int | None = None) -> TrainerJob | None:
     return TrainerJob(ModelShape(**asdict(config)), plan, settings.steps)
 
 
+# One workload every type's speed is compared on: gpt-mini, one rank, a batch of 4.
+REFERENCE_MODEL = ModelShape(**asdict(MODEL_CONFIGS["gpt-mini"]))
+REFERENCE_PLAN = StepPlan(batch_size=4)
+
+
 def node_type(node: Node, memory_bytes: float = DEVICE_MEMORY_BYTES) -> NodeType:
     """Nodes of one shape are one type: a GPU node runs a rank per GPU, a CPU node as
     many ranks at once as it has cores."""
     cpus = max(1, int(node.num_cpus))
     if node.num_gpus:
-        name = f"{node.num_gpus} GPU / {cpus} CPU"
-        return NodeType(name, node.num_gpus, node.num_gpus, memory_bytes)
+        gpus = f"{node.num_gpus} {node.gpu_type}" if node.gpu_type else f"{node.num_gpus} GPU"
+        return NodeType(f"{gpus} / {cpus} CPU", node.num_gpus, node.num_gpus, memory_bytes)
     return NodeType(f"{cpus} CPU", cpus, cpus, memory_bytes, gpu=False)
 
 

@@ -27,6 +27,8 @@ class NodeStore(Repository):
                     num_cpus=n.num_cpus,
                     alive=n.alive,
                     rack=n.rack,
+                    gpu_type=n.gpu_type,
+                    gpu_speed=n.gpu_speed,
                     updated_at=now,
                 )
                 for n in nodes
@@ -35,4 +37,16 @@ class NodeStore(Repository):
     def nodes(self) -> list[Node]:
         with Session(self._engine) as session:
             rows = session.scalars(select(NodeRow).order_by(NodeRow.name, NodeRow.id))
-            return [Node(r.id, r.name, r.num_gpus, r.num_cpus, r.alive, r.rack) for r in rows]
+            return [
+                Node(
+                    r.id,
+                    r.name,
+                    r.num_gpus,
+                    r.num_cpus,
+                    r.alive,
+                    r.rack,
+                    gpu_type=r.gpu_type,
+                    gpu_speed=r.gpu_speed,
+                )
+                for r in rows
+            ]

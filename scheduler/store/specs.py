@@ -42,6 +42,8 @@ def spec_from_json(stored: Mapping[str, Any]) -> JobSpec:
         cpus_per_rank=float(resources["cpus_per_rank"]),
         dp_min=int(dp["min"]) if elastic else None,
         dp_max=int(dp["max"]) if elastic else None,
+        gpu_types=frozenset(types) if (types := resources.get("gpu_types")) else None,
+        mix_gpu_types=bool(resources.get("mix_gpu_types")),
     )
     limit = data["time_limit_s"]
     checkpoint = data["checkpoint"]

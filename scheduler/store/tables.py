@@ -248,6 +248,8 @@ class NodeRow(Base):
     num_cpus: Mapped[float] = mapped_column(Float)
     alive: Mapped[bool] = mapped_column(Boolean)
     rack: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    gpu_type: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    gpu_speed: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 

@@ -2,8 +2,9 @@
 worker nodes started with `ray start` from the service's own environment (admin key and
 database URL included, as a careless operator would), `gangway serve` joined to them,
 PostgreSQL. A client ships a working directory with its own helper module from a temp dir;
-its function runs dp=2 across both nodes, is preempted by a higher-priority job and resumes
-from its checkpoint; no service secret reaches a rank on this external Ray."""
+its function runs dp=2 across both nodes (labelled H100 and A100: a gang that mixes GPU
+types), is preempted by a higher-priority job that names the A100 type and resumes from its
+checkpoint; no service secret reaches a rank on this external Ray."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def cluster(postgres_url: str) -> Iterator[tuple[Client, dict[str, str]]]:
         "GANGWAY_CHECKPOINT_GRACE_S": "60",
         "CLUSTER_GPUS_PER_NODE": "2",
         "CLUSTER_CPUS_PER_NODE": "2",
+        "CLUSTER_GPU_TYPES": "H100,A100",  # node-1, node-2: the gang below mixes them
     }
     try:
         up = cluster_command("up", env)
@@ -107,7 +109,8 @@ def test_a_shipped_job_spans_both_nodes_is_preempted_and_resumes_from_its_checkp
             target="train:main", kwargs={"steps": STEPS, "interval": INTERVAL, "step_s": 0.3}
         ),
         parallelism=Parallelism(dp=2),
-        resources=Resources(gpus_per_rank=2, cpus_per_rank=0.5),  # one rank per node
+        # one rank per node: a gang over both GPU types, which it must allow
+        resources=Resources(gpus_per_rank=2, cpus_per_rank=0.5, mix_gpu_types=True),
         working_dir=workdir(tmp_path / "work"),
     )
     deadline = time.monotonic() + 300
@@ -116,13 +119,17 @@ def test_a_shipped_job_spans_both_nodes_is_preempted_and_resumes_from_its_checkp
         time.sleep(0.3)
     first_nodes = {p.rank: p.node_name for p in job.placement}
     assert len(set(first_nodes.values())) == 2, first_nodes
+    types = {node.name: node.gpu_type for node in client.cluster().nodes}
+    assert types == {"node-1": "H100", "node-2": "A100"}, types
     high = client.submit(
         name="high",
         priority=10,
         entrypoint=Builtin(steps=3, batch_size=2),
-        resources=Resources(gpus_per_rank=2, cpus_per_rank=0.5),
+        resources=Resources(gpus_per_rank=2, cpus_per_rank=0.5, gpu_types=["A100"]),
     )
-    assert client.wait(high.id, timeout_s=300, poll_s=0.5).state is JobState.SUCCEEDED
+    finished = client.wait(high.id, timeout_s=300, poll_s=0.5)
+    assert finished.state is JobState.SUCCEEDED
+    assert [p.node_name for p in finished.placement] == ["node-2"]  # the type it named
     done = client.wait(low.id, timeout_s=300, poll_s=0.5)
     assert done.state is JobState.SUCCEEDED, done.error
     assert done.attempt == 2 and done.progress.step == STEPS

@@ -808,3 +808,20 @@ def test_wake_ups_during_and_after_a_pass_make_one_pass_after_as_long_a_rest(
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert len(gaps) >= 1, "woken all the time, the loop made one pass in 2 s"
     assert min(gaps) >= 0.4 - 0.01  # a 0.2 s pass, then a 0.2 s rest
+
+
+def test_gpu_types_reach_the_store_and_a_job_runs_on_the_type_it_names(
+    repo: JobRepository, executor: FakeExecutor, clock: Clock
+) -> None:
+    typed = [
+        Node("id-a", "a100-1", 4, 8.0, gpu_type="A100"),
+        Node("id-h", "h100-1", 4, 8.0, gpu_type="NVIDIA H100 80GB HBM3"),
+    ]
+    loop = SchedulerLoop(repo=repo, cluster=FakeCluster(typed), executor=executor, clock=clock)
+    named = submit(repo, resources={"gpus_per_rank": 1, "gpu_types": ["A100"]})
+    anywhere = submit(repo)
+    loop.tick()
+    placed = {job_id: set(nodes) for job_id, _, nodes in executor.launched}
+    assert placed == {named.id: {"id-a"}, anywhere.id: {"id-h"}}  # the fast type first
+    stored = {n.name: (n.gpu_type, n.gpu_speed) for n in repo.nodes()}
+    assert stored == {"a100-1": ("A100", 0.4), "h100-1": ("NVIDIA H100 80GB HBM3", 1.0)}

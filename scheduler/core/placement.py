@@ -174,6 +174,7 @@ class FreePool:
         # Indexed by type (and type and rack) only where nodes of several types are.
         self.types = types
         self._type_of = types.of_node if types is not None and types.mixed else {}
+        self.mixed = bool(self._type_of)  # nodes of several GPU types
         self._all = _Index()
         self._by_rack: dict[str, _Index] = {}
         self._by_type: dict[str, _Index] = {}
@@ -200,6 +201,7 @@ class FreePool:
         clone._caps = dict(self._caps)
         clone._racks = self._racks  # never changed after construction: safe to share
         clone.types, clone._type_of = self.types, self._type_of  # the same
+        clone.mixed = self.mixed
         clone._all = self._all.copy()
         clone._by_rack = {rack: index.copy() for rack, index in self._by_rack.items()}
         clone._by_type = {kind: index.copy() for kind, index in self._by_type.items()}
@@ -283,20 +285,32 @@ class FreePool:
         self, gpus: int, cpus: float, rack: str | None = None, kind: Kind = None
     ) -> str | None:
         """A node (in `rack`, of `kind`, if given) with the fewest free GPUs that fits."""
-        if isinstance(kind, str):
-            index = (
-                self._by_type.get(kind) if rack is None else self._by_type_rack.get((kind, rack))
-            )
-        else:
+        if kind is None:
             index = self._all if rack is None else self._by_rack.get(rack)
+        elif isinstance(kind, str):
+            by_type = self._by_type.get(kind)
+            index = by_type if rack is None else self._by_type_rack.get((kind, rack))
+        else:
+            return self._best_fit_among(gpus, cpus, rack, kind)
         if index is None or index.total_gpus < gpus:
             return None
-        among = kind if isinstance(kind, frozenset) else None
         for size in index.sizes[bisect.bisect_left(index.sizes, gpus) :]:
             for node_id in index.buckets[size]:
-                if self._caps[node_id].cpus >= cpus and (
-                    among is None or self._type_of.get(node_id, UNKNOWN_TYPE) in among
-                ):
+                if self._caps[node_id].cpus >= cpus:
+                    return node_id
+        return None
+
+    def _best_fit_among(
+        self, gpus: int, cpus: float, rack: str | None, types: frozenset[str]
+    ) -> str | None:
+        """`best_fit` over the nodes of several types (a mixed gang over some types)."""
+        index = self._all if rack is None else self._by_rack.get(rack)
+        if index is None or index.total_gpus < gpus:
+            return None
+        for size in index.sizes[bisect.bisect_left(index.sizes, gpus) :]:
+            for node_id in index.buckets[size]:
+                of_type = self._type_of.get(node_id, UNKNOWN_TYPE)
+                if self._caps[node_id].cpus >= cpus and of_type in types:
                     return node_id
         return None
 
@@ -306,7 +320,7 @@ class FreePool:
         rack = self._racks.get(node_id)
         if rack is not None:
             _index_of(self._by_rack, rack).add(node_id, cap.gpus)
-        kind = self._type_of.get(node_id)
+        kind = self._type_of.get(node_id) if self._type_of else None
         if kind is not None:
             _index_of(self._by_type, kind).add(node_id, cap.gpus)
             if rack is not None:
@@ -318,7 +332,7 @@ class FreePool:
         rack = self._racks.get(node_id)
         if rack is not None:
             self._by_rack[rack].remove(node_id, cap.gpus)
-        kind = self._type_of.get(node_id)
+        kind = self._type_of.get(node_id) if self._type_of else None
         if kind is not None:
             self._by_type[kind].remove(node_id, cap.gpus)
             if rack is not None:
@@ -344,6 +358,8 @@ def place_gang(
     pool = free if isinstance(free, FreePool) else FreePool(free)
     if pool.total_gpus < shape.num_gpus:
         return None  # the common case in a busy pass: reject in O(1)
+    if not pool.mixed and shape.gpu_types is None:  # one type: the common case
+        return _place(shape, pool, None, keep)
     kinds: Sequence[Kind] = pool.choices(shape)
     if len(kinds) > 1 and shape.num_ranks == shape.ranks_per_group:
         kinds = _tightest_first(shape, pool, kinds)

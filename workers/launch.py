@@ -102,11 +102,11 @@ class RankLimits(_Frozen):
 
 
 class PackageRef(_Frozen):
-    """A shipped working directory: its zip (named by its sha256) on storage the node
-    reads."""
+    """A shipped working directory, named by its zip's sha256. The zip's bytes reach the
+    node through Ray's object store (the service puts them, the supervisor fetches them
+    only where its node has not unpacked them yet): no node reads the service's disk."""
 
     sha256: str
-    zip_path: str
 
 
 class JobLaunch(_Frozen):

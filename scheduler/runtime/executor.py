@@ -13,7 +13,7 @@ from typing import Protocol
 
 from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup, attempts_on_ray, reap
 from scheduler.runtime.gangs.status import GroupStatus
-from scheduler.runtime.launch import LaunchPolicy, job_launch
+from scheduler.runtime.launch import LaunchPolicy, job_launch, package_file
 from scheduler.store import JobRecord
 
 
@@ -35,6 +35,7 @@ def group_spec(job: JobRecord, policy: LaunchPolicy | None = None) -> GroupSpec:
     if job.placement is None:
         raise ValueError(f"job {job.id} has no placement")
     shape = job.spec.placed(job.placement)  # an elastic job runs at its placed dp
+    policy = policy or LaunchPolicy()
     return GroupSpec(
         node_ids=job.placement,
         gpus_per_rank=shape.gpus_per_rank,
@@ -47,8 +48,9 @@ def group_spec(job: JobRecord, policy: LaunchPolicy | None = None) -> GroupSpec:
             job_id=job.id,
             attempt=job.attempt,
             user=job.user,
-            policy=policy or LaunchPolicy(),
+            policy=policy,
         ),
+        package_file=package_file(job.spec, policy),
     )
 
 

@@ -79,12 +79,7 @@ def job_launch(
     secrets, its code, its directories (the checkpoint directory is the same on every
     attempt, so a requeued or restarted job resumes from its newest checkpoint)."""
     code = spec.code
-    package = None
-    if code.package is not None:
-        if policy.packages_root is None:
-            raise ValueError("a job with a working directory needs the packages directory")
-        zip_path = (policy.packages_root / f"{code.package}.zip").resolve()
-        package = PackageRef(sha256=code.package, zip_path=str(zip_path))
+    package = PackageRef(sha256=code.package) if code.package is not None else None
     checkpoints = (
         str(job_directory(policy.checkpoint_root, job_id)) if policy.checkpoint_root else None
     )
@@ -110,6 +105,16 @@ def job_launch(
         stop_grace_s=policy.stop_grace_s,
         faults=faults.passthrough().get(faults.ENV),
     )
+
+
+def package_file(spec: JobSpec, policy: LaunchPolicy) -> Path | None:
+    """Where the service keeps the job's shipped working directory (the zip it hands to
+    Ray's object store at launch); None for a job without one."""
+    if spec.code.package is None:
+        return None
+    if policy.packages_root is None:
+        raise ValueError("a job with a working directory needs the packages directory")
+    return (policy.packages_root / f"{spec.code.package}.zip").resolve()
 
 
 def _model_dir(spec: JobSpec, policy: LaunchPolicy) -> str | None:

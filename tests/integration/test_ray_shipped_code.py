@@ -12,6 +12,7 @@ import hashlib
 import io
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def tiny_wheel() -> tuple[str, bytes]:
     return "tinydep-0.1-py3-none-any.whl", buffer.getvalue()
 
 
-def shipped_job(tmp_path: Path) -> PackageRef:
+def shipped_job(tmp_path: Path) -> tuple[PackageRef, Path]:
     """A working directory with its own package, a data file read by relative path, a
     script that prints what a rank sees and a wheel; packed and stored as the service
     would."""
@@ -73,13 +74,17 @@ def shipped_job(tmp_path: Path) -> PackageRef:
     root = tmp_path / "packages"
     root.mkdir()
     (root / f"{package.sha256}.zip").write_bytes(package.data)
-    return PackageRef(sha256=package.sha256, zip_path=str(root / f"{package.sha256}.zip"))
+    return PackageRef(sha256=package.sha256), root / f"{package.sha256}.zip"
 
 
 def with_code(
-    job_id: int, nodes: list[str], run: Run, package: PackageRef, **launch: Any
+    job_id: int, nodes: list[str], run: Run, package: tuple[PackageRef, Path], **launch: Any
 ) -> GroupSpec:
-    return spec(job_id, nodes, run, package=package, env={"JOB_FLAG": "on"}, **launch)
+    """The gang with the package's zip handed to Ray's object store, as the service does:
+    the nodes never read the folder it is kept in."""
+    ref, zip_file = package
+    gang = spec(job_id, nodes, run, package=ref, env={"JOB_FLAG": "on"}, **launch)
+    return replace(gang, package_file=zip_file)
 
 
 def run_collecting_logs(group_spec: GroupSpec, timeout_s: float = 400) -> tuple[GroupStatus, str]:
@@ -140,7 +145,14 @@ def test_requirements_are_installed_for_the_ranks_on_two_nodes_at_once(
 def test_a_job_whose_working_directory_is_missing_fails_saying_so(
     gpu_node_ids: list[str], tmp_path: Path
 ) -> None:
-    missing = PackageRef(sha256="f" * 64, zip_path=str(tmp_path / f"{'f' * 64}.zip"))
-    status = run_to_end(spec(304, gpu_node_ids[:1], CommandRun(argv=["true"]), package=missing))
+    missing = (PackageRef(sha256="f" * 64), tmp_path / f"{'f' * 64}.zip")
+    status = run_to_end(with_code(304, gpu_node_ids[:1], CommandRun(argv=["true"]), missing))
     assert status.phase is GroupPhase.FAILED
     assert status.error is not None and "working directory" in status.error
+    # a zip that is not the one named: each node checks what it fetched
+    wrong = tmp_path / "wrong.zip"
+    wrong.write_bytes(b"PK not the named package")
+    forged = (PackageRef(sha256="e" * 64), wrong)
+    status = run_to_end(with_code(306, gpu_node_ids[:1], CommandRun(argv=["true"]), forged))
+    assert status.phase is GroupPhase.FAILED
+    assert status.error is not None and "does not hash to its name" in status.error

@@ -45,21 +45,27 @@ def test_a_packed_directory_unpacks_once_read_only_to_others(tmp_path: Path) -> 
     (work / "run.sh").write_text("echo hi\n")
     (work / "run.sh").chmod(0o755)
     package = pack(work)
-    (tmp_path / f"{package.sha256}.zip").write_bytes(package.data)
     node = tmp_path / "node"
-    target = unpacked_package(node, package.sha256, tmp_path / f"{package.sha256}.zip", LIMITS)
+    fetched: list[int] = []
+
+    def fetch() -> bytes:
+        fetched.append(1)
+        return package.data
+
+    target = unpacked_package(node, package.sha256, fetch, LIMITS)
     assert (target / "pkg" / "mod.py").read_text() == "X = 1\n"  # the top folder stripped
     assert stat.S_IMODE((target / "pkg" / "mod.py").stat().st_mode) == 0o644
     assert stat.S_IMODE((target / "run.sh").stat().st_mode) == 0o755
-    again = unpacked_package(node, package.sha256, tmp_path / f"{package.sha256}.zip", LIMITS)
-    assert again == target
+    again = unpacked_package(node, package.sha256, fetch, LIMITS)
+    assert again == target and len(fetched) == 1  # fetched once per node
+    assert not list((node / "packages").glob(".*"))  # no zip or partial folder left
 
 
 def test_a_zip_bomb_stops_at_the_limit_counted_as_written(tmp_path: Path) -> None:
     sha, path = stored(tmp_path, {"top/zeros.bin": b"\0" * (4 << 20)})  # ~4 KiB compressed
     assert path.stat().st_size < 64 * 1024
     with pytest.raises(WorkspaceError, match="more than the limit"):
-        unpacked_package(tmp_path / "node", sha, path, LIMITS)
+        unpacked_package(tmp_path / "node", sha, path.read_bytes, LIMITS)
     assert not (tmp_path / "node" / "packages" / sha).exists()
     assert not list((tmp_path / "node" / "packages").glob(".*partial"))
 
@@ -67,7 +73,7 @@ def test_a_zip_bomb_stops_at_the_limit_counted_as_written(tmp_path: Path) -> Non
 def test_too_many_files_are_refused_before_anything_is_written(tmp_path: Path) -> None:
     sha, path = stored(tmp_path, {f"top/f{i}": b"x" for i in range(60)})
     with pytest.raises(WorkspaceError, match="60 entries"):
-        unpacked_package(tmp_path / "node", sha, path, LIMITS)
+        unpacked_package(tmp_path / "node", sha, path.read_bytes, LIMITS)
 
 
 @pytest.mark.parametrize(
@@ -76,7 +82,7 @@ def test_too_many_files_are_refused_before_anything_is_written(tmp_path: Path) -
 def test_a_path_out_of_the_folder_is_refused(tmp_path: Path, name: str) -> None:
     sha, path = stored(tmp_path, {"top/ok.txt": b"ok", name: b"evil"})
     with pytest.raises(WorkspaceError, match="unsafe path"):
-        unpacked_package(tmp_path / "node", sha, path, LIMITS)
+        unpacked_package(tmp_path / "node", sha, path.read_bytes, LIMITS)
     assert (
         not (tmp_path / "escape.txt").exists() and not (tmp_path / "node" / "escape.txt").exists()
     )
@@ -85,13 +91,13 @@ def test_a_path_out_of_the_folder_is_refused(tmp_path: Path, name: str) -> None:
 def test_a_link_entry_is_refused(tmp_path: Path) -> None:
     sha, path = stored(tmp_path, {"top/ok.txt": b"ok"}, links=("top/shadow",))
     with pytest.raises(WorkspaceError, match="link"):
-        unpacked_package(tmp_path / "node", sha, path, LIMITS)
+        unpacked_package(tmp_path / "node", sha, path.read_bytes, LIMITS)
 
 
 def test_a_zip_not_named_by_its_hash_is_refused(tmp_path: Path) -> None:
     _sha, path = stored(tmp_path, {"top/ok.txt": b"ok"})
     with pytest.raises(WorkspaceError, match="does not hash"):
-        unpacked_package(tmp_path / "node", "0" * 64, path, LIMITS)
+        unpacked_package(tmp_path / "node", "0" * 64, path.read_bytes, LIMITS)
 
 
 def test_outputs_are_copied_with_links_and_special_files_left_behind(tmp_path: Path) -> None:

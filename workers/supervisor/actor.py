@@ -68,6 +68,7 @@ from workers.supervisor.process import ProgramProcess
 from workers.supervisor.venvs import VenvBuild, job_venv
 from workers.supervisor.workspace import (
     RankDirs,
+    WorkspaceError,
     give_tree,
     input_mounts,
     node_directory,
@@ -83,6 +84,7 @@ MAX_POINTS = 10_000  # reported metric points kept until the runtime reads them
 POINTS_PER_POLL = 2_000
 TAIL_LINES = 30
 STACKS_TIMEOUT_S = 4.0
+PACKAGE_FETCH_TIMEOUT_S = 600.0  # a working directory of hundreds of MB over a slow link
 
 
 @dataclass
@@ -110,10 +112,14 @@ class _Started:
 
 
 class RankSupervisor:
-    def __init__(self, job: JobLaunch, info: RankInfo) -> None:
+    def __init__(self, job: JobLaunch, info: RankInfo, package: list[Any] | None = None) -> None:
+        """`package`: the shipped working directory's zip as a Ray object reference, in a
+        list so that Ray hands over the reference, not the bytes: fetched only on a node
+        that has not unpacked it yet."""
         import ray
 
         self._job, self._info = job, info
+        self._package = package
         self._node_id = str(ray.get_runtime_context().get_node_id())
         self._logs = LineBuffer()
         # Every progress report, numbered: the job's metrics, step by step (rank 0's are
@@ -359,7 +365,23 @@ class RankSupervisor:
         package = self._job.package
         if package is None or isinstance(self._job.run, BuiltinRun):
             return None
-        return unpacked_package(base, package.sha256, Path(package.zip_path), self._job.limits)
+        return unpacked_package(base, package.sha256, self._fetch_package, self._job.limits)
+
+    def _fetch_package(self) -> bytes:
+        """The zip's bytes from Ray's object store (from the service, wherever it runs)."""
+        import ray
+
+        if not self._package:
+            raise WorkspaceError("the working directory's package was not shipped with the launch")
+        try:
+            data = ray.get(self._package[0], timeout=PACKAGE_FETCH_TIMEOUT_S)
+        except ray.exceptions.RayError as exc:
+            raise WorkspaceError(
+                f"the working directory's package could not be fetched: {exc}"
+            ) from exc
+        if not isinstance(data, bytes):
+            raise WorkspaceError("the working directory's package is not a zip's bytes")
+        return data
 
     def _host_paths(self) -> list[str]:
         """Host files the job may read: its data file, and the folder of a script that

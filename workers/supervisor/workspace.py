@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -122,26 +122,31 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def unpacked_package(base: Path, sha256: str, zip_path: Path, limits: RankLimits) -> Path:
+def unpacked_package(
+    base: Path, sha256: str, fetch: Callable[[], bytes], limits: RankLimits
+) -> Path:
     """The package's files, unpacked once per node into a read-only folder named by its
-    hash; raises WorkspaceError for a zip that is missing, not the one named, or over a
-    limit."""
+    hash; `fetch` (the zip's bytes) is called only where they are not unpacked yet.
+    Raises WorkspaceError for a zip that cannot be fetched, is not the one named, or is
+    over a limit."""
     packages = base / "packages"
     target = packages / sha256
     with locked(packages / f"{sha256}.lock"):
         if target.is_dir():
             return target
-        if not zip_path.is_file():
-            raise WorkspaceError(f"the working directory's package {sha256} is not stored")
-        if _sha256(zip_path) != sha256:
-            raise WorkspaceError(f"the stored package {sha256} does not hash to its name")
+        zip_path = packages / f".{sha256}.zip"
         partial = packages / f".{sha256}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         try:
+            zip_path.write_bytes(fetch())
+            if _sha256(zip_path) != sha256:
+                raise WorkspaceError(f"the shipped package {sha256} does not hash to its name")
             _extract(zip_path, partial, limits)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
+        finally:
+            zip_path.unlink(missing_ok=True)
         partial.rename(target)
     return target
 

@@ -18,6 +18,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import ray
@@ -62,6 +63,9 @@ class GroupSpec:
     tp: int
     pp: int
     launch: JobLaunch
+    # The shipped working directory's zip on the service's disk: put into Ray's object
+    # store when the actors are made, fetched from there by each node that needs it.
+    package_file: Path | None = None
 
     @property
     def job_id(self) -> int:
@@ -207,13 +211,25 @@ class WorkerGroup:
                     f"Ray could not reserve the placement within {self._placement_timeout_s:.0f} s"
                 )
             return
-        self._actors = [self._create_actor(rank) for rank in range(self.spec.world_size)]
+        try:
+            package = self._shipped_package()
+        except OSError as exc:
+            self._fail(f"the working directory's package cannot be read: {exc}")
+            return
+        self._actors = [self._create_actor(rank, package) for rank in range(self.spec.world_size)]
         scripted = self.spec.kind in ("script", "command")
         store_for = self.spec.world_size if scripted else None  # torchrun's agent store
         self._address_ref = self._actors[0].rendezvous_address.remote(store_for)
         self._phase = GroupPhase.RENDEZVOUS
 
-    def _create_actor(self, rank: int) -> Any:
+    def _shipped_package(self) -> list[Any] | None:
+        """The zip in Ray's object store, owned by this process (the service) while the
+        group's handle lives; a reference in a list, so Ray passes it unresolved."""
+        if self.spec.package_file is None:
+            return None
+        return [ray.put(self.spec.package_file.read_bytes())]
+
+    def _create_actor(self, rank: int, package: list[Any] | None) -> Any:
         """Rank `rank`'s supervisor, in its bundle. Threaded (a status poll is answered
         while a stack request waits on the program); no runtime_env: the job's code and
         requirements are the supervisor's to place in the sandbox, never Ray's worker's."""
@@ -229,7 +245,7 @@ class WorkerGroup:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self._pg, placement_group_bundle_index=rank
             ),
-        ).remote(self.spec.launch, self.spec.rank_info(rank))
+        ).remote(self.spec.launch, self.spec.rank_info(rank), package)
 
     def _poll_rendezvous(self) -> None:
         """Rank 0's address first, then `start` on every rank; both without blocking."""

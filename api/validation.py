@@ -9,7 +9,7 @@ from typing import Any
 from api.errors import FieldError
 from gangway.models import Builtin, Function, JobSubmit, Script
 from gangway.requirement_lines import first_refused
-from scheduler.core import never_fits_reason
+from scheduler.core import missing_types_reason, never_fits_reason
 from scheduler.model import JobSpec, Node
 from scheduler.predict.steptime import StepPlan
 from scheduler.runtime.launch import builtin_fields
@@ -21,6 +21,11 @@ from workers.program.entrypoints import EntrypointError, check_function_target
 def validate_submission(submit: JobSubmit, spec: JobSpec, nodes: Sequence[Node]) -> None:
     """`spec` is the submission as the service will read it (built once by the caller)."""
     _check_entrypoint(submit, spec)
+    missing = missing_types_reason(spec.shape, nodes)
+    if missing is not None:
+        raise FieldError(
+            "resources.gpu_types", f"this job can never run on this cluster: {missing}"
+        )
     reason = never_fits_reason(spec.shape, nodes)
     if reason is not None:
         raise FieldError("parallelism", f"this job can never run on this cluster: {reason}")

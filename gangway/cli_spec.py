@@ -46,6 +46,9 @@ AutoOption = Annotated[
     ),
 ]
 BudgetOption = Annotated[int | None, typer.Option(help="with --auto: at most this many GPUs")]
+MixOption = Annotated[
+    bool, typer.Option("--mix-gpu-types", help="let one gang span GPU types when it must")
+]
 GpuTypeOption = Annotated[
     list[str] | None,
     typer.Option("--gpu-type", help="a GPU type the ranks may run on (repeat); default: any"),
@@ -80,6 +83,7 @@ class SpecFlags:
     auto: AutoOption = False
     gpu_budget: BudgetOption = None
     gpu_type: GpuTypeOption = None
+    mix_gpu_types: MixOption = False
 
 
 def with_spec_flags(command: Callable[..., None]) -> Callable[..., None]:
@@ -134,7 +138,11 @@ def job_spec(
             queue=flags.queue,
             parallelism=parallelism,
             gpu_budget=flags.gpu_budget,
-            resources=Resources(gpus_per_rank=flags.gpus_per_rank, gpu_types=flags.gpu_type),
+            resources=Resources(
+                gpus_per_rank=flags.gpus_per_rank,
+                gpu_types=flags.gpu_type,
+                mix_gpu_types=flags.mix_gpu_types,
+            ),
             entrypoint=entrypoint,
             max_restarts=flags.max_restarts,
         )

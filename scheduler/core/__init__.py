@@ -14,7 +14,7 @@ from scheduler.core.decisions import (
     Resize,
     Wait,
 )
-from scheduler.core.feasibility import never_fits_reason
+from scheduler.core.feasibility import missing_types_reason, never_fits_reason
 from scheduler.core.ordering import queue_order, victim_order
 from scheduler.core.placement import Capacity, free_capacity, place_gang
 from scheduler.core.schedule import schedule
@@ -30,6 +30,7 @@ __all__ = [
     "Resize",
     "Wait",
     "free_capacity",
+    "missing_types_reason",
     "never_fits_reason",
     "place_gang",
     "queue_order",

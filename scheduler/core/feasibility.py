@@ -33,20 +33,30 @@ def never_fits_reason(shape: GangShape, nodes: Sequence[Node]) -> str | None:
     return _never_places(shape, alive)
 
 
+def missing_types_reason(shape: GangShape, nodes: Sequence[Node]) -> str | None:
+    """Why a job that names GPU types can never run here: no node has any of them, alive
+    or not (a type whose nodes are all down for now is waited for, not refused)."""
+    here = {n.gpu_type for n in nodes if n.num_gpus}
+    if shape.gpu_types is None or not here or shape.gpu_types & here:
+        return None
+    names = ", ".join(sorted(t or "of no known type" for t in here))
+    return f"asks for {', '.join(sorted(shape.gpu_types))}; the cluster's GPUs are {names}"
+
+
 def _never_places(shape: GangShape, alive: Sequence[Node]) -> str | None:
     pool = FreePool.of_nodes(total_capacity(alive), alive)
-    if not pool.choices(shape):
-        assert shape.gpu_types is not None  # a job that names none may go anywhere
-        here = ", ".join(sorted({n.gpu_type or "of unknown type" for n in alive}))
-        return (
-            f"resources.gpu_types asks for {', '.join(sorted(shape.gpu_types))}; "
-            f"the cluster's GPUs are {here}"
-        )
-    if place_gang(shape, pool) is not None:
-        return None
-    if pool.types is not None and pool.types.mixed and not shape.mix_gpu_types:
+    kinds = pool.choices(shape)
+    if not kinds or place_gang(shape, pool) is not None:
+        return None  # placed, or its types' nodes are all down for now: it waits
+    one_type = [kind for kind in kinds if isinstance(kind, str)]
+    if len(one_type) > 1 and not shape.mix_gpu_types:
         return (
             "the gang does not fit the nodes of any one GPU type even when the cluster is "
             "empty (resources.mix_gpu_types lets one gang span types)"
+        )
+    if shape.gpu_types is not None:
+        return (
+            f"the gang does not fit the nodes of type {', '.join(sorted(shape.gpu_types))} "
+            "even when the cluster is empty"
         )
     return "the gang does not fit the cluster's nodes even when the cluster is empty"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import NamedTuple, TypeVar
 
 from scheduler.model import GangShape, JobView, Node, Placement
@@ -81,7 +82,8 @@ class GpuTypes:
         for node in alive:
             speeds.setdefault(node.gpu_type or UNKNOWN_TYPE, node.gpu_speed)
         self.speed = speeds
-        order = (lambda t: (-speeds[t], t)) if speed_aware else (lambda t: (0.0, t))
+        # Nodes of no known type after typed ones of the same speed (theirs is a guess).
+        order = (lambda t: (-speeds[t], not t, t)) if speed_aware else (lambda t: (0.0, False, t))
         self.names = sorted(speeds, key=order)
         self.mixed = len(self.names) > 1
         self.speed_aware = speed_aware
@@ -238,6 +240,14 @@ class FreePool:
             total += sum(self._by_type[n].total_gpus for n in names if n in self._by_type)
         return total
 
+    def on_types_of(self, shape: GangShape, placement: Placement) -> GangShape:
+        """`shape` kept to the GPU types `placement` is on, unless it may mix them: more
+        of a gang (an elastic job's new replica) goes where the rest of it runs."""
+        if not self.mixed or shape.mix_gpu_types:
+            return shape
+        types = frozenset(self._type_of.get(n, UNKNOWN_TYPE) for n in placement.node_ids)
+        return replace(shape, gpu_types=types)
+
     def choices(self, shape: GangShape) -> tuple[Kind, ...]:
         """Where to try placing `shape`, in order (see `GpuTypes.choices`)."""
         if self.types is None:
@@ -278,8 +288,12 @@ class FreePool:
                 )
         return pool
 
-    def largest_gpus(self) -> int:
-        return self._all.sizes[-1] if self._all.sizes else 0
+    def largest_gpus(self, kind: Kind = None) -> int:
+        """The most free GPUs on one node (of `kind`, if given)."""
+        if isinstance(kind, frozenset):
+            return max((self.largest_gpus(name) for name in kind), default=0)
+        index = self._all if kind is None else self._by_type.get(kind)
+        return index.sizes[-1] if index is not None and index.sizes else 0
 
     def best_fit(
         self, gpus: int, cpus: float, rack: str | None = None, kind: Kind = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -307,7 +307,7 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
         return
     start = earliest_start(job.shape, state.free, state.releases, state.now)
     if start is None:
-        state.decisions.append(Wait(job.id, _never_on_alive_nodes(job)))
+        state.decisions.append(Wait(job.id, _never_on_alive_nodes(state, job)))
         return
     _set_reservation(state, job, start)
     explanation = _explain_blocked(state, job, start)
@@ -480,6 +480,12 @@ def _shrink_for(state: _Pass, job: JobView) -> bool:
             break
     if placement is None:
         return False
+    for victim_id in list(plan)[:-1]:  # spare shrinks the room does not need (other types)
+        rest = {k: v for k, v in plan.items() if k != victim_id}
+        spared = place_gang(job.shape, _freed_by_shrinks(state.free, rest.values()))
+        if spared is not None:
+            plan, placement = rest, spared
+    pool = _freed_by_shrinks(state.free, plan.values())
     deadline = state.now + timedelta(seconds=state.config.checkpoint_grace_s)
     for victim, dp in plan.values():
         assert victim.placement is not None
@@ -498,6 +504,19 @@ def _shrink_for(state: _Pass, job: JobView) -> bool:
         "they have resized",
     )
     return True
+
+
+def _freed_by_shrinks(free: FreePool, plan: Iterable[tuple[JobView, int]]) -> FreePool:
+    """A copy of `free` plus the replicas each (job, new dp) of `plan` gives up."""
+    pool = free.copy()
+    for victim, dp in plan:
+        assert victim.placement is not None
+        replicas = replica_nodes(victim.shape, victim.placement)
+        rank = Capacity(victim.shape.gpus_per_rank, victim.shape.cpus_per_rank)
+        for gone in replicas[dp:]:
+            for node_id in gone:
+                pool.give(node_id, rank)
+    return pool
 
 
 def _grow_elastic(state: _Pass) -> None:
@@ -520,8 +539,8 @@ def _grow_elastic(state: _Pass) -> None:
     soon = state.now + timedelta(seconds=state.config.resize_lookahead_s)
     for job in sorted(growable, key=lambda h: (-h.priority, h.id)):
         assert job.placement is not None and job.shape.dp_max is not None
-        one = job.shape.with_dp(1)
         pool = (state.spare or state.free).copy()
+        one = pool.on_types_of(job.shape.with_dp(1), job.placement)
         extra: list[str] = []
         for _ in range(job.shape.dp_max - job.shape.parallelism.dp):
             spot = place_gang(one, pool)
@@ -638,19 +657,24 @@ def _explain_queued(state: _Pass, job: JobView, behind: int) -> Explanation:
 
 
 def _explain_shortage(state: _Pass, shape: GangShape, unblock: str) -> Explanation:
-    need = shape.num_gpus
-    free_now = state.free.total_gpus
-    if free_now < need:
-        return Explanation(Blocker.CLUSTER_FULL, f"needs {need} GPUs; {free_now} free now", unblock)
-    kinds = state.free.choices(shape)
-    if None not in kinds and all(state.free.type_gpus([k]) < need for k in kinds):
-        return _explain_types(state, shape, kinds, unblock)  # only some types will do
+    pool, need = state.free, shape.num_gpus
+    if pool.total_gpus < need:
+        return Explanation(
+            Blocker.CLUSTER_FULL, f"needs {need} GPUs; {pool.total_gpus} free now", unblock
+        )
+    kinds = pool.choices(shape)
+    if None in kinds:
+        free, largest, of_types = pool.total_gpus, pool.largest_gpus(), ""
+    else:  # only some GPUs will do: those of its types, one type at a time unless mixed
+        if all(pool.type_gpus([k]) < need for k in kinds):
+            return _explain_types(state, shape, kinds, unblock)
+        free = max(pool.type_gpus([k]) for k in kinds)
+        largest, of_types = max(pool.largest_gpus(k) for k in kinds), " of a type it may use"
     group = shape.ranks_per_group * shape.gpus_per_rank
     return Explanation(
         Blocker.NODE_SHAPE,
         f"needs {shape.num_ranks // shape.ranks_per_group} block(s) of {group} GPUs on one "
-        f"node; {free_now} GPUs are free but the largest free block is "
-        f"{state.free.largest_gpus()}",
+        f"node; {free} GPUs{of_types} are free but the largest free block is {largest}",
         unblock,
     )
 
@@ -662,8 +686,12 @@ def _explain_types(
     it names, or (unmixed) those of one type at a time."""
     pool = state.free
     names = sorted({n for k in kinds for n in ([k] if isinstance(k, str) else k or ())})
-    free_by_type = ", ".join(f"{n or 'unknown'} {pool.type_gpus([n])}" for n in names)
     one_type = "" if shape.mix_gpu_types else " of one type"
+    if not names:  # the types it names are on no alive node
+        asked = "/".join(sorted(shape.gpu_types or ()))
+        message = f"needs {shape.num_gpus} GPUs of type {asked}; no alive node has that type"
+        return Explanation(Blocker.GPU_TYPE, message, "starts when nodes of its type come back")
+    free_by_type = ", ".join(f"{n or 'unknown'} {pool.type_gpus([n])}" for n in names)
     return Explanation(
         Blocker.GPU_TYPE,
         f"needs {shape.num_gpus} GPUs{one_type} ({'/'.join(n or 'unknown' for n in names)}); "
@@ -672,10 +700,18 @@ def _explain_types(
     )
 
 
-def _never_on_alive_nodes(job: JobView) -> Explanation:
+def _never_on_alive_nodes(state: _Pass, job: JobView) -> Explanation:
+    shape = job.shape
+    kinds = state.free.choices(shape)
+    if shape.gpu_types is not None:
+        where = f" of type {'/'.join(sorted(shape.gpu_types))}"
+    elif None not in kinds and not shape.mix_gpu_types:
+        where = " of one GPU type (resources.mix_gpu_types lets it span types)"
+    else:
+        where = ""
     return Explanation(
-        Blocker.NODE_SHAPE,
-        f"needs {job.shape.num_gpus} GPUs in blocks of {job.shape.ranks_per_group} ranks; the "
+        Blocker.GPU_TYPE if where else Blocker.NODE_SHAPE,
+        f"needs {shape.num_gpus} GPUs{where} in blocks of {shape.ranks_per_group} ranks; the "
         "alive nodes cannot hold it even when every running job has ended",
         "starts when enough nodes come back",
     )

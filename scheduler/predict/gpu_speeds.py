@@ -19,14 +19,23 @@ SEED_SPEEDS: Mapping[str, float] = {
     "H200": 1.15,
     "GH200": 1.15,
     "H100": 1.0,
+    "H800": 1.0,
     "A100": 0.4,
+    "A800": 0.4,
     "L40S": 0.35,
+    "L40": 0.3,
+    "A40": 0.3,
+    "A6000": 0.3,
     "A10G": 0.12,
+    "A10": 0.12,
     "L4": 0.12,
     "V100": 0.15,
     "T4": 0.06,
+    "P100": 0.05,
 }
-UNKNOWN_SPEED = 1.0  # a type neither seeded nor measured: as fast as the reference
+# A type neither seeded nor measured: taken as fast as the reference (a guess, placed
+# after seeded types of the same speed) until `gangway calibrate` measures it.
+UNKNOWN_SPEED = 1.0
 
 
 def seed_speed(gpu_type: str | None) -> float:
@@ -50,7 +59,7 @@ def measured_speeds(step_times: Mapping[str, float]) -> dict[str, float]:
     if REFERENCE_TYPE in timed:
         anchor, anchor_speed = REFERENCE_TYPE, 1.0
     else:
-        anchor = max(timed, key=seed_speed)
+        anchor = max(sorted(timed), key=seed_speed)  # ties: by name, never by dict order
         anchor_speed = seed_speed(anchor)
     return {t: anchor_speed * timed[anchor] / s for t, s in timed.items()}
 

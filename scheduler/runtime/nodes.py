@@ -56,10 +56,15 @@ class NodeWatch:
             for node in self._cluster.nodes()
         ]
         if self._speeds is not None:
-            speed = self._speeds(nodes)
-            nodes = [replace(n, gpu_speed=speed.get(n.gpu_type or "", n.gpu_speed)) for n in nodes]
+            speeds = self._speeds(nodes)
+            nodes = [_with_speed(n, speeds) for n in nodes]
         if nodes != self._stored:  # a thousand nodes rewritten every pass cost more than a pass
             self._repo.replace_nodes(nodes)
             self._stored = nodes
         self.names = {node.id: node.name for node in nodes}
         return nodes
+
+
+def _with_speed(node: Node, speeds: Mapping[str, float]) -> Node:
+    speed = speeds.get(node.gpu_type or "", node.gpu_speed)
+    return node if speed == node.gpu_speed else replace(node, gpu_speed=speed)

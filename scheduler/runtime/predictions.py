@@ -139,17 +139,30 @@ class Predictions:
         """Each GPU type's speed (by name, "" for none): from the calibrated step-time
         model of its nodes where this cluster has measured them (the reference
         workload's step time against the other types'), else the seed table."""
-        types = {n.gpu_type or "": node_type(n) for n in nodes if n.num_gpus}
-        key = (tuple(sorted(types.items())), self._learned)
+        shapes = frozenset((n.gpu_type or "", n.num_gpus, int(n.num_cpus)) for n in nodes)
+        key = (shapes, self._learned)
         if self._speeds is None or self._speeds[0] != key:
             self.refresh()
+            types: dict[str, list[NodeType]] = {}
+            for node in nodes:
+                if node.num_gpus:
+                    types.setdefault(node.gpu_type or "", []).append(node_type(node))
             steps = {
                 name: calibration.step_time_s(REFERENCE_MODEL, REFERENCE_PLAN)
-                for name, node in types.items()
-                if name and (calibration := self.calibration(node)) is not None
+                for name, kinds in types.items()
+                if name and (calibration := self._first_calibrated(kinds)) is not None
             }
-            self._speeds = (key, speeds_for(types, measured_speeds(steps)))
+            measured = measured_speeds(steps)
+            self._speeds = ((shapes, self._learned), speeds_for(types, measured))
         return self._speeds[1]
+
+    def _first_calibrated(self, kinds: Sequence[NodeType]) -> Calibration | None:
+        """The step-time model of the first of these node shapes that has one."""
+        for kind in dict.fromkeys(kinds):
+            calibration = self.calibration(kind)
+            if calibration is not None:
+                return calibration
+        return None
 
     def planning_calibration(self, node: NodeType) -> Calibration:
         """The fitted model for `node`, else the one at assumed speeds: what `auto`

@@ -51,9 +51,10 @@ def trainer_job(spec: JobSpec, dp: int | None = None) -> TrainerJob | None:
     return TrainerJob(ModelShape(**asdict(config)), plan, settings.steps)
 
 
-# One workload every type's speed is compared on: gpt-mini, one rank, a batch of 4.
-REFERENCE_MODEL = ModelShape(**asdict(MODEL_CONFIGS["gpt-mini"]))
-REFERENCE_PLAN = StepPlan(batch_size=4)
+# One workload every type's speed is compared on: gpt-small, one rank, a batch of 8; big
+# enough that compute, not the per-step constant, sets its step time on a GPU.
+REFERENCE_MODEL = ModelShape(**asdict(MODEL_CONFIGS["gpt-small"]))
+REFERENCE_PLAN = StepPlan(batch_size=8)
 
 
 def node_type(node: Node, memory_bytes: float = DEVICE_MEMORY_BYTES) -> NodeType:

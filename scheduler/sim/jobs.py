@@ -43,6 +43,9 @@ class SimConfig:
             raise ValueError("every node type needs at least one node")
         if any(speed <= 0 for _, speed in self.gpu_speeds):
             raise ValueError("gpu_speeds must be > 0")
+        unknown = {name for name, _ in self.gpu_speeds} - {name for name, _ in self.node_types}
+        if unknown:
+            raise ValueError(f"gpu_speeds names types no node has: {', '.join(sorted(unknown))}")
         if min(self.checkpoint_interval_s, self.tick_s, self.wait_tick_s) <= 0:
             raise ValueError("checkpoint_interval_s, tick_s and wait_tick_s must be > 0")
         if self.placement not in PLACEMENTS:

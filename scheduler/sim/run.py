@@ -54,7 +54,10 @@ def simulate_command(
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise SystemExit(f"unknown policy {unknown}; known: {', '.join(POLICIES)}")
-    config = SimConfig(**cluster)
+    try:
+        config = SimConfig(**cluster)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     jobs = load_trace(trace, limit=limit)
     results: list[SimResult] = []
     metrics: list[Metrics] = []

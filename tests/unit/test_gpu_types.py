@@ -6,10 +6,20 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
-from scheduler.core import Admit, Wait, never_fits_reason, place_gang, schedule
+from scheduler.core import (
+    Admit,
+    PolicyConfig,
+    Resize,
+    Wait,
+    missing_types_reason,
+    never_fits_reason,
+    place_gang,
+    schedule,
+)
 from scheduler.core.decisions import Blocker
 from scheduler.core.placement import FreePool, total_capacity
 from scheduler.model import (
@@ -109,18 +119,21 @@ def test_a_cluster_of_one_type_places_as_before() -> None:
     assert place_gang(_shape(types={"H100"}), _pool(untyped)) is None
 
 
-def test_copies_keep_the_types() -> None:
-    pool = _pool().copy()
-    placement = place_gang(_shape(types={"A100"}), pool)
+def test_copies_keep_the_types_and_their_own_indexes() -> None:
+    pool = _pool()
+    copy = pool.copy()
+    placement = place_gang(_shape(dp=2, tp=8, types={"A100"}), copy, keep=True)
     assert placement is not None and _types_of(placement.node_ids) == {"A100"}
+    assert place_gang(_shape(types={"A100"}), copy) is None  # the copy's A100s are taken
+    assert place_gang(_shape(dp=2, tp=8, types={"A100"}), pool) is not None  # not the pool's
+    assert pool.type_gpus(["A100"]) == 16 and copy.type_gpus(["A100"]) == 0
 
 
 @pytest.mark.parametrize(
     ("shape", "fragment"),
     [
-        (_shape(types={"V100"}), "asks for V100; the cluster's GPUs are A100, H100"),
-        (_shape(dp=3, tp=8), "any one GPU type"),
-        (_shape(dp=3, tp=8, types={"H100"}), "any one GPU type"),
+        (_shape(dp=3, tp=8), "any one GPU type even when the cluster is empty (resources.mix"),
+        (_shape(dp=3, tp=8, types={"H100"}), "the nodes of type H100 even when"),
     ],
 )
 def test_never_fits_names_the_types(shape: GangShape, fragment: str) -> None:
@@ -128,8 +141,24 @@ def test_never_fits_names_the_types(shape: GangShape, fragment: str) -> None:
     assert reason is not None and fragment in reason
 
 
+def test_a_type_no_node_has_is_refused_and_one_whose_nodes_are_down_waits() -> None:
+    reason = missing_types_reason(_shape(types={"V100"}), MIXED)
+    assert reason == "asks for V100; the cluster's GPUs are A100, H100"
+    down = (*MIXED, replace(_node(4, "V100"), alive=False))
+    assert missing_types_reason(_shape(types={"V100"}), down) is None
+    assert never_fits_reason(_shape(types={"V100"}), down) is None
+    (wait,) = schedule(ClusterSnapshot(down), [_pending(1, _shape(types={"V100"}))], NOW)
+    assert isinstance(wait, Wait) and wait.explanation.blocker is Blocker.GPU_TYPE
+    assert "GPUs of type V100" in wait.explanation.message
+    assert "alive nodes cannot hold it" in wait.explanation.message
+
+
 def test_never_fits_accepts_a_mixed_gang_the_cluster_holds() -> None:
     assert never_fits_reason(_shape(dp=3, tp=8, mix=True), MIXED) is None
+
+
+def _pending(job_id: int, shape: GangShape) -> JobView:
+    return replace(pending(job_id), shape=shape)
 
 
 def test_a_job_waiting_for_its_type_is_told_so() -> None:
@@ -152,12 +181,17 @@ def test_schedule_admits_on_the_fast_type_and_blind_does_not() -> None:
     assert isinstance(admit, Admit) and _types_of(admit.placement.node_ids) == {"A100"}
 
 
-def _running_on(job_id: int, node_ids: tuple[str, ...]) -> JobView:
+def _running_on(
+    job_id: int, node_ids: tuple[str, ...], *, tp: int = 8, per_node: int | None = None
+) -> JobView:
+    """A job running `per_node` (default tp) one-GPU ranks on each of `node_ids`."""
+    ranks = per_node or tp
+    view = pending(job_id, dp=len(node_ids) * ranks // tp, tp=tp)
     return replace(
-        pending(job_id, dp=len(node_ids), tp=8),
+        view,
         state=JobState.RUNNING,
-        placement=Placement(tuple(n for n in node_ids for _ in range(8))),
-        run=RunInfo(started_at=NOW),
+        placement=Placement(tuple(n for n in node_ids for _ in range(ranks))),
+        run=RunInfo(started_at=NOW - timedelta(hours=1)),
         preemptible=False,
     )
 
@@ -168,6 +202,7 @@ def test_seed_speeds_read_the_names_ray_and_labels_use() -> None:
     assert seed_speed("GH200") == seed_speed("H200") > 1.0
     assert seed_speed("L40S") != seed_speed("L4")
     assert seed_speed("A100-SXM4-80GB") < 1.0
+    assert seed_speed("L40") != seed_speed("L4") and seed_speed("NVIDIA A10") < 0.2
     assert seed_speed(None) == seed_speed("MysteryGPU") == 1.0
 
 
@@ -176,6 +211,8 @@ def test_measured_speeds_are_step_time_ratios_on_the_seed_scale() -> None:
     # no H100 measured: anchored at the fastest seeded type measured
     got = measured_speeds({"A100": 0.5, "V100": 1.0})
     assert got == pytest.approx({"A100": 0.4, "V100": 0.2})
+    # unseeded names: anchored by name, whatever order the nodes came in
+    assert measured_speeds({"x": 1.0, "y": 2.0}) == measured_speeds({"y": 2.0, "x": 1.0})
     speeds = speeds_for(["A100", "V100", None], {"A100": 0.5})
     assert speeds == {"A100": 0.5, "V100": seed_speed("V100"), "": 1.0}
 
@@ -229,3 +266,42 @@ def test_every_node_type_gets_jobs_under_load() -> None:
     result = Simulator(_trace(8, 2, 600.0), config, POLICIES["fifo"]).run()
     speeds = Counter(job.speed for job in result.jobs)
     assert set(speeds) == {seed_speed("A100"), seed_speed("H100")}
+
+
+def test_a_typed_job_blocked_by_node_shape_is_told_its_types_numbers() -> None:
+    busy = _running_on(2, ("n2",), tp=4)  # H100 n2: 4 free; n3: 4 taken by job 3
+    other = _running_on(3, ("n3",), tp=4)
+    job = _pending(1, _shape(tp=8, types={"H100"}))
+    decisions = schedule(ClusterSnapshot(MIXED), [busy, other, job], NOW)
+    wait = next(d for d in decisions if isinstance(d, Wait))
+    assert wait.explanation.blocker is Blocker.NODE_SHAPE
+    assert "8 GPUs of a type it may use are free but the largest free block is 4" in (
+        wait.explanation.message
+    )
+
+
+def test_an_elastic_job_grows_only_on_the_type_it_runs_on() -> None:
+    nodes = (_node(0, "A100", 0.4), _node(1, "H100", 1.0))
+    job = replace(
+        _running_on(1, ("n0",), tp=1, per_node=4),
+        shape=GangShape(Parallelism(dp=4), dp_min=1, dp_max=12),
+        preemptible=True,
+    )
+    decisions = schedule(ClusterSnapshot(nodes), [job], NOW, PolicyConfig(resize_lookahead_s=0))
+    (grow,) = [d for d in decisions if isinstance(d, Resize)]
+    assert grow.dp == 8 and set(grow.placement.node_ids) == {"n0"}
+    mixing = replace(job, shape=replace(job.shape, mix_gpu_types=True))
+    decisions = schedule(ClusterSnapshot(nodes), [mixing], NOW, PolicyConfig(resize_lookahead_s=0))
+    (grow,) = [d for d in decisions if isinstance(d, Resize)]
+    assert grow.dp == 12 and set(grow.placement.node_ids) == {"n0", "n1"}
+
+
+def test_only_the_shrinks_that_make_room_on_a_usable_type_are_made() -> None:
+    nodes = (_node(0, "A100", 0.4), _node(1, "H100", 1.0))
+    elastic = GangShape(Parallelism(dp=8), dp_min=1, dp_max=8)
+    on_a100 = replace(_running_on(1, ("n0",), tp=1, per_node=8), shape=elastic, priority=-2)
+    on_h100 = replace(_running_on(2, ("n1",), tp=1, per_node=8), shape=elastic, priority=-1)
+    job = replace(_pending(3, _shape(tp=4, types={"H100"})), priority=5)
+    decisions = schedule(ClusterSnapshot(nodes), [on_a100, on_h100, job], NOW)
+    shrinks = [d for d in decisions if isinstance(d, Resize)]
+    assert [(d.job_id, d.dp) for d in shrinks] == [(2, 4)]  # job 1's A100s would not help

@@ -100,6 +100,7 @@ class NodeType:
     memory_bytes: float
     startup_s: float = 30.0
     gpu: bool = True  # its ranks run on GPUs (else CPU cores)
+    gpu_type: str | None = None  # its GPUs' type, where the node names it
 
 
 def work(model: ModelShape, plan: StepPlan, node: NodeType) -> np.ndarray:

@@ -14,8 +14,10 @@ submits goes first, and their history is any job's history once they succeed.
 own (`GANGWAY_AUTO_CALIBRATE`: by default only with a Ray cluster of its own, not the
 embedded one, whose logical GPUs share this host's cores with users' jobs); `gangway
 calibrate` (`POST /v1/calibrations`, admins) submits them on demand, more runs for the
-fit. A run is measured on the node type it lands on (nothing pins it to the type it was
-meant for), which on a cluster of one type is the same.
+fit. On a cluster of several GPU types the runs name their type (`resources.gpu_types`)
+and each type is calibrated in turn, so each type's speed is measured
+(`Predictions.gpu_speeds`). A run is still measured on the node shape it lands on, which
+for one GPU type on nodes of different sizes may differ from the one it was named for.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def calibration_bodies(node: NodeType) -> list[dict[str, object]]:
     if not two:  # one device: vary the batch instead
         runs[2] = ("gpt-mini", 20, 8, {"dp": 1})
         runs[3] = ("gpt-tiny", 40, 32, {"dp": 1})
+    pinned = {"resources": {"gpu_types": [node.gpu_type]}} if node.gpu_type else {}
     return [
         JobSubmit.model_validate(
             {
@@ -61,6 +64,7 @@ def calibration_bodies(node: NodeType) -> list[dict[str, object]]:
                 + " ".join(f"{k}={v}" for k, v in mesh.items()),
                 "user": CALIBRATION_USER,
                 "priority": LOWEST_PRIORITY,
+                **pinned,  # measured on the type it is for, wherever placement prefers
                 "parallelism": mesh,
                 "time_limit_s": 900,
                 "entrypoint": {
@@ -104,9 +108,10 @@ def submit_calibration(repo: JobRepository, node: NodeType) -> list[JobRecord]:
 
 
 class AutoCalibration:
-    """Once per node type per process: if the step-time model of the type most nodes
-    have is not fitted and no calibration run of that type was ever stored, store them
-    (after any other type's runs ended). A query or two per pass until then, none after."""
+    """Once per node type per process: if the step-time model of a type the nodes have
+    is not fitted and no calibration run of that type was ever stored, store them (after
+    any other type's runs ended), the most common type first. A query or two per pass
+    until then, none after."""
 
     def __init__(self, repo: JobRepository) -> None:
         self._repo = repo

@@ -49,7 +49,7 @@ from scheduler.runtime.nodes import NodeWatch
 from scheduler.runtime.predictions import Predictions
 from scheduler.runtime.stragglers import StragglerWatch
 from scheduler.runtime.sweeps import SweepController
-from scheduler.runtime.trainer_shapes import common_node_type
+from scheduler.runtime.trainer_shapes import common_node_type, gpu_node_types
 from scheduler.runtime.working_set import WorkingSet
 from scheduler.store import Fenced, FenceSlot, JobRecord, JobRepository, ProgressNote
 from scheduler.store.base import utcnow
@@ -236,9 +236,14 @@ class SchedulerLoop:
         self._predictions.record(decisions, now)
 
     def _calibrate(self, nodes: Sequence[Node]) -> None:
-        """Queue calibration runs for the nodes' common type if it is unmeasured (once)."""
-        if self._calibration is not None:
-            self._calibration.check(common_node_type(nodes), self._calibrated)
+        """Queue calibration runs for each unmeasured GPU node type (once each, one type's
+        runs at a time: the most common type first)."""
+        if self._calibration is None:
+            return
+        types: list[NodeType | None] = [*gpu_node_types(nodes)] or [common_node_type(nodes)]
+        for node in types:
+            if self._calibration.check(node, self._calibrated):
+                return
 
     def _calibrated(self, node: NodeType) -> bool:
         self._predictions.refresh()  # what succeeded before this process started counts

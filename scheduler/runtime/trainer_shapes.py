@@ -63,8 +63,15 @@ def node_type(node: Node, memory_bytes: float = DEVICE_MEMORY_BYTES) -> NodeType
     cpus = max(1, int(node.num_cpus))
     if node.num_gpus:
         gpus = f"{node.num_gpus} {node.gpu_type}" if node.gpu_type else f"{node.num_gpus} GPU"
-        return NodeType(f"{gpus} / {cpus} CPU", node.num_gpus, node.num_gpus, memory_bytes)
+        name = f"{gpus} / {cpus} CPU"
+        return NodeType(name, node.num_gpus, node.num_gpus, memory_bytes, gpu_type=node.gpu_type)
     return NodeType(f"{cpus} CPU", cpus, cpus, memory_bytes, gpu=False)
+
+
+def gpu_node_types(nodes: Iterable[Node]) -> list[NodeType]:
+    """The node types of the live GPU nodes, most common first (ties by name)."""
+    counts = Counter(node_type(n) for n in nodes if n.alive and n.num_gpus)
+    return sorted(counts, key=lambda kind: (-counts[kind], kind.name))
 
 
 def common_node_type(nodes: Iterable[Node]) -> NodeType | None:

@@ -18,7 +18,7 @@ import gangway.cli_shared
 from api.app import create_app
 from gangway import AsyncClient, Client
 from gangway.models import Builtin, Estimate, JobSubmit, Parallelism
-from scheduler.model import RESOURCE_HOLDING_STATES, JobState
+from scheduler.model import RESOURCE_HOLDING_STATES, JobState, Node
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.loop import SchedulerLoop
 from scheduler.runtime.predictions import REPREDICT_RUNNING_S, Predictions
@@ -410,3 +410,27 @@ def test_admins_queue_calibration_runs_again(repo: JobRepository, api: TestClien
     assert [job["user"] for job in made.json()] == ["gangway"] * 4
     repo.replace_nodes([])
     assert api.post("/v1/calibrations").status_code == 409  # no live node to measure
+
+
+def test_each_gpu_type_is_calibrated_in_turn_on_its_own_type(
+    repo: JobRepository, executor: FakeExecutor, clock: Clock
+) -> None:
+    """On a cluster of two GPU types the most common type's runs come first, each pinned
+    to that type (placement would send them to the fastest); the other type's after."""
+    typed = [
+        Node("a1", "a100-1", 4, 8.0, gpu_type="A100"),
+        Node("a2", "a100-2", 4, 8.0, gpu_type="A100"),
+        Node("h1", "h100-1", 4, 8.0, gpu_type="H100"),
+    ]
+    loop = SchedulerLoop(
+        repo=repo, cluster=FakeCluster(typed), executor=executor, clock=clock, auto_calibrate=True
+    )
+    loop.tick()
+    first = repo.page(user="gangway")
+    assert {job.name.split(":")[0] for job in first} == {"calibrate 4 A100 / 8 CPU"}
+    assert {job.spec.shape.gpu_types for job in first} == {frozenset({"A100"})}
+    for job in first:  # the next type's runs wait until these ended
+        repo.transition(job.id, JobState.CANCELLED, reason="test: done with this type")
+    loop.tick()
+    names = {job.name.split(":")[0] for job in repo.page(user="gangway")}
+    assert names == {"calibrate 4 A100 / 8 CPU", "calibrate 4 H100 / 8 CPU"}

@@ -53,6 +53,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GANGWAY_", extra="ignore")
 
     data_dir: Path = Field(Path("~/.gangway"), description="SQLite file and logs live here")
+    storage_dir: Path | None = Field(
+        None,
+        description="checkpoints, outputs and model files: storage every Ray node mounts "
+        "(a shared mount on more than one host); empty = data_dir",
+    )
     database_url: str = Field("", description="SQLAlchemy URL; empty = SQLite in data_dir")
     ray_address: str = Field("", description="Ray cluster to join; empty = start a local one")
     local_nodes: int = Field(2, ge=1, le=16, description="logical GPU nodes of the local Ray")
@@ -282,18 +287,24 @@ class Settings(BaseSettings):
         """Whether the loop queues calibration runs on its own (`auto_calibrate`)."""
         return self.auto_calibrate if self.auto_calibrate is not None else bool(self.ray_address)
 
+    def storage(self) -> Path:
+        """What ranks and the service both read and write (checkpoints, outputs, model
+        files): `storage_dir`, else the data dir; on more than one host, a shared mount.
+        Nothing else of the data dir (database, packages) need be seen by a node."""
+        return (self.storage_dir or self.data_dir).expanduser()
+
     def checkpoint_root(self) -> Path:
         """Where ranks write checkpoints: shared storage when ranks run on other hosts."""
-        return self.data_dir.expanduser() / "checkpoints"
+        return self.storage() / "checkpoints"
 
     def models_root(self) -> Path:
         """The registered model versions' files (`scheduler.store.model_files`)."""
-        return self.data_dir.expanduser() / "models"
+        return self.storage() / "models"
 
     def outputs_root(self) -> Path:
         """What jobs' ranks wrote to their OUTPUTS_DIR, copied by the rank supervisors
         (`scheduler.store.outputs`): shared storage when ranks run on other hosts."""
-        return self.data_dir.expanduser() / "outputs"
+        return self.storage() / "outputs"
 
     def sandbox_mode(self) -> SandboxMode:
         if self.sandbox != "auto":
@@ -336,8 +347,8 @@ class Settings(BaseSettings):
         )
 
     def packages_root(self) -> Path:
-        """Uploaded working directories; ranks read them by `file://` URI, so on more than
-        one host this must be shared storage, like the checkpoints."""
+        """Uploaded working directories, read by the service alone: a gang's nodes get
+        the zip through Ray's object store (`scheduler.runtime.gangs.group`)."""
         return self.data_dir.expanduser() / "packages"
 
     def limits(self) -> Limits:

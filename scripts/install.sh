@@ -35,6 +35,20 @@ ensure_chromium() {
 # Rank programs run in a bubblewrap sandbox (workers/supervisor/sandbox.py). Installed here,
 # as root, when missing; elsewhere the service runs ranks unsandboxed and says so (and,
 # with auth on, refuses to start unless GANGWAY_SANDBOX=preferred or off).
+# nftables: `scripts/cluster slow --loss-pct` drops packets with it on an emulated host.
+ensure_nftables() {
+    if command -v nft > /dev/null; then
+        return
+    fi
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get > /dev/null; then
+        echo "no nftables, and no root apt-get to install it: scripts/cluster slow --loss-pct will refuse" >&2
+        return
+    fi
+    echo "installing Debian's nftables for emulated lossy links ..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables > /dev/null
+}
+
 ensure_bubblewrap() {
     if command -v bwrap > /dev/null; then
         return

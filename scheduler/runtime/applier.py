@@ -37,7 +37,7 @@ class Applier:
         executor: Executor,
         clock: Callable[[], datetime],
         policy: PolicyConfig,
-        suspect: Callable[[str], None],
+        suspect: Callable[[str], str],
         *,
         written: Callable[[JobRecord], None] = lambda record: None,
     ) -> None:
@@ -45,7 +45,7 @@ class Applier:
         self._executor = executor
         self._clock = clock
         self._policy = policy
-        self._suspect = suspect  # a node where ranks were lost
+        self._suspect = suspect  # a node where ranks were lost: marked, its name returned
         self._written = written  # every row a transition returned, as it now stands
         # job id -> (row version, the Wait and position) the row was seen to hold already:
         # the next pass with the same row and the same Wait skips building the comparison.
@@ -190,13 +190,15 @@ class Applier:
             fields["error"] = f"{self._executor.stacks(job.id)}\n{fields.get('error', '')}"
         if change.release:
             self._executor.release(job.id)
-        for node in change.suspect_nodes:
-            self._suspect(node)
+        lost = [self._suspect(node) for node in change.suspect_nodes]
+        reason = change.reason
+        if lost:  # the hosts that died or went silent, by name
+            reason = f"{reason} (lost node{'s' if len(lost) > 1 else ''}: {', '.join(lost)})"
         if change.lost_steps:
             metrics.LOST_STEPS.labels(job.queue).inc(change.lost_steps)
         if change.to is JobState.RESTARTING:
             metrics.RESTARTS.labels(job.queue).inc()
-        moved = self.transition(job, change.to, change.reason, **fields)
+        moved = self.transition(job, change.to, reason, **fields)
         if moved.state is not change.to:
             return moved
         if change.to is JobState.RUNNING:

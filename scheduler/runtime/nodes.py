@@ -35,8 +35,10 @@ class NodeWatch:
         self.names: dict[str, str] = {}
         self._stored: list[Node] | None = None  # what the store holds, once written
 
-    def suspect(self, node_id: str) -> None:
+    def suspect(self, node_id: str) -> str:
+        """Mark the node a suspect; its name (its id when never seen), for the reason."""
         self._suspects[node_id] = self._clock()
+        return self.names.get(node_id, node_id)
 
     def restore(self) -> None:
         """Write the nodes at the next refresh even if unchanged: after a takeover the
@@ -61,7 +63,9 @@ class NodeWatch:
         if nodes != self._stored:  # a thousand nodes rewritten every pass cost more than a pass
             self._repo.replace_nodes(nodes)
             self._stored = nodes
-        self.names = {node.id: node.name for node in nodes}
+        # Names of every node ever seen: Ray stops naming a node's labels once it is dead,
+        # which is when a reason needs its name.
+        self.names.update((node.id, node.name) for node in nodes)
         return nodes
 
 

@@ -61,7 +61,7 @@ from workers.launch import (
 )
 from workers.supervisor import sandbox
 from workers.supervisor.cgroups import RankGroup, rank_group
-from workers.supervisor.environment import program_environment
+from workers.supervisor.environment import network_env, program_environment
 from workers.supervisor.output import LineBuffer, Numbered
 from workers.supervisor.outputs import collect
 from workers.supervisor.process import ProgramProcess
@@ -121,6 +121,7 @@ class RankSupervisor:
         self._job, self._info = job, info
         self._package = package
         self._node_id = str(ray.get_runtime_context().get_node_id())
+        self._node_ip = str(ray.util.get_node_ip_address())
         self._logs = LineBuffer()
         # Every progress report, numbered: the job's metrics, step by step (rank 0's are
         # stored). Bounded: a service that does not poll for long loses the oldest.
@@ -415,6 +416,7 @@ class RankSupervisor:
             rank_env.update(agent_store_env())
         if job.faults:
             rank_env["GANGWAY_FAULTS"] = job.faults
+        trusted_env = {**network_env(self._node_ip), **trusted_env}
         env = program_environment(os.environ, sandbox=trusted_env, job=job.env, rank=rank_env)
         run = job.run
         if isinstance(run, ScriptRun) and job.package is None:

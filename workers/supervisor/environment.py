@@ -16,7 +16,10 @@ Two filters:
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
+import struct
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -84,6 +87,30 @@ def program_environment(
         if name in PROGRAM_NAMES or name.startswith(PROGRAM_PREFIXES)
     }
     return {**inherited, **sandbox, **job, **rank}
+
+
+def network_env(address: str) -> dict[str, str]:
+    """Which interface the ranks' collectives use: the one holding this node's address
+    (Ray's node IP). Gloo and NCCL otherwise take the address the host name resolves to,
+    often a loopback one that no other host can reach. Empty when no interface holds it;
+    a job's own variables override these."""
+    for _, name in socket.if_nameindex():
+        if _ipv4_address(name) == address:
+            return {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
+    return {}
+
+
+def _ipv4_address(interface: str) -> str | None:
+    """The interface's (primary) IPv4 address, as Linux's SIOCGIFADDR reports it."""
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(
+                sock.fileno(), siocgifaddr, struct.pack("256s", interface[:15].encode())
+            )
+        except OSError:  # no IPv4 address on it
+            return None
+    return socket.inet_ntoa(packed[20:24])
 
 
 @contextmanager

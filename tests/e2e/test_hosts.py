@@ -1,0 +1,149 @@
+"""Many hosts, no shared disk, a network that fails: `scripts/cluster up --hosts 3` starts
+three emulated hosts (network namespaces on a bridge, each with its own address and a
+private mount namespace that hides the service's data dir; they share only the storage
+dir, as hosts share an NFS mount). A client ships a working directory (it reaches the
+hosts through Ray's object store); its function runs dp=4 over two hosts, checkpointing;
+one of them is cut off the network mid-step, and the other's link made lossy (5% each way,
+50 Mbit/s). The job restarts on the hosts that remain, its events naming the host that
+went silent, resumes from its newest checkpoint and succeeds over the lossy link. `heal`
+brings the host back (its Ray node started again), and `down` leaves no process,
+namespace or link behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from bench.harness.service import ADMIN_KEY
+from gangway import Client, Function, JobState, Parallelism, Resources
+from tests.e2e.test_cluster import SCRIPT, cluster_command, running_in, workdir
+
+pytestmark = pytest.mark.cluster
+
+STEPS, INTERVAL = 60, 5
+
+
+def network_left(state: Path) -> str:
+    """Namespaces and links the cluster at `state` made, still there."""
+    tag = int(subprocess.run(["cksum"], input=str(state), capture_output=True, text=True,
+                             check=True).stdout.split()[0]) % 65000  # fmt: skip
+    found = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    names = [f"gw{tag}-", f"gwb{tag}", f"gwv{tag}"]
+    return "".join(
+        line for line in (found.stdout + links.stdout).splitlines() if any(n in line for n in names)
+    )
+
+
+@pytest.fixture
+def hosts(postgres_url: str) -> Iterator[tuple[Client, dict[str, str], Path]]:
+    assert os.geteuid() == 0, "emulated hosts need root (CI runs as root)"
+    state = Path(tempfile.mkdtemp(prefix="gwh-"))
+    env = {
+        **os.environ,
+        "GANGWAY_CLUSTER_DIR": str(state),
+        "GANGWAY_ADMIN_KEY": ADMIN_KEY,
+        "GANGWAY_DATABASE_URL": postgres_url,
+        "GANGWAY_SCHEDULE_INTERVAL_S": "0.5",
+        "GANGWAY_MIN_RUNTIME_S": "0",
+        "CLUSTER_GPUS_PER_NODE": "2",
+        "CLUSTER_CPUS_PER_NODE": "2",
+    }
+    try:
+        up = subprocess.run(
+            [str(SCRIPT), "up", "--hosts", "3"],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield Client(up.stdout.strip().splitlines()[-1], api_key=ADMIN_KEY), env, state
+    finally:
+        down = cluster_command("down", env)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert running_in(state) == ""
+        assert network_left(state) == ""
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def on(action: str, host: str, env: dict[str, str], *more: str) -> str:
+    done = subprocess.run(
+        [str(SCRIPT), action, host, *more], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def raylet_of(host: str, state: Path) -> int:
+    found = subprocess.run(
+        ["pgrep", "-f", f"raylet.*{state}/{host}/"], capture_output=True, text=True, check=False
+    )
+    return int(found.stdout.split()[0])
+
+
+@pytest.mark.timeout(900)
+def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
+    hosts: tuple[Client, dict[str, str], Path], tmp_path: Path
+) -> None:
+    client, env, state = hosts
+    job = client.submit(
+        name="across-hosts",
+        entrypoint=Function(
+            target="train:main", kwargs={"steps": STEPS, "interval": INTERVAL, "step_s": 0.3}
+        ),
+        parallelism=Parallelism(dp=4),
+        resources=Resources(gpus_per_rank=1, cpus_per_rank=0.5),
+        working_dir=workdir(tmp_path / "work"),
+        max_restarts=2,
+    )
+    # each host sees its own filesystem: not the service's data dir (database, packages)
+    hidden = subprocess.run(
+        ["nsenter", "-t", str(raylet_of("host-1", state)), "-m", "ls", "-A", f"{state}/service"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert hidden.stdout == "" and any((state / "service" / "packages").iterdir())
+    deadline = time.monotonic() + 300
+    while (info := client.get(job.id)).progress.step < INTERVAL + 3:
+        assert not info.state.is_terminal and time.monotonic() < deadline, info.status_reason
+        time.sleep(0.3)
+    first = {p.node_name for p in info.placement}
+    assert len(first) == 2, first  # two hosts of two GPUs
+    victim = info.placement[-1].node_name
+    lossy = info.placement[0].node_name  # stays: the next attempt runs on it, lossy
+    on("partition", victim, env)
+    cut_at = datetime.now(UTC)
+    assert "5% loss" in on("slow", lossy, env, "--loss-pct", "5", "--rate-mbit", "50")
+
+    done = client.wait(job.id, timeout_s=600, poll_s=0.5)
+    assert done.state is JobState.SUCCEEDED, done.error
+    assert done.attempt == 2 and done.progress.step == STEPS
+    assert victim not in {p.node_name for p in done.placement}
+    restarted = next(e for e in client.events(job.id) if e.to_state is JobState.RESTARTING)
+    assert f"lost node: {victim}" in restarted.reason, restarted.reason
+    noticed_s = (restarted.at - cut_at).total_seconds()  # Ray's heartbeats, then ours
+    assert 0 < noticed_s < 150, f"the lost host was noticed after {noticed_s:.0f} s"
+    text = "\n".join(line.line for line in client.logs(job.id, tail=2000))
+    resumed = {int(line.rsplit("starts at ", 1)[1].split()[0]) for line in text.splitlines()
+               if "starts at" in line and "starts at 0" not in line}  # fmt: skip
+    assert resumed and min(resumed) % INTERVAL == 0 and min(resumed) > 0, text[-2000:]
+
+    assert "a plain link again" in on("slow", lossy, env)
+    print(on("heal", victim, env))
+    delayed = subprocess.run(
+        [str(SCRIPT), "slow", victim, "--delay-ms", "200"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if delayed.returncode == 3:  # a kernel without netem (this machine's) says so
+        assert "no netem" in delayed.stderr
+    else:
+        assert delayed.returncode == 0 and "200 ms delay" in delayed.stdout, delayed.stderr
+    deadline = time.monotonic() + 120
+    while sum(n.alive for n in client.cluster().nodes) < 3:  # the healed host's node is back
+        assert time.monotonic() < deadline, client.cluster()
+        time.sleep(1)

@@ -32,9 +32,6 @@ ensure_chromium() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null
 }
 
-# Rank programs run in a bubblewrap sandbox (workers/supervisor/sandbox.py). Installed here,
-# as root, when missing; elsewhere the service runs ranks unsandboxed and says so (and,
-# with auth on, refuses to start unless GANGWAY_SANDBOX=preferred or off).
 # nftables: `scripts/cluster slow --loss-pct` drops packets with it on an emulated host.
 ensure_nftables() {
     if command -v nft > /dev/null; then
@@ -49,6 +46,9 @@ ensure_nftables() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables > /dev/null
 }
 
+# Rank programs run in a bubblewrap sandbox (workers/supervisor/sandbox.py). Installed here,
+# as root, when missing; elsewhere the service runs ranks unsandboxed and says so (and,
+# with auth on, refuses to start unless GANGWAY_SANDBOX=preferred or off).
 ensure_bubblewrap() {
     if command -v bwrap > /dev/null; then
         return

@@ -63,9 +63,9 @@ class NodeWatch:
         if nodes != self._stored:  # a thousand nodes rewritten every pass cost more than a pass
             self._repo.replace_nodes(nodes)
             self._stored = nodes
-        # Names of every node ever seen: Ray stops naming a node's labels once it is dead,
-        # which is when a reason needs its name.
-        self.names.update((node.id, node.name) for node in nodes)
+        # Names of every node seen alive: Ray may stop reporting a dead node's labels, and
+        # a dead node is when a reason needs its name (one entry per raylet ever started).
+        self.names.update((node.id, node.name) for node in nodes if node.alive)
         return nodes
 
 

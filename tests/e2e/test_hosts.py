@@ -12,6 +12,7 @@ namespace or link behind."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -32,15 +33,15 @@ STEPS, INTERVAL = 60, 5
 
 
 def network_left(state: Path) -> str:
-    """Namespaces and links the cluster at `state` made, still there."""
-    tag = int(subprocess.run(["cksum"], input=str(state), capture_output=True, text=True,
-                             check=True).stdout.split()[0]) % 65000  # fmt: skip
-    found = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    """Namespaces and links the cluster at `state` made, still there (named as the script
+    names them, from its state dir's real path)."""
+    path = str(state.resolve())
+    checksum = subprocess.run(["cksum"], input=path, capture_output=True, text=True, check=True)
+    tag = f"{int(checksum.stdout.split()[0]) % 65000:05d}"
+    spaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    names = [f"gw{tag}-", f"gwb{tag}", f"gwv{tag}"]
-    return "".join(
-        line for line in (found.stdout + links.stdout).splitlines() if any(n in line for n in names)
-    )
+    ours = re.compile(rf"gw{tag}-host-\d+|gwb{tag}[@:]|gwv{tag}h\d+[@:]")
+    return "\n".join(ours.findall(spaces.stdout + links.stdout))
 
 
 @pytest.fixture

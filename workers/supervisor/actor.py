@@ -366,7 +366,9 @@ class RankSupervisor:
         package = self._job.package
         if package is None or isinstance(self._job.run, BuiltinRun):
             return None
-        return unpacked_package(base, package.sha256, self._fetch_package, self._job.limits)
+        folder = unpacked_package(base, package.sha256, self._fetch_package, self._job.limits)
+        self._package = None  # unpacked: the service's copy need not stay pinned for us
+        return folder
 
     def _fetch_package(self) -> bytes:
         """The zip's bytes from Ray's object store (from the service, wherever it runs)."""
@@ -416,7 +418,7 @@ class RankSupervisor:
             rank_env.update(agent_store_env())
         if job.faults:
             rank_env["GANGWAY_FAULTS"] = job.faults
-        trusted_env = {**network_env(self._node_ip), **trusted_env}
+        trusted_env = {**network_env(self._node_ip, os.environ), **trusted_env}
         env = program_environment(os.environ, sandbox=trusted_env, job=job.env, rank=rank_env)
         run = job.run
         if isinstance(run, ScriptRun) and job.package is None:

@@ -89,14 +89,17 @@ def program_environment(
     return {**inherited, **sandbox, **job, **rank}
 
 
-def network_env(address: str) -> dict[str, str]:
-    """Which interface the ranks' collectives use: the one holding this node's address
-    (Ray's node IP). Gloo and NCCL otherwise take the address the host name resolves to,
-    often a loopback one that no other host can reach. Empty when no interface holds it;
-    a job's own variables override these."""
+def network_env(address: str, host: Mapping[str, str]) -> dict[str, str]:
+    """Which interface the ranks' collectives use, where the node's own environment
+    (`host`) does not say: the one holding this node's address (Ray's node IP). Gloo and
+    NCCL otherwise take the address the host name resolves to, often a loopback one that
+    no other host can reach. Empty when no interface has it as its primary IPv4 address
+    (a secondary or IPv6-only address: set the variables on the node). A job's own
+    variables override these."""
     for _, name in socket.if_nameindex():
         if _ipv4_address(name) == address:
-            return {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
+            chosen = {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": f"={name}"}  # exact
+            return {key: value for key, value in chosen.items() if key not in host}
     return {}
 
 

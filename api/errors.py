@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.auth import Forbidden, Unauthorized
@@ -51,6 +52,9 @@ class TooManyRequests(RuntimeError):
     """The caller holds as much of something as it may (a 429); the message says what."""
 
     retry_after_s = 5
+
+
+DATABASE_RETRY_S = 5
 
 
 def error_response(
@@ -129,7 +133,21 @@ def install_error_handlers(app: FastAPI) -> None:
             headers["Allow"] = ", ".join(_allowed_methods(app, request.url.path))
         return error_response(exc.status_code, [detail], headers=headers)
 
+    @app.exception_handler(DBAPIError)
+    async def _database(_: Request, exc: DBAPIError) -> JSONResponse:
+        """The database cannot be reached (a partition, a restart, a failover): the
+        request may be retried as it was; anything else the database said is a bug."""
+        if not (isinstance(exc, OperationalError) or exc.connection_invalidated):
+            return _internal_error(exc)
+        message = "the service cannot reach its database just now; try again shortly"
+        detail = ErrorDetail(code="database_unavailable", message=message)
+        return error_response(503, [detail], headers={"Retry-After": str(DATABASE_RETRY_S)})
+
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        message = f"internal error ({type(exc).__name__}); see the service log"
-        return error_response(500, [ErrorDetail(code="internal", message=message)])
+        return _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> JSONResponse:
+    message = f"internal error ({type(exc).__name__}); see the service log"
+    return error_response(500, [ErrorDetail(code="internal", message=message)])

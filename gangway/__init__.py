@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         NotFound,
         TransportError,
         Unauthorized,
+        Unavailable,
         ValidationFailed,
         WaitTimeout,
     )
@@ -87,6 +88,7 @@ _SOURCES = {
     "Straggler": "gangway.models",
     "TransportError": "gangway.errors",
     "Unauthorized": "gangway.errors",
+    "Unavailable": "gangway.errors",
     "ValidationFailed": "gangway.errors",
     "WaitTimeout": "gangway.errors",
 }
@@ -132,6 +134,7 @@ __all__ = [
     "Straggler",
     "TransportError",
     "Unauthorized",
+    "Unavailable",
     "ValidationFailed",
     "WaitTimeout",
     "report",

@@ -26,7 +26,7 @@ from gangway import calls
 from gangway.calls import Call
 from gangway.client import api_error, auth_headers, has_ended, listed, read_answer
 from gangway.downloads import PartFile, destination
-from gangway.errors import NotFound, TransportError
+from gangway.errors import NotFound, TransportError, Unavailable
 from gangway.logfollow import END, LogCursor
 from gangway.models import (
     JobCheckpoints,
@@ -203,7 +203,13 @@ class AsyncClient:
         it SUCCEEDED, `WaitTimeout` after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while True:
-            job = await self.get(job_id)
+            try:
+                job = await self.get(job_id)
+            except (Unavailable, TransportError):  # a blip: the job has not changed
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(poll_s)
+                continue
             if on_poll is not None:
                 on_poll(job)
             if has_ended(job, deadline, timeout_s):

@@ -19,7 +19,14 @@ from pydantic import PrivateAttr
 from gangway import calls
 from gangway.calls import Call
 from gangway.downloads import PartFile, destination
-from gangway.errors import JobFailed, NotFound, TransportError, WaitTimeout, error_for_status
+from gangway.errors import (
+    JobFailed,
+    NotFound,
+    TransportError,
+    Unavailable,
+    WaitTimeout,
+    error_for_status,
+)
 from gangway.logfollow import END, LogCursor
 from gangway.models import (
     JobCheckpoints,
@@ -205,7 +212,13 @@ class Client:
         after `timeout_s`. `on_poll` sees the job at every poll (a progress bar, say)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            job = self.get(job_id)
+            try:
+                job = self.get(job_id)
+            except (Unavailable, TransportError):  # a blip: the job has not changed
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(poll_s)
+                continue
             if on_poll is not None:
                 on_poll(job)
             if has_ended(job, deadline, timeout_s):

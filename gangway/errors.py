@@ -57,6 +57,11 @@ class ValidationFailed(APIError):
     pass
 
 
+class Unavailable(APIError):
+    """503: the service cannot answer just now (its database is unreachable); the same
+    request may be retried."""
+
+
 class JobFailed(GangwayError):
     def __init__(self, job: Any) -> None:
         super().__init__(f"job {job.id} ended {job.state}: {job.error or job.status_reason}")
@@ -74,6 +79,7 @@ def error_for_status(status_code: int, code: str, message: str, field: str | Non
         404: NotFound,
         409: Conflict,
         422: ValidationFailed,
+        503: Unavailable,
     }.get(status_code, APIError)
     return cls(status_code, code, message, field)
 

@@ -21,6 +21,7 @@ from gangway import (
     Parallelism,
     TransportError,
     Unauthorized,
+    Unavailable,
     ValidationFailed,
     WaitTimeout,
 )
@@ -132,6 +133,26 @@ def test_wait_returns_on_success_and_raises_on_failure() -> None:
     with pytest.raises(JobFailed, match="boom") as info:
         client_for(fail).wait(7, poll_s=0)
     assert info.value.job.id == 7
+
+
+def test_wait_rides_out_a_service_that_cannot_reach_its_database() -> None:
+    answers = iter([503, 503, 200])
+
+    def blip(request: httpx.Request) -> httpx.Response:
+        status = next(answers)
+        if status == 503:
+            body = {"error": {"code": "database_unavailable", "message": "later", "field": None}}
+            return httpx.Response(503, json=body, headers={"Retry-After": "5"})
+        return httpx.Response(200, json=job_json(state="SUCCEEDED"))
+
+    assert client_for(blip).wait(7, poll_s=0).state == "SUCCEEDED"
+
+    def down(request: httpx.Request) -> httpx.Response:
+        body = {"error": {"code": "database_unavailable", "message": "later", "field": None}}
+        return httpx.Response(503, json=body)
+
+    with pytest.raises(Unavailable):  # for no longer than the wait's own timeout
+        client_for(down).wait(7, timeout_s=0, poll_s=0)
 
 
 def test_wait_times_out() -> None:

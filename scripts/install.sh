@@ -17,47 +17,38 @@ ensure_venv() {
     fi
 }
 
-# The status page's browser test drives Debian's Chromium (tests/e2e/test_status_page.py).
-# Installed here, as root, when missing; elsewhere the test is skipped (failed under CI).
+# Debian package $2, which provides command $1, installed as root with apt-get when the
+# command is missing ($3 says what it is for); elsewhere $4 says what will not work.
+ensure_debian_package() {
+    local command=$1 package=$2 purpose=$3 without=$4
+    if command -v "$command" > /dev/null; then
+        return
+    fi
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get > /dev/null; then
+        echo "no $package, and no root apt-get to install it: $without" >&2
+        return
+    fi
+    echo "installing Debian's $package for $purpose ..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" > /dev/null
+}
+
+# The status page's browser test drives Debian's Chromium (tests/e2e/test_status_page.py);
+# without it the test is skipped (failed under CI).
 ensure_chromium() {
-    if command -v chromium > /dev/null; then
-        return
-    fi
-    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get > /dev/null; then
-        echo "no chromium, and no root apt-get to install it: the browser test will not run" >&2
-        return
-    fi
-    echo "installing Debian's chromium for the status page's browser test ..."
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null
+    ensure_debian_package chromium chromium "the status page's browser test" \
+        "the browser test will not run"
 }
 
-# nftables: `scripts/cluster slow --loss-pct` drops packets with it on an emulated host.
+# `scripts/cluster slow --loss-pct` drops packets on an emulated host with nftables.
 ensure_nftables() {
-    if command -v nft > /dev/null; then
-        return
-    fi
-    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get > /dev/null; then
-        echo "no nftables, and no root apt-get to install it: scripts/cluster slow --loss-pct will refuse" >&2
-        return
-    fi
-    echo "installing Debian's nftables for emulated lossy links ..."
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables > /dev/null
+    ensure_debian_package nft nftables "emulated lossy links" \
+        "scripts/cluster slow --loss-pct will refuse"
 }
 
-# Rank programs run in a bubblewrap sandbox (workers/supervisor/sandbox.py). Installed here,
-# as root, when missing; elsewhere the service runs ranks unsandboxed and says so (and,
-# with auth on, refuses to start unless GANGWAY_SANDBOX=preferred or off).
+# Rank programs run in a bubblewrap sandbox (workers/supervisor/sandbox.py); without it the
+# service runs ranks unsandboxed and says so (and, with auth on, refuses to start unless
+# GANGWAY_SANDBOX=preferred or off).
 ensure_bubblewrap() {
-    if command -v bwrap > /dev/null; then
-        return
-    fi
-    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get > /dev/null; then
-        echo "no bubblewrap, and no root apt-get to install it: ranks will not be sandboxed" >&2
-        return
-    fi
-    echo "installing Debian's bubblewrap for the rank sandbox ..."
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap > /dev/null
+    ensure_debian_package bwrap bubblewrap "the rank sandbox" "ranks will not be sandboxed"
 }

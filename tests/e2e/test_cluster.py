@@ -40,22 +40,32 @@ def running_in(state: Path) -> str:
     return found.stdout.strip()
 
 
-@pytest.fixture
-def cluster(postgres_url: str) -> Iterator[tuple[Client, dict[str, str]]]:
-    # Short: Ray's socket paths under it (session name included) must fit in 107 bytes.
-    state = Path(tempfile.mkdtemp(prefix="gwc-"))
-    env = {
+def cluster_env(state: Path, postgres_url: str, **more: str) -> dict[str, str]:
+    """What `scripts/cluster` is started with in these tests: its state dir, PostgreSQL,
+    a quick loop, nodes of two GPUs and two CPUs; `more` on top."""
+    return {
         **os.environ,
         "GANGWAY_CLUSTER_DIR": str(state),
         "GANGWAY_ADMIN_KEY": ADMIN_KEY,
         "GANGWAY_DATABASE_URL": postgres_url,
         "GANGWAY_SCHEDULE_INTERVAL_S": "0.5",
         "GANGWAY_MIN_RUNTIME_S": "0",
-        "GANGWAY_CHECKPOINT_GRACE_S": "60",
         "CLUSTER_GPUS_PER_NODE": "2",
         "CLUSTER_CPUS_PER_NODE": "2",
-        "CLUSTER_GPU_TYPES": "H100,A100",  # node-1, node-2: the gang below mixes them
+        **more,
     }
+
+
+@pytest.fixture
+def cluster(postgres_url: str) -> Iterator[tuple[Client, dict[str, str]]]:
+    # Short: Ray's socket paths under it (session name included) must fit in 107 bytes.
+    state = Path(tempfile.mkdtemp(prefix="gwc-"))
+    env = cluster_env(
+        state,
+        postgres_url,
+        GANGWAY_CHECKPOINT_GRACE_S="60",
+        CLUSTER_GPU_TYPES="H100,A100",  # node-1, node-2: the gang below mixes them
+    )
     try:
         up = cluster_command("up", env)
         assert up.returncode == 0, up.stdout + up.stderr

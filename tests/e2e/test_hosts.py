@@ -25,7 +25,7 @@ import pytest
 
 from bench.harness.service import ADMIN_KEY
 from gangway import Client, Function, JobState, Parallelism, Resources
-from tests.e2e.test_cluster import SCRIPT, cluster_command, running_in, workdir
+from tests.e2e.test_cluster import SCRIPT, cluster_command, cluster_env, running_in, workdir
 
 pytestmark = pytest.mark.cluster
 
@@ -48,17 +48,8 @@ def network_left(state: Path) -> str:
 def hosts(postgres_url: str) -> Iterator[tuple[Client, dict[str, str], Path]]:
     assert os.geteuid() == 0, "emulated hosts need root (CI runs as root)"
     state = Path(tempfile.mkdtemp(prefix="gwh-"))
-    env = {
-        **os.environ,
-        "GANGWAY_CLUSTER_DIR": str(state),
-        "GANGWAY_ADMIN_KEY": ADMIN_KEY,
-        "GANGWAY_DATABASE_URL": postgres_url,
-        "GANGWAY_SCHEDULE_INTERVAL_S": "0.5",
-        "GANGWAY_MIN_RUNTIME_S": "0",
-        "CLUSTER_GPUS_PER_NODE": "2",
-        "CLUSTER_CPUS_PER_NODE": "2",
-        "CLUSTER_DEAD_AFTER_S": "10",  # a silent host is dead after 10 s, not Ray's 65
-    }
+    # a silent host is dead after 10 s, not Ray's 65
+    env = cluster_env(state, postgres_url, CLUSTER_DEAD_AFTER_S="10")
     try:
         up = subprocess.run(
             [str(SCRIPT), "up", "--hosts", "3"],

@@ -51,7 +51,12 @@ def test_submit_returns_201_with_the_pending_job(client: TestClient) -> None:
     assert job["queue"] == "default"
     assert job["num_gpus"] == 2
     assert job["spec"]["parallelism"] == {"dp": 2, "tp": 1, "pp": 1, "fsdp": False}
-    assert job["spec"]["resources"] == {"gpus_per_rank": 1, "cpus_per_rank": 1.0}
+    assert job["spec"]["resources"] == {
+        "gpus_per_rank": 1,
+        "cpus_per_rank": 1.0,
+        "gpu_types": None,
+        "mix_gpu_types": False,
+    }
     assert job["progress"]["total_steps"] == 5
     assert client.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
 

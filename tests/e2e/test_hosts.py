@@ -6,8 +6,9 @@ hosts through Ray's object store); its function runs dp=4 over two hosts, checkp
 one of them is cut off the network mid-step, and the other's link made lossy (5% each way,
 50 Mbit/s). The job restarts on the hosts that remain, its events naming the host that
 went silent, resumes from its newest checkpoint and succeeds over the lossy link. `heal`
-brings the host back (its Ray node started again), and `down` leaves no process,
-namespace or link behind."""
+brings the host back (its Ray node started again); a small built-in job across two hosts
+then spends far longer in its collectives (its comm_s) on 5 Mbit/s links than on plain
+ones, and still succeeds; `down` leaves no process, namespace or link behind."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.service import ADMIN_KEY
-from gangway import Client, Function, JobState, Parallelism, Resources
+from gangway import Builtin, Client, Function, JobState, Parallelism, Resources
 from tests.e2e.test_cluster import SCRIPT, cluster_command, cluster_env, running_in, workdir
 
 pytestmark = pytest.mark.cluster
@@ -136,7 +137,33 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
         assert "no netem" in delayed.stderr
     else:
         assert delayed.returncode == 0 and "200 ms delay" in delayed.stdout, delayed.stderr
+    on("slow", victim, env)
     deadline = time.monotonic() + 120
     while sum(n.alive for n in client.cluster().nodes) < 3:  # the healed host's node is back
         assert time.monotonic() < deadline, client.cluster()
         time.sleep(1)
+
+    # A narrow link slows a gang's collectives and shows in its communication time (the
+    # built-in trainer's comm_s), without failing it.
+    plain = trainer_comm_s(client, "plain")
+    for host in ("host-1", "host-2", "host-3"):
+        on("slow", host, env, "--rate-mbit", "5")
+    narrow = trainer_comm_s(client, "narrow")
+    print(f"comm_s per step: plain links {plain:.4f} s, 5 Mbit/s links {narrow:.4f} s")
+    assert narrow > 5 * plain, (plain, narrow)
+
+
+def trainer_comm_s(client: Client, name: str) -> float:
+    """The median time per step in data-parallel collectives of a small built-in job with
+    one rank on each of two hosts (it must succeed)."""
+    job = client.submit(
+        name=name,
+        entrypoint=Builtin(model="gpt-tiny", steps=8, batch_size=2),
+        parallelism=Parallelism(dp=2),
+        resources=Resources(gpus_per_rank=2, cpus_per_rank=0.5),
+    )
+    done = client.wait(job.id, timeout_s=300, poll_s=0.5)
+    assert done.state is JobState.SUCCEEDED and len({p.node_name for p in done.placement}) == 2
+    times = sorted(p.comm_s for p in client.metrics(job.id) if p.comm_s is not None)
+    assert times, f"{name}: no comm_s reported"
+    return times[len(times) // 2]

@@ -257,6 +257,9 @@ class JobSpec:
         return self.shape.with_dp(len(placement) // self.shape.replica_ranks)
 
 
+UNKNOWN_GPU_TYPE = ""  # the key of nodes whose GPUs' type is not known
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     """A node as the cluster reports it. `id` is Ray's node id."""
@@ -271,6 +274,12 @@ class Node:
     # Its GPUs' speed relative to the cluster's reference type (a step takes 1 / speed
     # of the reference's time), as the runtime knows it: measured, else a seed table.
     gpu_speed: float = 1.0
+
+    @property
+    def gpu_type_key(self) -> str:
+        """Its GPU type as speed tables and placement key it: UNKNOWN_GPU_TYPE when not
+        known (one more type, which no job can name)."""
+        return self.gpu_type or UNKNOWN_GPU_TYPE
 
 
 @dataclass(frozen=True, slots=True)

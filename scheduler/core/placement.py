@@ -12,12 +12,14 @@ consecutive ranks and group g = stage * dp + replica. Placement, in order of pre
    deterministic node order), which keeps whole nodes free for large gangs.
 
 GPU types: on a cluster of several types, a gang goes on one type (a synchronous gang
-steps at its slowest GPU's pace, so mixing wastes the fast ones), the fastest of the types
-it allows that can hold it now: of the places it can start now, the one where it is
-predicted to finish first. Only a job that allows mixing (`mix_gpu_types`) spans types,
-and only when no single type holds it. A type-blind pool (`speed_aware=False`: the
-baseline the simulator compares against) places a job that names no types anywhere, as
-if the cluster had one type.
+steps at its slowest GPU's pace, so mixing wastes the fast ones): a gang of several nodes
+on the fastest type it allows that can hold it now (of the places it can start now, the
+one where it is predicted to finish first), a one-node gang on the node that fits it most
+tightly of any type it allows, the faster type on a tie (`_tightest_first`: fastest first
+for small jobs too scattered them over the fast type's whole nodes). Only a job that
+allows mixing (`mix_gpu_types`) spans types, and only when no single type holds it. A
+type-blind pool (`speed_aware=False`: the baseline the simulator compares against) places
+a job that names no types anywhere, as if the cluster had one type.
 
 Free capacity is a `FreePool`: indexed by free GPUs (and by rack), so one pass can place
 thousands of gangs on thousands of nodes. Simulations work on copies (principle 6).
@@ -30,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import NamedTuple, TypeVar
 
+from scheduler.model import UNKNOWN_GPU_TYPE as UNKNOWN_TYPE
 from scheduler.model import GangShape, JobView, Node, Placement
 
 FreeMap = Mapping[str, "Capacity"]
@@ -66,9 +69,6 @@ def rack_labels(nodes: Iterable[Node]) -> dict[str, str]:
     return {n.id: n.rack for n in nodes if n.rack}
 
 
-UNKNOWN_TYPE = ""  # the type of nodes whose GPUs' type is not known
-
-
 class GpuTypes:
     """The GPU types of a pool's nodes, and the order in which a gang tries them: fastest
     first when the pool is speed-aware, by name otherwise. Nodes of no known type are one
@@ -77,11 +77,10 @@ class GpuTypes:
 
     def __init__(self, nodes: Iterable[Node], *, speed_aware: bool = True) -> None:
         alive = [n for n in nodes if n.alive]
-        self.of_node = {n.id: n.gpu_type or UNKNOWN_TYPE for n in alive}
+        self.of_node = {n.id: n.gpu_type_key for n in alive}
         speeds: dict[str, float] = {}
         for node in alive:
-            speeds.setdefault(node.gpu_type or UNKNOWN_TYPE, node.gpu_speed)
-        self.speed = speeds
+            speeds.setdefault(node.gpu_type_key, node.gpu_speed)
         # Nodes of no known type after typed ones of the same speed (theirs is a guess).
         order = (lambda t: (-speeds[t], not t, t)) if speed_aware else (lambda t: (0.0, False, t))
         self.names = sorted(speeds, key=order)

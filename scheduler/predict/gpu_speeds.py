@@ -64,6 +64,7 @@ def measured_speeds(step_times: Mapping[str, float]) -> dict[str, float]:
     return {t: anchor_speed * timed[anchor] / s for t, s in timed.items()}
 
 
-def speeds_for(types: Iterable[str | None], measured: Mapping[str, float]) -> dict[str, float]:
-    """Each type's speed: measured where this cluster measured it, else seeded."""
-    return {t or "": measured.get(t or "", seed_speed(t)) for t in types}
+def speeds_for(types: Iterable[str], measured: Mapping[str, float]) -> dict[str, float]:
+    """Each type's speed: measured where this cluster measured it, else seeded ("", a
+    type not known, gets UNKNOWN_SPEED)."""
+    return {t: measured.get(t, seed_speed(t)) for t in types}

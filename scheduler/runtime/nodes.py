@@ -70,5 +70,5 @@ class NodeWatch:
 
 
 def _with_speed(node: Node, speeds: Mapping[str, float]) -> Node:
-    speed = speeds.get(node.gpu_type or "", node.gpu_speed)
+    speed = speeds.get(node.gpu_type_key, node.gpu_speed)
     return node if speed == node.gpu_speed else replace(node, gpu_speed=speed)

@@ -136,17 +136,17 @@ class Predictions:
         return self._calibrations[node.name]
 
     def gpu_speeds(self, nodes: Sequence[Node]) -> dict[str, float]:
-        """Each GPU type's speed (by name, "" for none): from the calibrated step-time
+        """Each GPU type's speed (by `Node.gpu_type_key`): from the calibrated step-time
         model of its nodes where this cluster has measured them (the reference
         workload's step time against the other types'), else the seed table."""
-        shapes = frozenset((n.gpu_type or "", n.num_gpus, int(n.num_cpus)) for n in nodes)
+        shapes = frozenset((n.gpu_type_key, n.num_gpus, int(n.num_cpus)) for n in nodes)
         key = (shapes, self._learned)
         if self._speeds is None or self._speeds[0] != key:
             self.refresh()
             types: dict[str, list[NodeType]] = {}
             for node in nodes:
                 if node.num_gpus:
-                    types.setdefault(node.gpu_type or "", []).append(node_type(node))
+                    types.setdefault(node.gpu_type_key, []).append(node_type(node))
             steps = {
                 name: calibration.step_time_s(REFERENCE_MODEL, REFERENCE_PLAN)
                 for name, kinds in types.items()

@@ -213,7 +213,7 @@ def test_measured_speeds_are_step_time_ratios_on_the_seed_scale() -> None:
     assert got == pytest.approx({"A100": 0.4, "V100": 0.2})
     # unseeded names: anchored by name, whatever order the nodes came in
     assert measured_speeds({"x": 1.0, "y": 2.0}) == measured_speeds({"y": 2.0, "x": 1.0})
-    speeds = speeds_for(["A100", "V100", None], {"A100": 0.5})
+    speeds = speeds_for(["A100", "V100", ""], {"A100": 0.5})
     assert speeds == {"A100": 0.5, "V100": seed_speed("V100"), "": 1.0}
 
 

@@ -152,9 +152,7 @@ class RankSupervisor:
         """This node's address and a free port: rank 0 hosts the process-group store. A
         script gang's store (`store_world_size`: its ranks) is this actor's, bound here
         on a port the system picks, so no other process can take it in between."""
-        import ray
-
-        address = ray.util.get_node_ip_address()
+        address = self._node_ip
         if store_world_size is not None:
             self._store = host_store(address, store_world_size)
             return address, int(self._store.port)

@@ -223,8 +223,9 @@ class WorkerGroup:
         self._phase = GroupPhase.RENDEZVOUS
 
     def _shipped_package(self) -> list[Any] | None:
-        """The zip in Ray's object store, owned by this process (the service) while the
-        group's handle lives; a reference in a list, so Ray passes it unresolved."""
+        """The zip in Ray's object store, owned by this process (the service); it lives
+        while an actor still holds the reference (a supervisor drops it once unpacked).
+        A reference in a list, so Ray passes it unresolved."""
         if self.spec.package_file is None:
             return None
         return [ray.put(self.spec.package_file.read_bytes())]

@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from scheduler.store import Fence, FenceSlot
+from scheduler.store import Fence, Fenced, FenceSlot
 from scheduler.store.leases import LeaseStore
 from workers import faults
 
@@ -78,8 +78,17 @@ class LeaderLease:
         return self._fence
 
     def guard(self, slot: FenceSlot) -> None:
-        """Raise `Fenced` unless the slot's fence leads for `action_bound_s` more."""
-        self.leases.check_lease(slot.require(), valid_for_s=self.action_bound_s)
+        """Raise `Fenced` unless the slot's fence leads for `action_bound_s` more. A lease
+        that is still this fence's but short of that (a heartbeat a little late: the
+        thread renews every `action_bound_s`, so any delay leaves less) is renewed once
+        here for a full TTL, only while unexpired and of the same generation."""
+        fence = slot.require()
+        try:
+            self.leases.check_lease(fence, valid_for_s=self.action_bound_s)
+        except Fenced:
+            if not self.leases.extend_lease(fence, self.ttl_s):
+                raise
+            self._renewed_at = time.monotonic()
 
     def start(self) -> None:
         """Renew from a thread of its own from now on."""

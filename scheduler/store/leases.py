@@ -53,6 +53,23 @@ class LeaseStore(Repository):
             return None
         return Fence(name, holder, 1)
 
+    def extend_lease(self, fence: Fence, ttl_s: float) -> bool:
+        """Extend `fence`'s lease to the database's now + `ttl_s` if it is still
+        unexpired and of that holder and generation; never takes a lease. True if so."""
+        with Session(self._engine) as session, session.begin():
+            now = database_now(session)
+            extended = session.execute(
+                update(LeaseRow)
+                .where(
+                    LeaseRow.name == fence.name,
+                    LeaseRow.holder == fence.holder,
+                    LeaseRow.generation == fence.generation,
+                    LeaseRow.expires_at > now,
+                )
+                .values(expires_at=now + timedelta(seconds=ttl_s))
+            )
+            return bool(extended.rowcount)  # type: ignore[attr-defined]
+
     def check_lease(self, fence: Fence, *, valid_for_s: float = 0.0) -> None:
         """`check_fence` in a transaction of its own: before an action outside the
         database (a Ray call), which must end within `valid_for_s`."""

@@ -15,7 +15,7 @@ from scheduler.model import JobState
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
-from scheduler.store import Fenced, JobRepository
+from scheduler.store import Fenced, FenceSlot, JobRepository
 from tests.integration.test_loop import FakeCluster, FakeExecutor, submit
 from workers import faults
 
@@ -111,6 +111,24 @@ def test_a_pass_stalled_past_the_ttl_keeps_the_lease(repo: JobRepository, inject
         assert standby_executor.launched == []
     finally:
         leader._leadership.step_down()
+
+
+def test_a_late_heartbeat_does_not_fence_a_leader_that_still_holds_its_lease(
+    repo: JobRepository,
+) -> None:
+    """A heartbeat late by a little leaves the lease short of the bound an action needs
+    but still the leader's: the action renews it under the same generation and goes on
+    (it failed a CI run at 0.30 s left of the 0.33 s needed). Once another holder has
+    taken the lease, the same action is refused."""
+    lease = LeaderLease(repo, ttl_s=1.0, holder="late")
+    slot = FenceSlot(lease.renew())
+    time.sleep(0.8)  # 0.2 s left, less than action_bound_s (0.33 s)
+    lease.guard(slot)
+    assert slot.require().generation == 1
+    time.sleep(1.1)  # expired; a standby takes it
+    assert LeaderLease(repo, ttl_s=1.0, holder="standby").renew() is not None
+    with pytest.raises(Fenced):
+        lease.guard(slot)
 
 
 def test_a_takeover_reaps_what_no_active_attempt_owns(repo: JobRepository) -> None:

@@ -37,6 +37,7 @@ from scheduler.store import AccountRepository, JobRepository, QueueRepository
 from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
 from scheduler.store.packages import PackageStore
 from scheduler.store.registry import ModelRegistry
+from workers.checkpoint_store import CheckpointStore
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -47,6 +48,7 @@ def create_app(
     lifespan: Lifespan | None = None,
     on_change: Callable[[], None] = lambda: None,
     checkpoint_root: Path | None = None,
+    checkpoint_store: CheckpointStore | None = None,
     auth: AuthConfig | None = None,
     policy: PolicyConfig | None = None,
     submit_policy: SubmitPolicy | None = None,
@@ -61,7 +63,8 @@ def create_app(
     """`on_change` is called after a request changed what the scheduler should do (a job
     submitted or cancelled): `serve` wakes its loop with it, so a new job is admitted in
     the next instant instead of the next interval. `checkpoint_root` is where the ranks
-    write checkpoints (shared storage in production), listed per job. `auth` off (the
+    write checkpoints (shared storage in production), listed per job, unless they live
+    in `checkpoint_store` (hosts that share no disk). `auth` off (the
     default) lets every caller in as an admin; users, keys and queue quotas live in the
     repository's database. `submit_policy` (default: anything) is the admins' say on
     entrypoints; uploaded working directories live in `packages_root` (default: a new
@@ -87,6 +90,7 @@ def create_app(
     app.state.accounts = AccountRepository(repo.engine)
     app.state.queue_store = QueueRepository(repo.engine)
     app.state.checkpoint_root = checkpoint_root
+    app.state.checkpoint_store = checkpoint_store
     app.state.outputs_root = outputs_root
     app.state.models_root = models_root
     app.state.storage_quota_bytes = storage_quota_bytes

@@ -43,13 +43,26 @@ from scheduler.store import EventRecord, JobRecord
 from scheduler.store.dependencies import Link, Links
 from scheduler.store.predictions import AccuracyPair, JobPrediction
 from scheduler.store.reported import ObjectiveBest
-from workers.engine.checkpoint_layout import ListingCache, job_directory
+from workers.checkpoint_layout import ListingCache, job_directory
+from workers.checkpoint_store import CheckpointStore
 
 # The status page polls a job's checkpoints: listed again only when they change.
 _CHECKPOINTS = ListingCache()
 
 
-def job_checkpoints(root: Path | None, job_id: int) -> JobCheckpoints:
+def job_checkpoints(
+    root: Path | None, job_id: int, store: CheckpointStore | None = None
+) -> JobCheckpoints:
+    """The job's complete checkpoints: in its store when it has one, else its folder."""
+    if store is not None:
+        job = store.job(job_id)
+        return JobCheckpoints(
+            directory=job.url,
+            checkpoints=[
+                CheckpointInfo(step=c.step, path=c.url, bytes=c.bytes, saved_at=c.saved_at)
+                for c in job.listing()
+            ],
+        )
     if root is None:
         return JobCheckpoints(directory=None, checkpoints=[])
     directory = job_directory(root, job_id)

@@ -62,7 +62,7 @@ from scheduler.store.registry import (
     QuotaExceeded,
     RegisteredModel,
 )
-from workers.engine.checkpoint_layout import checkpoint_path, completed, job_directory
+from workers.checkpoint_layout import checkpoint_path, completed, job_directory
 
 router = APIRouter(dependencies=[Depends(current_caller)])
 EXPORT_TARGET = "workers.program.export:export_model"
@@ -198,6 +198,12 @@ def _copied(
 def _checkpoint(request: Request, job: JobRecord, step: int | None) -> tuple[Path, int]:
     """The job's checkpoint at `step` (its newest when None), complete; 422 naming the
     field when there is none."""
+    if request.app.state.checkpoint_store is not None:
+        raise FieldError(
+            "job_id",
+            "this service keeps checkpoints in a store (GANGWAY_CHECKPOINT_URL); a model "
+            "version cannot be registered from one yet",
+        )
     root: Path | None = request.app.state.checkpoint_root
     directory = job_directory(root, job.id) if root is not None else None
     found = completed(directory) if directory is not None and directory.is_dir() else []

@@ -42,6 +42,7 @@ from api.validation import check_requirements, validate_submission
 from gangway.models import (
     METRIC_NAME,
     Builtin,
+    CheckpointRef,
     ClusterInfo,
     ErrorBody,
     Estimate,
@@ -199,6 +200,12 @@ def prepared_job(
     digest = sent_digest(submit)
     require_queue_member(request.app.state.queue_store, submit.queue, submit.user)
     submit = pinned_init_from(submit, caller, request.app.state.registry)
+    if isinstance(submit.init_from, CheckpointRef) and request.app.state.checkpoint_store:
+        raise FieldError(
+            "init_from",
+            "this service keeps checkpoints in a store (GANGWAY_CHECKPOINT_URL); a job "
+            "cannot start from another job's checkpoint there yet",
+        )
     resolved = estimator(request).resolve(submit)
     submit = resolved.submit
     spec = submit_body(submit)  # stored with its secrets, which the ranks get
@@ -476,7 +483,7 @@ def list_checkpoints(job_id: JobId, repo: Repo, request: Request) -> JobCheckpoi
     """The job's complete checkpoints (the one it resumes from is the last)."""
     repo.get(job_id)  # 404 for an unknown job
     root: Path | None = request.app.state.checkpoint_root
-    return job_checkpoints(root, job_id)
+    return job_checkpoints(root, job_id, request.app.state.checkpoint_store)
 
 
 @router.get("/v1/queues", response_model=list[QueueInfo], responses=ERROR_RESPONSES)

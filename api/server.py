@@ -240,6 +240,7 @@ def build_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
         on_change=runtime.wake.set,
         checkpoint_root=settings.checkpoint_root(),
+        checkpoint_store=settings.checkpoint_store(),
         outputs_root=settings.outputs_root(),
         storage_quota_bytes=settings.storage_quota_bytes,
         models_root=settings.models_root(),

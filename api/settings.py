@@ -25,7 +25,8 @@ from scheduler.store.artifact_retention import DEFAULT_AGE, ArtifactRetention
 from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
 from scheduler.store.outputs import job_outputs_dir
 from scheduler.store.retention import Retention
-from workers.engine.checkpoint_layout import job_directory
+from workers.checkpoint_layout import job_directory
+from workers.checkpoint_store import CheckpointStore
 from workers.launch import RankLimits, SandboxIdentity, SandboxMode
 
 _POLICY = PolicyConfig()  # the policy defaults the settings below start from
@@ -57,6 +58,12 @@ class Settings(BaseSettings):
         None,
         description="checkpoints, outputs and model files: storage every Ray node mounts "
         "(a shared mount on more than one host); empty = data_dir",
+    )
+    checkpoint_url: str = Field(
+        "",
+        description="checkpoints in a store named by a URL (s3://bucket/prefix: hosts that "
+        "share no disk); the rank supervisors and the service read it with their own "
+        "credentials (AWS_* variables), the jobs never; empty = storage_dir/checkpoints",
     )
     database_url: str = Field("", description="SQLAlchemy URL; empty = SQLite in data_dir")
     ray_address: str = Field("", description="Ray cluster to join; empty = start a local one")
@@ -297,6 +304,10 @@ class Settings(BaseSettings):
         """Where ranks write checkpoints: shared storage when ranks run on other hosts."""
         return self.storage() / "checkpoints"
 
+    def checkpoint_store(self) -> CheckpointStore | None:
+        """The store checkpoints live in when `checkpoint_url` names one."""
+        return CheckpointStore(self.checkpoint_url) if self.checkpoint_url else None
+
     def models_root(self) -> Path:
         """The registered model versions' files (`scheduler.store.model_files`)."""
         return self.storage() / "models"
@@ -315,6 +326,7 @@ class Settings(BaseSettings):
         """What every rank of every job is launched with (scheduler.runtime.launch)."""
         return LaunchPolicy(
             checkpoint_root=self.checkpoint_root(),
+            checkpoint_url=self.checkpoint_url or None,
             packages_root=self.packages_root(),
             outputs_root=self.outputs_root(),
             models_root=self.models_root(),
@@ -344,6 +356,7 @@ class Settings(BaseSettings):
                 partial(job_directory, self.checkpoint_root()),
             ),
             age=timedelta(days=self.artifact_retention_days),
+            stores=(store.job,) if (store := self.checkpoint_store()) is not None else (),
         )
 
     def packages_root(self) -> Path:

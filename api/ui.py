@@ -240,7 +240,9 @@ def job_summary(request: Request, job_id: JobId, caller: Caller, repo: Repo) -> 
         job=info,
         mesh=placed_mesh(record),
         spec=json.dumps(info.spec.model_dump(mode="json"), indent=2),
-        checkpoints=job_checkpoints(request.app.state.checkpoint_root, job_id).checkpoints,
+        checkpoints=job_checkpoints(
+            request.app.state.checkpoint_root, job_id, request.app.state.checkpoint_store
+        ).checkpoints,
         runtime=_runtime(record, now),
         eta=_eta(record.estimated_start_at, now),
         ends=_eta(info.estimated_end_at, now) if info.estimated_end_at else None,

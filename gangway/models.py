@@ -1021,7 +1021,9 @@ class CheckpointInfo(BaseModel):
 
 
 class JobCheckpoints(BaseModel):
-    directory: str | None = Field(description="the job's checkpoint directory (null: none)")
+    directory: str | None = Field(
+        description="the job's checkpoint directory, or its URL in a store (null: none)"
+    )
     checkpoints: list[CheckpointInfo] = Field(description="complete ones, oldest first")
 
 

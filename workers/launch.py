@@ -120,6 +120,9 @@ class JobLaunch(_Frozen):
     package: PackageRef | None = None
     requirements: list[str] = Field(default_factory=list)
     checkpoint_dir: str | None = None  # host path, the same on every attempt
+    # or, on hosts that share no disk: the job's checkpoints in a store named by a URL
+    # (workers.checkpoint_store), read and written by the supervisors alone
+    checkpoint_url: str | None = None
     keep_last: int = 2
     outputs_dir: str | None = None  # host path of the job's collected outputs
     outputs_max_bytes: int = 0  # what this attempt may still add to them
@@ -143,6 +146,7 @@ class ProgramLaunch(_Frozen):
     run: Run
     work_dir: str | None = None
     checkpoint_dir: str | None = None
+    own_checkpoint_dir: bool = False  # the rank's alone, synced by its supervisor
     outputs_dir: str = INSIDE_OUTPUTS
     model_dir: str | None = None
     keep_last: int = 2

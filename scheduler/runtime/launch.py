@@ -22,7 +22,8 @@ from scheduler.model import (
 from scheduler.store.model_files import version_directory
 from scheduler.store.outputs import job_outputs_dir
 from workers import faults
-from workers.engine.checkpoint_layout import checkpoint_path, completed, job_directory
+from workers.checkpoint_layout import checkpoint_path, completed, job_directory
+from workers.checkpoint_store import CheckpointStore
 from workers.launch import (
     BuiltinRun,
     CommandRun,
@@ -44,6 +45,7 @@ class LaunchPolicy:
     stop grace, and how many output bytes a user may still add (`outputs_left`)."""
 
     checkpoint_root: Path | None = None
+    checkpoint_url: str | None = None  # a store instead (hosts that share no disk)
     packages_root: Path | None = None
     outputs_root: Path | None = None
     models_root: Path | None = None
@@ -83,6 +85,9 @@ def job_launch(
     checkpoints = (
         str(job_directory(policy.checkpoint_root, job_id)) if policy.checkpoint_root else None
     )
+    checkpoint_url = (
+        CheckpointStore(policy.checkpoint_url).job_url(job_id) if policy.checkpoint_url else None
+    )
     outputs = str(policy.outputs_root / f"job-{job_id}") if policy.outputs_root else None
     return JobLaunch(
         model_dir=_model_dir(spec, policy),
@@ -94,7 +99,8 @@ def job_launch(
         env={**code.env, **code.secrets},
         package=package,
         requirements=list(code.requirements),
-        checkpoint_dir=checkpoints,
+        checkpoint_dir=None if checkpoint_url else checkpoints,
+        checkpoint_url=checkpoint_url,
         keep_last=spec.checkpoint.keep_last,
         outputs_dir=outputs,
         outputs_max_bytes=policy.outputs_left(user) if outputs else 0,

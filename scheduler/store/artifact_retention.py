@@ -33,6 +33,16 @@ DEFAULT_AGE = timedelta(days=30)
 DELETING = ".deleting-"
 
 
+class StoredFiles(Protocol):
+    """A job's files in a store named by a URL (`JobCheckpointStore`)."""
+
+    url: str
+
+    def delete(self) -> bool:
+        """Delete them all; whether there was anything."""
+        ...
+
+
 class EndedJobs(Protocol):
     def ended_between(self, start: datetime | None, end: datetime) -> list[int]:
         """Jobs that ended (terminal) at or after `start` (None: ever), before `end`."""
@@ -42,10 +52,12 @@ class EndedJobs(Protocol):
 @dataclass(frozen=True)
 class ArtifactRetention:
     """How long an ended job's files are kept, and where they are: each function maps a
-    job id to one of its folders (`job_outputs_dir`, the checkpoint `job_directory`)."""
+    job id to one of its folders (`job_outputs_dir`, the checkpoint `job_directory`) or
+    to its part of a store (checkpoints in a bucket)."""
 
     folders: Sequence[Callable[[int], Path]]
     age: timedelta = DEFAULT_AGE
+    stores: Sequence[Callable[[int], StoredFiles]] = ()
 
     def __post_init__(self) -> None:
         if self.age <= timedelta(0):
@@ -54,8 +66,8 @@ class ArtifactRetention:
 
 @dataclass
 class SweptFolders:
-    removed: list[Path] = field(default_factory=list)
-    failed: list[Path] = field(default_factory=list)
+    removed: list[Path | str] = field(default_factory=list)  # a folder, or a store's URL
+    failed: list[Path | str] = field(default_factory=list)
 
 
 class ArtifactSweeper:
@@ -80,6 +92,15 @@ class ArtifactSweeper:
                 except OSError:
                     log.exception("retention: could not delete %s; trying again next sweep", path)
                     swept.failed.append(path)
+                    retry.add(job_id)
+            for store in self._retention.stores:
+                files = store(job_id)
+                try:
+                    if files.delete():
+                        swept.removed.append(files.url)
+                except Exception:  # the store or the network: tried again next sweep
+                    log.exception("retention: could not delete %s; trying again", files.url)
+                    swept.failed.append(files.url)
                     retry.add(job_id)
         self._last_cutoff, self._retry = cutoff, retry
         return swept

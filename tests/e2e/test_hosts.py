@@ -1,8 +1,10 @@
 """Many hosts, no shared disk, a network that fails: `scripts/cluster up --hosts 3` starts
 three emulated hosts (network namespaces on a bridge, each with its own address and a
 private mount namespace that hides the service's data dir; they share only the storage
-dir, as hosts share an NFS mount). A client ships a working directory (it reaches the
-hosts through Ray's object store); its function runs dp=4 over two hosts, checkpointing;
+dir, as hosts share an NFS mount). Checkpoints go to an S3-compatible server (moto's) on
+the emulated network, through the rank supervisors, which alone hold its credentials. A
+client ships a working directory (it reaches the hosts through Ray's object store); its
+function runs dp=4 over two hosts, checkpointing;
 one of them is cut off the network mid-step, and the other's link made lossy (5% each way,
 50 Mbit/s). The job restarts on the hosts that remain, its events naming the host that
 went silent, resumes from its newest checkpoint and succeeds over the lossy link. `heal`
@@ -45,12 +47,53 @@ def network_left(state: Path) -> str:
     return "\n".join(ours.findall(spaces.stdout + links.stdout))
 
 
+def bridge_address(state: Path) -> str:
+    """This machine's address on the bridge of the cluster at `state` (as the script
+    derives it): what the hosts reach the service's side by."""
+    checksum = subprocess.run(
+        ["cksum"], input=str(state.resolve()), capture_output=True, text=True, check=True
+    )
+    tag = int(checksum.stdout.split()[0]) % 65000
+    return f"10.{100 + tag % 150}.{tag // 150 % 250}.1"
+
+
 @pytest.fixture
-def hosts(postgres_url: str) -> Iterator[tuple[Client, dict[str, str], Path]]:
+def s3_server() -> Iterator[int]:
+    """An S3-compatible server (moto's) on every address of this machine: the hosts reach
+    it over the emulated network, on the bridge."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="0.0.0.0", port=0, verbose=False)
+    server.start()
+    try:
+        yield server.get_host_and_port()[1]
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def hosts(postgres_url: str, s3_server: int) -> Iterator[tuple[Client, dict[str, str], Path]]:
     assert os.geteuid() == 0, "emulated hosts need root (CI runs as root)"
     state = Path(tempfile.mkdtemp(prefix="gwh-"))
-    # a silent host is dead after 10 s, not Ray's 65
-    env = cluster_env(state, postgres_url, CLUSTER_DEAD_AFTER_S="10")
+    endpoint = f"http://{bridge_address(state)}:{s3_server}"
+    credentials = {  # the service's and the nodes' (scripts/cluster hands them on)
+        "AWS_ACCESS_KEY_ID": "gangway-nodes",
+        "AWS_SECRET_ACCESS_KEY": "not-for-ranks",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }
+    # a silent host is dead after 10 s, not Ray's 65; checkpoints in the S3 server
+    env = cluster_env(
+        state,
+        postgres_url,
+        CLUSTER_DEAD_AFTER_S="10",
+        GANGWAY_CHECKPOINT_URL="s3://checkpoints/gangway",
+        **credentials,
+    )
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{s3_server}", **_boto(credentials))
+    s3.create_bucket(Bucket="checkpoints")
     try:
         up = subprocess.run(
             [str(SCRIPT), "up", "--hosts", "3"],
@@ -64,6 +107,14 @@ def hosts(postgres_url: str) -> Iterator[tuple[Client, dict[str, str], Path]]:
         assert running_in(state) == ""
         assert network_left(state) == ""
         shutil.rmtree(state, ignore_errors=True)
+
+
+def _boto(credentials: dict[str, str]) -> dict[str, str]:
+    return {
+        "aws_access_key_id": credentials["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": credentials["AWS_SECRET_ACCESS_KEY"],
+        "region_name": credentials["AWS_DEFAULT_REGION"],
+    }
 
 
 def on(action: str, host: str, env: dict[str, str], *more: str) -> str:
@@ -126,6 +177,14 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
     resumed = {int(line.rsplit("starts at ", 1)[1].split()[0]) for line in text.splitlines()
                if "starts at" in line and "starts at 0" not in line}  # fmt: skip
     assert resumed and min(resumed) % INTERVAL == 0 and min(resumed) > 0, text[-2000:]
+    # its checkpoints are in the S3 server, none on the hosts' shared disk; no rank saw
+    # the store's credentials (the function prints its environment)
+    saved = client.checkpoints(job.id)
+    assert saved.directory == f"s3://checkpoints/gangway/job-{job.id}", saved
+    assert saved.checkpoints and saved.checkpoints[-1].step == STEPS
+    assert all(c.path.startswith("s3://checkpoints/") for c in saved.checkpoints)
+    assert not (state / "storage" / "checkpoints" / f"job-{job.id}").exists()
+    assert "ENV" in text and "AWS_" not in text and "not-for-ranks" not in text
 
     assert "a plain link again" in on("slow", lossy, env)
     print(on("heal", victim, env))

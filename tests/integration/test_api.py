@@ -21,6 +21,7 @@ from api.server import build_app
 from api.settings import Settings
 from scheduler.model import JobState, Node, QueueQuota
 from scheduler.store import JobRepository, ProgressPoint, QueueRepository
+from workers.checkpoint_store import CheckpointStore
 
 NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
 
@@ -556,6 +557,33 @@ def test_checkpoints_lists_the_complete_ones_oldest_first(
         assert listed["directory"] == str(directory)
         assert [(c["step"], c["bytes"]) for c in listed["checkpoints"]] == [(10, 11), (20, 21)]
         assert client.get("/v1/jobs/999/checkpoints").status_code == 404
+
+
+def test_checkpoints_in_a_store_are_listed_by_url_and_what_it_cannot_do_yet_is_a_422(
+    repo: JobRepository, tmp_path: Path
+) -> None:
+    """With GANGWAY_CHECKPOINT_URL the listing comes from the store (complete: .metadata
+    and every rank's marker); starting from a job's checkpoint there is refused at submit,
+    naming the field, not lost at launch."""
+    repo.replace_nodes(NODES)
+    store = CheckpointStore(f"memory://api-{tmp_path.name}/ckpt")
+    app = create_app(repo, checkpoint_root=tmp_path, checkpoint_store=store)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        job_id = client.post("/v1/jobs", json=body()).json()["id"]
+        fs = store.job(job_id).fs
+        for step, ranks in ((10, (0, 1)), (20, (0,))):  # 20: rank 1 not uploaded yet
+            base = f"{store.job_url(job_id)}/attempt-1/step-{step:08d}"
+            fs.pipe_file(f"{base}/.metadata", b"m")
+            for rank in ranks:
+                fs.pipe_file(f"{base}/__{rank}_0.distcp", b"x" * step)
+                fs.pipe_file(f"{base}/.ranks/{rank}-of-2", b"")
+        listed = client.get(f"/v1/jobs/{job_id}/checkpoints").json()
+        assert listed["directory"] == store.job_url(job_id)
+        assert [(c["step"], c["bytes"]) for c in listed["checkpoints"]] == [(10, 21)]
+        assert listed["checkpoints"][0]["path"].endswith("attempt-1/step-00000010")
+        refused = client.post("/v1/jobs", json=body(init_from={"job": job_id}))
+        assert refused.status_code == 422, refused.text
+        assert "init_from" in refused.text and "store" in refused.text
 
 
 def test_serve_hands_its_settings_to_the_app(tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ from api.app import create_app
 from bench.harness.older_models import OlderGPT, WholeMLP, linears
 from gangway.models import Builtin, JobSubmit
 from scheduler.store import JobRepository, NewJob, make_engine, upgrade_to_head
+from workers.checkpoint_layout import checkpoint_path, completed, listing, partial_path
 from workers.engine import checkpoint as checkpoint_module
 from workers.engine.checkpoint import Checkpointer
-from workers.engine.checkpoint_layout import checkpoint_path, completed, listing, partial_path
 from workers.engine.gpt import GPT, Block
 from workers.engine.model_configs import MODEL_CONFIGS
 
@@ -119,7 +119,7 @@ def test_listing_while_rank_0_prunes_never_fails(
     kept = fake_checkpoint(directory, "step-00000006")
     found = completed(directory)
     shutil.rmtree(gone)
-    monkeypatch.setattr("workers.engine.checkpoint_layout.completed", lambda _: found)
+    monkeypatch.setattr("workers.checkpoint_layout.completed", lambda _: found)
     assert [c.step for c in listing(directory)] == [6]
     monkeypatch.undo()
     shutil.rmtree(kept)

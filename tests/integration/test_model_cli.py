@@ -15,7 +15,7 @@ import gangway.cli_shared
 from api.app import create_app
 from gangway import Client
 from scheduler.store import JobRepository, NewJob
-from workers.engine.checkpoint_layout import checkpoint_path, job_directory
+from workers.checkpoint_layout import checkpoint_path, job_directory
 
 FILES = {".metadata": b"meta", "__0_0.distcp": b"weights"}
 

@@ -19,7 +19,7 @@ from scheduler.store import JobRepository
 from scheduler.store.model_files import version_directory
 from scheduler.store.model_retention import ModelVersionSweeper
 from scheduler.store.registry import ModelRegistry
-from workers.engine.checkpoint_layout import checkpoint_path, job_directory
+from workers.checkpoint_layout import checkpoint_path, job_directory
 
 AGE = timedelta(days=30)
 JOB = {"name": "pretrain", "entrypoint": {"kind": "builtin", "steps": 20}}

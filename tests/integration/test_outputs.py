@@ -37,7 +37,7 @@ from scheduler.store.artifact_retention import ArtifactRetention, ArtifactSweepe
 from scheduler.store.output_usage import storage_usage
 from scheduler.store.outputs import PARTIAL_SUFFIX, job_outputs_dir, rank_outputs_dir
 from scheduler.store.registry import ModelRegistry
-from workers.engine.checkpoint_layout import checkpoint_path, job_directory
+from workers.checkpoint_layout import checkpoint_path, job_directory
 
 ADMIN_KEY = "outputs-tests-bootstrap-key"
 JOB = {"name": "j", "parallelism": {"dp": 2}, "entrypoint": {"kind": "builtin", "steps": 5}}

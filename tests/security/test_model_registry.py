@@ -22,7 +22,7 @@ from scheduler.model import Node
 from scheduler.store import JobRepository
 from scheduler.store.outputs import job_outputs_dir
 from scheduler.store.records import ReportedPoint
-from workers.engine.checkpoint_layout import checkpoint_path, job_directory
+from workers.checkpoint_layout import checkpoint_path, job_directory
 
 ADMIN_KEY = "registry-tests-bootstrap-key"
 JOB = {"name": "pretrain", "entrypoint": {"kind": "builtin", "steps": 20}, "env": {"K": "v"}}

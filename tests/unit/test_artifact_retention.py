@@ -18,7 +18,7 @@ from scheduler.store.artifact_retention import (
     remove_folder,
 )
 from scheduler.store.outputs import job_outputs_dir, rank_outputs_dir
-from workers.engine.checkpoint_layout import checkpoint_path, job_directory
+from workers.checkpoint_layout import checkpoint_path, job_directory
 
 START = datetime(2026, 12, 1, tzinfo=UTC)
 AGE = timedelta(days=30)

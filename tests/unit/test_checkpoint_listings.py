@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.engine import checkpoint_layout
-from workers.engine.checkpoint_layout import ListingCache, partial_path
+from workers import checkpoint_layout
+from workers.checkpoint_layout import ListingCache, partial_path
 
 LATER = 3600.0  # seconds after every file here was written: all has settled
 

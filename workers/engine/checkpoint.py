@@ -8,7 +8,7 @@ position, the next sample index, there: with an elastic job the global batch cha
 dp, so the position no longer follows from the step). Nothing is random after init, so
 there is no RNG to restore.
 
-Layout and completeness: `workers.engine.checkpoint_layout`. The newest `keep_last` are kept.
+Layout and completeness: `workers.checkpoint_layout`. The newest `keep_last` are kept.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ from torch.distributed.checkpoint.state_dict import (
 
 from gangway.models import CheckpointPolicy, wire_default
 from workers import faults
-from workers.engine.checkpoint_compat import read_older_layouts
-from workers.engine.checkpoint_layout import (
+from workers.checkpoint_layout import (
     PARTIAL,
     checkpoint_path,
     completed,
     is_complete,
     partial_path,
 )
+from workers.engine.checkpoint_compat import read_older_layouts
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -60,8 +60,17 @@ class Checkpointer:
         optimizers: Sequence[torch.optim.Optimizer],
         keep_last: int = wire_default(CheckpointPolicy, "keep_last"),
         extra: dict[str, torch.Tensor] | None = None,
+        *,
+        own_directory: bool = False,
     ) -> None:
+        """`own_directory`: the directory is this rank's alone (a host's disk, its
+        supervisor copying each finished `step-*` to and from the job's store), not one
+        every rank shares: each rank then renames its own save into place and keeps no
+        old ones (its supervisor removes what it uploaded)."""
         self.directory, self.parts, self.optimizers = directory, parts, optimizers
+        self.own_directory = own_directory
+        self._step: int | None = None  # the step this process last saved or loaded
+        self._loaded_once = False
         # Replicated tensors of the trainer's own (an outer optimizer's momentum), saved
         # by name and loaded in place when the checkpoint has them.
         self.extra = extra or {}
@@ -74,14 +83,15 @@ class Checkpointer:
         A complete checkpoint at `step` is kept as it is (a job stopped right after it
         resumed has nothing new to save). Otherwise every rank writes into the partial
         directory and rank 0 renames it once all have: a kill at any moment leaves either
-        no new checkpoint or a whole one (see workers.engine.checkpoint_layout)."""
+        no new checkpoint or a whole one (see workers.checkpoint_layout)."""
         if self.directory is None:
             return None
         final = checkpoint_path(self.directory, step)
-        if is_complete(final):
+        if step == self._step or (not self.own_directory and is_complete(final)):
             return final
         partial = partial_path(self.directory, step)
-        if is_rank0():
+        renames = is_rank0() or self.own_directory  # every rank agrees on the branches
+        if renames:
             shutil.rmtree(partial, ignore_errors=True)  # a save killed at this step before
         _barrier()
         models, optims = self._state_dicts()
@@ -91,19 +101,24 @@ class Checkpointer:
             state_dict_saver.save(state, checkpoint_id=str(partial), no_dist=_single_process())
         faults.inject("checkpoint.saved")  # written, not yet renamed or pruned
         _barrier()
-        if is_rank0():
+        if renames:
             shutil.rmtree(final, ignore_errors=True)  # never complete: junk from an old crash
             partial.rename(final)
-            _prune(self.directory, self.keep_last)
+            if not self.own_directory:
+                _prune(self.directory, self.keep_last)
         _barrier()
+        self._step = step
         return final
 
     def load_latest(self, *counters: str) -> int:
         """Restore the newest complete checkpoint; the step it was taken at (0: none).
-        The named `counters` it holds land in `self.counters` (absent ones stay out)."""
+        The named `counters` it holds land in `self.counters` (absent ones stay out).
+        In its own directory, only the first call restores (what the supervisor fetched
+        before the start); a later one (a rollback) finds none, on every rank alike."""
         self.counters = {}
-        if self.directory is None:
-            return 0
+        if self.directory is None or (self.own_directory and self._loaded_once):
+            return 0  # in its own directory a rank holds only its shards of a later save
+        self._loaded_once = True
         done = completed(self.directory)
         if not done:
             return 0
@@ -120,6 +135,7 @@ class Checkpointer:
             set_optimizer_state_dict(part, optimizer, optim_sd, options=FLAT)
         trainer = {key: int(value.item()) for key, value in state["trainer"].items()}
         self.counters = {k: v for k, v in trainer.items() if k != "step"}
+        self._step = trainer["step"]
         return trainer["step"]
 
     def load_weights(self, checkpoint: Path) -> None:

@@ -120,11 +120,13 @@ def train(
     spec: TrainSpec,
     *,
     checkpoint_dir: Path | None = None,
+    own_checkpoint_dir: bool = False,
     init_dir: Path | None = None,
     slowdown: float = 1.0,
 ) -> TrainResult:
     """Train on the default process group (world = plan.world_size), resuming from the
-    latest checkpoint in `checkpoint_dir` if there is one, else from the weights of the
+    latest checkpoint in `checkpoint_dir` if there is one (`own_checkpoint_dir`: a
+    directory of this rank's alone, see `Checkpointer`), else from the weights of the
     checkpoint `init_dir` (a registered model version) if given. `slowdown` > 1 makes this
     rank's compute that many times slower (an injected straggler, for tests and
     benchmarks)."""
@@ -153,7 +155,12 @@ def train(
     names = [name for part in parts.parts for name, _ in part.named_parameters()]
     rule = build_rule(plan, dp_group, meter, params, names)
     checkpointer = Checkpointer(
-        checkpoint_dir, parts.parts, optimizers, spec.keep_last, extra=rule.outer_state()
+        checkpoint_dir,
+        parts.parts,
+        optimizers,
+        spec.keep_last,
+        extra=rule.outer_state(),
+        own_directory=own_checkpoint_dir,
     )
     step = checkpointer.load_latest(NEXT_SAMPLE, ROLLBACKS, *_RULE_COUNTERS)
     if step == 0 and init_dir is not None:

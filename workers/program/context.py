@@ -52,6 +52,7 @@ class RankContext:
         stop_event: threading.Event,
         *,
         checkpoint_dir: Path | None = None,
+        own_checkpoint_dir: bool = False,
         keep_last: int = wire_default(CheckpointPolicy, "keep_last"),
         outputs_dir: Path | None = None,
         model_dir: Path | None = None,
@@ -59,6 +60,8 @@ class RankContext:
     ) -> None:
         self.info = info
         self.checkpoint_dir = checkpoint_dir  # the job's, the same on every attempt
+        # ... or this rank's own on its host, its supervisor syncing it with the store
+        self.own_checkpoint_dir = own_checkpoint_dir
         self.outputs_dir = outputs_dir
         self.model_dir = model_dir  # the files of the model version it starts from
         self._sink = sink
@@ -100,7 +103,13 @@ class RankContext:
         has no directory."""
         from workers.engine.checkpoint import Checkpointer
 
-        return Checkpointer(self.checkpoint_dir, parts, optimizers, self._keep_last)
+        return Checkpointer(
+            self.checkpoint_dir,
+            parts,
+            optimizers,
+            self._keep_last,
+            own_directory=self.own_checkpoint_dir,
+        )
 
     def should_stop(self) -> bool:
         """This rank was asked to stop. Its peers may learn it a step later: before a

@@ -120,6 +120,7 @@ def main(argv: list[str]) -> int:
         launch.info,
         control.stop,
         checkpoint_dir=Path(launch.checkpoint_dir) if launch.checkpoint_dir else None,
+        own_checkpoint_dir=launch.own_checkpoint_dir,
         keep_last=launch.keep_last,
         outputs_dir=Path(launch.outputs_dir),
         model_dir=Path(launch.model_dir) if launch.model_dir else None,

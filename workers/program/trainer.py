@@ -42,5 +42,12 @@ def train_builtin(ctx: RankContext, trainer_fields: Mapping[str, Any]) -> dict[s
     info = ctx.info
     plan = plan_from_entrypoint(trainer_fields, dp=info.dp, tp=info.tp, pp=info.pp)
     spec = builtin_spec(trainer_fields)
-    result = train(ctx, plan, spec, checkpoint_dir=ctx.checkpoint_dir, init_dir=ctx.model_dir)
+    result = train(
+        ctx,
+        plan,
+        spec,
+        checkpoint_dir=ctx.checkpoint_dir,
+        own_checkpoint_dir=ctx.own_checkpoint_dir,
+        init_dir=ctx.model_dir,
+    )
     return {"step": result.step, "resumed_from": result.resumed_from}

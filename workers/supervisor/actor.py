@@ -42,6 +42,7 @@ from workers.channel import (
     go_message,
     metric_point,
 )
+from workers.checkpoint_store import JobCheckpointStore, RankOf
 from workers.launch import (
     INSIDE_CHECKPOINTS,
     INSIDE_INPUTS,
@@ -61,6 +62,7 @@ from workers.launch import (
 )
 from workers.supervisor import sandbox
 from workers.supervisor.cgroups import RankGroup, rank_group
+from workers.supervisor.checkpoint_sync import CheckpointSync
 from workers.supervisor.environment import network_env, program_environment
 from workers.supervisor.output import LineBuffer, Numbered
 from workers.supervisor.outputs import collect
@@ -144,6 +146,7 @@ class RankSupervisor:
         self._collecting = threading.Lock()
         self._collected_step = -1
         self._store: Any = None  # rank 0 of a script gang: the process-group store
+        self._sync: CheckpointSync | None = None  # checkpoints in a store, not a shared disk
         threading.Thread(target=self._supervise, name="gangway-supervisor", daemon=True).start()
 
     # -- the runtime's calls ----------------------------------------------------------
@@ -264,6 +267,8 @@ class RankSupervisor:
         code = started.program.wait()
         self._loaded.set()
         self._collect_outputs(final=True)
+        if self._sync is not None:
+            self._sync.finish()  # what the program saved last, before its folder goes
         out_of_memory = started.group is not None and started.group.out_of_memory()
         # Cleaned up before the phase says so: the runtime kills this actor once it does.
         shutil.rmtree(started.dirs.root, ignore_errors=True)
@@ -293,8 +298,8 @@ class RankSupervisor:
         if work is not None:
             mounts.append(sandbox.Mount(work, INSIDE_WORK))
             layout.work = work
-        if job.checkpoint_dir is not None:
-            checkpoints = Path(job.checkpoint_dir)
+        checkpoints = self._checkpoint_directory(dirs)
+        if checkpoints is not None:
             if identity is not None:
                 give_tree(checkpoints, identity)
             else:
@@ -357,6 +362,26 @@ class RankSupervisor:
             group=group,
         )
         return _Started(program, dirs, support.sandboxed, group)
+
+    def _checkpoint_directory(self, dirs: RankDirs) -> Path | None:
+        """The job's shared checkpoint directory, or (checkpoints in a store) this rank's
+        own on this host, the newest complete checkpoint fetched into it first."""
+        job, info = self._job, self._info
+        if job.checkpoint_url is None:
+            return Path(job.checkpoint_dir) if job.checkpoint_dir is not None else None
+        rank = RankOf(job.attempt, info.rank, info.world_size)
+        local = dirs.root / "checkpoints"
+        self._sync = CheckpointSync(
+            JobCheckpointStore(job.checkpoint_url), local, rank, job.keep_last, self._logs.append
+        )
+        try:
+            self._sync.restore()
+        except Exception as exc:
+            raise RuntimeError(
+                f"the job's checkpoints could not be read from its store: {exc}"
+            ) from exc
+        self._sync.start()
+        return local
 
     def _working_directory(self, base: Path) -> Path | None:
         """The shipped working directory, unpacked on this node; the built-in trainer
@@ -426,6 +451,7 @@ class RankSupervisor:
             run=run,
             work_dir=layout.work_path,
             checkpoint_dir=layout.checkpoint_path if layout.checkpoints is not None else None,
+            own_checkpoint_dir=job.checkpoint_url is not None,
             outputs_dir=layout.outputs_path,
             model_dir=layout.model_path,
             keep_last=job.keep_last,
@@ -461,6 +487,8 @@ class RankSupervisor:
         if checkpoint_step is not None and checkpoint_step > self._collected_step:
             self._collected_step = int(checkpoint_step)
             threading.Thread(target=self._collect_outputs, daemon=True).start()
+            if self._sync is not None:
+                self._sync.notify()
 
     def _collect_outputs(self, final: bool = False) -> None:
         """Copy the rank's outputs into the service's storage: at every checkpoint (one

@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 PARTIAL_SUFFIX = ".gangway-partial"
 MAX_FILES = 100_000
@@ -45,55 +47,67 @@ def collect(source: Path, target: Path, *, max_bytes: int) -> Collected:
     """Copy the regular files under `source` to the same paths under `target`, adding at
     most `max_bytes` (see the module docstring)."""
     done = Collected()
-    if not source.is_dir():
-        return done
-    for folder, _dirs, names, folder_fd in os.fwalk(source, follow_symlinks=False):
-        relative = Path(folder).relative_to(source)
-        for name in names:
-            _collect_one(folder_fd, name, target / relative, done, max_bytes)
+    for relative, opened in regular_files(source):
+        if opened is None or relative.name.endswith(PARTIAL_SUFFIX):
+            done.skipped += 1
+            continue
+        with opened:
+            _collect_one(opened, target / relative, done, max_bytes)
     return done
 
 
-def _collect_one(
-    folder_fd: int, name: str, target_dir: Path, done: Collected, max_bytes: int
-) -> None:
-    if not _is_text(name) or not _is_text(str(target_dir)) or name.endswith(PARTIAL_SUFFIX):
-        done.skipped += 1
+def regular_files(source: Path) -> Iterator[tuple[Path, BinaryIO | None]]:
+    """Every file under `source` a program wrote, by its path relative to `source`, opened
+    for reading without following a link (the caller closes it); None for what is not a
+    regular file or has a name that is not text (links, devices, FIFOs)."""
+    if not source.is_dir():
         return
+    for folder, _dirs, names, folder_fd in os.fwalk(source, follow_symlinks=False):
+        relative = Path(folder).relative_to(source)
+        for name in names:
+            if not _is_text(name) or not _is_text(str(relative)):
+                yield relative / name, None
+                continue
+            yield relative / name, _open_regular(folder_fd, name)
+
+
+def _open_regular(folder_fd: int, name: str) -> BinaryIO | None:
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
     except OSError:
-        done.skipped += 1
+        return None
+    opened = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        opened.close()
+        return None
+    return opened
+
+
+def _collect_one(source: BinaryIO, destination: Path, done: Collected, max_bytes: int) -> None:
+    info = os.fstat(source.fileno())
+    if _same(destination, info):
+        done.unchanged += 1
         return
-    with os.fdopen(fd, "rb") as source:
-        info = os.fstat(source.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            done.skipped += 1
-            return
-        destination = target_dir / name
-        if _same(destination, info):
-            done.unchanged += 1
-            return
-        if done.bytes + info.st_size > max_bytes or done.files >= MAX_FILES:
-            done.over_quota += 1
-            return
-        copied = _copy(source, destination, max_bytes - done.bytes)
-        if copied is None:
-            done.over_quota += 1
-            return
-        os.utime(destination, ns=(info.st_atime_ns, info.st_mtime_ns))
-        done.files += 1
-        done.bytes += copied
+    if done.bytes + info.st_size > max_bytes or done.files >= MAX_FILES:
+        done.over_quota += 1
+        return
+    copied = _copy(source, destination, max_bytes - done.bytes)
+    if copied is None:
+        done.over_quota += 1
+        return
+    os.utime(destination, ns=(info.st_atime_ns, info.st_mtime_ns))
+    done.files += 1
+    done.bytes += copied
 
 
-def _copy(source: object, destination: Path, budget: int) -> int | None:
+def _copy(source: BinaryIO, destination: Path, budget: int) -> int | None:
     """Copy to `destination` through a partial file; None (nothing kept) when the file
     grew past `budget` while it was read."""
     destination.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     partial = destination.with_name(destination.name + PARTIAL_SUFFIX)
     size = 0
     with partial.open("wb") as sink:
-        while chunk := source.read(_CHUNK):  # type: ignore[attr-defined]
+        while chunk := source.read(_CHUNK):
             size += len(chunk)
             if size > budget:
                 break

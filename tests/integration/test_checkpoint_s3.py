@@ -1,0 +1,60 @@
+"""The checkpoint store against an S3-compatible server (moto's, on a local port), through
+s3fs as the service and the rank supervisors use it: credentials and the endpoint come
+from the standard AWS variables, as on a real cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from workers.checkpoint_store import CheckpointStore, RankOf
+from workers.supervisor.checkpoint_sync import CheckpointSync
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_store(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> CheckpointStore:
+    import boto3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "gangway-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "gangway-test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="ckpt")
+    store = CheckpointStore("s3://ckpt/gangway")
+    return store
+
+
+def test_two_ranks_save_and_a_new_attempt_restores_through_s3(
+    s3_store: CheckpointStore, tmp_path: Path
+) -> None:
+    job = s3_store.job(1)
+    for rank in (0, 1):
+        local = tmp_path / f"r{rank}" / "step-00000005"
+        local.mkdir(parents=True)
+        (local / f"__{rank}_0.distcp").write_bytes(b"x" * 1000)
+        if rank == 0:
+            (local / ".metadata").write_bytes(b"meta")
+        sync = CheckpointSync(job, tmp_path / f"r{rank}", RankOf(1, rank, 2), 2, print)
+        sync.upload_finished()
+    [done] = job.listing()
+    assert (done.step, done.bytes) == (5, 2004)
+    assert done.url == "s3://ckpt/gangway/job-1/attempt-1/step-00000005"
+    restore = CheckpointSync(job, tmp_path / "again", RankOf(2, 0, 1), 2, print)
+    assert restore.restore() == 5
+    assert (tmp_path / "again" / "step-00000005" / "__1_0.distcp").read_bytes() == b"x" * 1000
+    assert job.delete() and job.listing() == []

@@ -15,6 +15,9 @@ one recorded at registration; a changed or missing file is a 409, never served.
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -62,7 +65,8 @@ from scheduler.store.registry import (
     QuotaExceeded,
     RegisteredModel,
 )
-from workers.checkpoint_layout import checkpoint_path, completed, job_directory
+from workers.checkpoint_layout import completed, job_directory, step_of
+from workers.checkpoint_store import CheckpointStore
 
 router = APIRouter(dependencies=[Depends(current_caller)])
 EXPORT_TARGET = "workers.program.export:export_model"
@@ -146,12 +150,13 @@ def register(
         _changeable(registry, body.name, caller, "add versions")
     if existing is None:  # a new version of an existing model keeps its readers
         _check_readers(request, body.readers)
-    source, step = _checkpoint(request, job, body.step)
     owner = existing.owner if existing is not None else caller.name
-    number, holder = registry.reserve_version(body.name, owner=owner, readers=body.readers)
-    if holder != owner:  # someone else created the name a moment ago
-        raise ModelNotFound(f"no model {body.name!r}")
-    files = _copied(request, registry, source, version_directory(root, body.name, number), owner)
+    with _checkpoint(request, job, body.step) as (source, step):
+        number, holder = registry.reserve_version(body.name, owner=owner, readers=body.readers)
+        if holder != owner:  # someone else created the name a moment ago
+            raise ModelNotFound(f"no model {body.name!r}")
+        target = version_directory(root, body.name, number)
+        files = _copied(request, registry, source, target, owner)
     version = ModelVersion(
         model=body.name,
         version=number,
@@ -195,30 +200,39 @@ def _copied(
         raise FieldError("job_id", f"the checkpoint changed while it was copied: {exc}") from exc
 
 
-def _checkpoint(request: Request, job: JobRecord, step: int | None) -> tuple[Path, int]:
-    """The job's checkpoint at `step` (its newest when None), complete; 422 naming the
-    field when there is none."""
-    if request.app.state.checkpoint_store is not None:
-        raise FieldError(
-            "job_id",
-            "this service keeps checkpoints in a store (GANGWAY_CHECKPOINT_URL); a model "
-            "version cannot be registered from one yet",
-        )
+@contextmanager
+def _checkpoint(request: Request, job: JobRecord, step: int | None) -> Iterator[tuple[Path, int]]:
+    """The job's checkpoint at `step` (its newest when None), complete, as a local folder
+    (one in a store is fetched into a temporary one for as long as this lasts); 422
+    naming the field when there is none."""
+    store: CheckpointStore | None = request.app.state.checkpoint_store
+    if store is not None:
+        job_store = store.job(job.id)
+        saved = {c.step: c for c in job_store.listing()}
+        chosen = saved[_chosen(job, step, sorted(saved))]
+        with tempfile.TemporaryDirectory(prefix="gangway-register-") as folder:
+            yield job_store.download(chosen, Path(folder)), chosen.step
+        return
     root: Path | None = request.app.state.checkpoint_root
     directory = job_directory(root, job.id) if root is not None else None
     found = completed(directory) if directory is not None and directory.is_dir() else []
-    done = [path for path in found if not path.is_symlink()]  # a job may plant links
+    done = {step_of(p): p for p in found if not p.is_symlink()}  # a job may plant links
+    wanted = _chosen(job, step, sorted(done))
+    yield done[wanted], wanted
+
+
+def _chosen(job: JobRecord, step: int | None, steps: list[int]) -> int:
+    """`step` if the job has a complete checkpoint there, its newest when None."""
     if step is None:
-        if not done:
+        if not steps:
             raise FieldError("job_id", f"job {job.id} has no complete checkpoint")
-        return done[-1], int(done[-1].name.rsplit("-", 1)[1])
-    wanted = checkpoint_path(directory, step) if directory is not None else None
-    if wanted is None or wanted not in done:
-        steps = ", ".join(p.name.rsplit("-", 1)[1].lstrip("0") or "0" for p in done) or "none"
+        return steps[-1]
+    if step not in steps:
+        listed = ", ".join(str(s) for s in steps) or "none"
         raise FieldError(
-            "step", f"job {job.id} has no complete checkpoint at step {step} (it has: {steps})"
+            "step", f"job {job.id} has no complete checkpoint at step {step} (it has: {listed})"
         )
-    return wanted, step
+    return step
 
 
 @router.get("/v1/models", response_model=ModelList, responses=RESPONSES)

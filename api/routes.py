@@ -42,7 +42,6 @@ from api.validation import check_requirements, validate_submission
 from gangway.models import (
     METRIC_NAME,
     Builtin,
-    CheckpointRef,
     ClusterInfo,
     ErrorBody,
     Estimate,
@@ -200,12 +199,6 @@ def prepared_job(
     digest = sent_digest(submit)
     require_queue_member(request.app.state.queue_store, submit.queue, submit.user)
     submit = pinned_init_from(submit, caller, request.app.state.registry)
-    if isinstance(submit.init_from, CheckpointRef) and request.app.state.checkpoint_store:
-        raise FieldError(
-            "init_from",
-            "this service keeps checkpoints in a store (GANGWAY_CHECKPOINT_URL); a job "
-            "cannot start from another job's checkpoint there yet",
-        )
     resolved = estimator(request).resolve(submit)
     submit = resolved.submit
     spec = submit_body(submit)  # stored with its secrets, which the ranks get

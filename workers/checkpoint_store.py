@@ -96,16 +96,10 @@ class JobCheckpointStore:
         return copied
 
     def download(self, checkpoint: RemoteCheckpoint, into: Path) -> Path:
-        """Copy `checkpoint` into `into/<its name>` (markers left out); the local path."""
+        """Copy `checkpoint` into `into/<its step directory's name>` (markers left out);
+        the local path."""
         local = into / f"{PREFIX}{checkpoint.step:08d}"
-        shutil.rmtree(local, ignore_errors=True)
-        source = self.fs._strip_protocol(checkpoint.url).rstrip("/")
-        for relative in checkpoint.files:
-            target = local / relative
-            if not target.resolve().is_relative_to(local.resolve()):
-                raise ValueError(f"a checkpoint file escapes its directory: {relative}")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(f"{source}/{relative}", str(target))
+        _copy_down(self.fs, self.fs._strip_protocol(checkpoint.url), checkpoint.files, local)
         return local
 
     def prune(self, keep_last: int) -> list[str]:
@@ -164,6 +158,34 @@ class JobCheckpointStore:
             saved_at=finished,
             files=tuple(sorted(data)),
         )
+
+
+def fetch(url: str, into: Path) -> Path:
+    """The checkpoint at `url` (a step directory, as `RemoteCheckpoint.url` names it)
+    copied into the folder `into`; FileNotFoundError when it holds none complete."""
+    fs, path = _filesystem(url)
+    source = str(path).rstrip("/")
+    try:
+        found = fs.find(source)
+    except FileNotFoundError:
+        found = []
+    relative = [str(p)[len(source) + 1 :] for p in found if str(p).startswith(f"{source}/")]
+    if ".metadata" not in relative:
+        raise FileNotFoundError(f"no complete checkpoint at {url}")
+    _copy_down(fs, source, [f for f in relative if not _is_marker(f)], into)
+    return into
+
+
+def _copy_down(fs: AbstractFileSystem, source: str, files: Iterable[str], local: Path) -> None:
+    """Copy `files` (relative to `source` in `fs`) into the fresh folder `local`."""
+    shutil.rmtree(local, ignore_errors=True)
+    local.mkdir(parents=True)
+    for relative in files:
+        target = local / relative
+        if not target.resolve().is_relative_to(local.resolve()):
+            raise ValueError(f"a checkpoint file escapes its directory: {relative}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(f"{source}/{relative}", str(target))
 
 
 class CheckpointStore:

@@ -46,6 +46,7 @@ def run_engine(
     out: Path,
     *,
     checkpoint_dir: Path | None = None,
+    own_checkpoint_dirs: bool = False,
     stop_at: int | None = None,
     models: dict[str, GPTConfig] | None = None,
     slowdown: dict[int, float] | None = None,
@@ -57,7 +58,9 @@ def run_engine(
     register by name in each rank besides the built-in ones. `slowdown`: rank -> how many
     times slower its compute is made. `item_times`: what every rank's stage balancer
     measures for [embeddings, block pieces..., head], to force a split. `rank_faults`:
-    rank -> its `GANGWAY_FAULTS` text (`workers.faults`). A rank that raises fails the
+    rank -> its `GANGWAY_FAULTS` text (`workers.faults`). `own_checkpoint_dirs`: each
+    rank saves into `checkpoint_dir/rank-<r>` alone, as on hosts that share no disk. A
+    rank that raises fails the
     call with `torch.multiprocessing.ProcessRaisedException`, its traceback the text."""
     out.mkdir(parents=True, exist_ok=True)
     job = {
@@ -67,6 +70,7 @@ def run_engine(
         "spec": spec,
         "out": str(out),
         "checkpoint_dir": checkpoint_dir,
+        "own_checkpoint_dirs": own_checkpoint_dirs,
         "stop_at": stop_at,
         "models": {name: asdict(config) for name, config in (models or {}).items()},
         "slowdown": slowdown or {},
@@ -92,11 +96,13 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
     dist.init_process_group("gloo", init_method=url, rank=rank, world_size=job["world"])
     try:
         reporter = _StopAt(job["stop_at"])
+        own, checkpoint_dir = job["own_checkpoint_dirs"], job["checkpoint_dir"]
         result = train(
             reporter,
             ParallelPlan(**job["plan"]),
             job["spec"],
-            checkpoint_dir=job["checkpoint_dir"],
+            checkpoint_dir=checkpoint_dir / f"rank-{rank}" if own else checkpoint_dir,
+            own_checkpoint_dir=own,
             slowdown=job["slowdown"].get(rank, 1.0),
         )
         if rank == 0:

@@ -559,15 +559,17 @@ def test_checkpoints_lists_the_complete_ones_oldest_first(
         assert client.get("/v1/jobs/999/checkpoints").status_code == 404
 
 
-def test_checkpoints_in_a_store_are_listed_by_url_and_what_it_cannot_do_yet_is_a_422(
+def test_checkpoints_in_a_store_are_listed_by_url_and_registered_as_model_versions(
     repo: JobRepository, tmp_path: Path
 ) -> None:
     """With GANGWAY_CHECKPOINT_URL the listing comes from the store (complete: .metadata
-    and every rank's marker); starting from a job's checkpoint there is refused at submit,
-    naming the field, not lost at launch."""
+    and every rank's marker), and a model version is registered from a checkpoint there
+    (fetched, then copied into the registry like one on the storage dir)."""
     repo.replace_nodes(NODES)
     store = CheckpointStore(f"memory://api-{tmp_path.name}/ckpt")
-    app = create_app(repo, checkpoint_root=tmp_path, checkpoint_store=store)
+    app = create_app(
+        repo, checkpoint_root=tmp_path, checkpoint_store=store, models_root=tmp_path / "models"
+    )
     with TestClient(app, raise_server_exceptions=False) as client:
         job_id = client.post("/v1/jobs", json=body()).json()["id"]
         fs = store.job(job_id).fs
@@ -581,9 +583,17 @@ def test_checkpoints_in_a_store_are_listed_by_url_and_what_it_cannot_do_yet_is_a
         assert listed["directory"] == store.job_url(job_id)
         assert [(c["step"], c["bytes"]) for c in listed["checkpoints"]] == [(10, 21)]
         assert listed["checkpoints"][0]["path"].endswith("attempt-1/step-00000010")
-        refused = client.post("/v1/jobs", json=body(init_from={"job": job_id}))
-        assert refused.status_code == 422, refused.text
-        assert "init_from" in refused.text and "store" in refused.text
+        missing = client.post("/v1/models", json={"name": "gpt", "job_id": job_id, "step": 20})
+        assert missing.status_code == 422 and "it has: 10" in missing.text, missing.text
+        made = client.post("/v1/models", json={"name": "gpt", "job_id": job_id})
+        assert made.status_code == 201, made.text
+        version = made.json()
+        assert version["step"] == 10
+        assert sorted(f["path"] for f in version["files"]) == [
+            ".metadata",
+            "__0_0.distcp",
+            "__1_0.distcp",
+        ]
 
 
 def test_serve_hands_its_settings_to_the_app(tmp_path: Path) -> None:

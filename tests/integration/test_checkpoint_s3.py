@@ -1,6 +1,8 @@
 """The checkpoint store against an S3-compatible server (moto's, on a local port), through
 s3fs as the service and the rank supervisors use it: credentials and the endpoint come
-from the standard AWS variables, as on a real cluster."""
+from the standard AWS variables, as on a real cluster. Then the built-in trainer on local
+gloo processes, each rank saving into a directory of its own, its checkpoint carried
+through the store and resumed at another data-parallel degree."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.engine import run_engine
 from workers.checkpoint_store import CheckpointStore, RankOf
+from workers.engine.plan import ParallelPlan
+from workers.engine.training import TrainSpec
 from workers.supervisor.checkpoint_sync import CheckpointSync
 
 
@@ -58,3 +63,29 @@ def test_two_ranks_save_and_a_new_attempt_restores_through_s3(
     assert restore.restore() == 5
     assert (tmp_path / "again" / "step-00000005" / "__1_0.distcp").read_bytes() == b"x" * 1000
     assert job.delete() and job.listing() == []
+
+
+def test_the_trainer_saves_in_each_ranks_own_directory_and_resumes_at_another_dp(
+    s3_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """dp=2, each rank alone in its directory (as on hosts that share no disk), stops at
+    step 3; the supervisors upload both ranks' halves; a dp=1 attempt gets the whole
+    checkpoint from the store and resumes there, resharded."""
+    job, spec = s3_store.job(2), TrainSpec(steps=5, batch_size=4, checkpoint_interval_steps=100)
+    first = tmp_path / "first"
+    stopped = run_engine(
+        ParallelPlan(dp=2), spec, tmp_path / "a1", checkpoint_dir=first,
+        own_checkpoint_dirs=True, stop_at=3,
+    )  # fmt: skip
+    assert stopped["step"] == 3
+    assert (first / "rank-0" / "step-00000003" / ".metadata").is_file()
+    assert not (first / "rank-1" / "step-00000003" / ".metadata").exists()  # its shard only
+    for rank in (0, 1):
+        CheckpointSync(job, first / f"rank-{rank}", RankOf(1, rank, 2), 2, print).upload_finished()
+    assert [c.step for c in job.listing()] == [3]
+    second = tmp_path / "second"
+    CheckpointSync(job, second / "rank-0", RankOf(2, 0, 1), 2, print).restore()
+    resumed = run_engine(
+        ParallelPlan(dp=1), spec, tmp_path / "a2", checkpoint_dir=second, own_checkpoint_dirs=True
+    )
+    assert (resumed["resumed_from"], resumed["step"]) == (3, 5)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.checkpoint_store import CheckpointStore, JobCheckpointStore, RankOf
+from workers.checkpoint_store import CheckpointStore, JobCheckpointStore, RankOf, fetch
 from workers.supervisor.checkpoint_sync import CheckpointSync
 
 
@@ -158,3 +158,17 @@ def test_an_upload_that_fails_is_said_once_and_retried(
     monkeypatch.setattr(job, "upload", real)
     sync.upload_finished()
     assert [c.step for c in job.listing()] == [10]
+
+
+def test_a_job_starting_from_another_jobs_checkpoint_fetches_it_whole(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    job = store.job(12)
+    sync, _ = sync_for(job, tmp_path, 0, 1)
+    save(tmp_path / "a1-r0", 30, 0, metadata=True)
+    sync.upload_finished()
+    [done] = job.listing()
+    model = fetch(done.url, tmp_path / "model")
+    assert sorted(os.listdir(model)) == [".metadata", "__0_0.distcp"]
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        fetch(f"{job.url}/step-00000099", tmp_path / "missing")

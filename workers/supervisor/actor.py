@@ -42,7 +42,7 @@ from workers.channel import (
     go_message,
     metric_point,
 )
-from workers.checkpoint_store import JobCheckpointStore, RankOf
+from workers.checkpoint_store import JobCheckpointStore, RankOf, fetch
 from workers.launch import (
     INSIDE_CHECKPOINTS,
     INSIDE_INPUTS,
@@ -306,15 +306,10 @@ class RankSupervisor:
                 checkpoints.mkdir(parents=True, exist_ok=True)
             mounts.append(sandbox.Mount(checkpoints, INSIDE_CHECKPOINTS, writable=True))
             layout.checkpoints = checkpoints
-        if job.model_dir is not None:
-            if not Path(job.model_dir).is_dir():
-                raise RuntimeError(
-                    "the weights this job starts from (init_from) are not there: a model "
-                    "version deleted since the job was submitted, or a job's checkpoint "
-                    "that was never completed or is deleted"
-                )
-            mounts.append(sandbox.Mount(Path(job.model_dir), INSIDE_MODEL))
-            layout.model = Path(job.model_dir)
+        model = self._model_directory(dirs)
+        if model is not None:
+            mounts.append(sandbox.Mount(model, INSIDE_MODEL))
+            layout.model = model
         if job.input_dirs:
             layout.inputs = dirs.root / "inputs"
             mounts += input_mounts(layout.inputs, job.input_dirs, support.sandboxed)
@@ -382,6 +377,26 @@ class RankSupervisor:
             ) from exc
         self._sync.start()
         return local
+
+    def _model_directory(self, dirs: RankDirs) -> Path | None:
+        """The weights the job starts from (`init_from`), read-only: a folder of the
+        storage dir, or a job's checkpoint fetched from the store onto this host."""
+        job = self._job
+        missing = (
+            "the weights this job starts from (init_from) are not there: a model version "
+            "deleted since the job was submitted, or a job's checkpoint that was never "
+            "completed or is deleted"
+        )
+        if job.model_url is not None:
+            try:
+                return fetch(job.model_url, dirs.root / "model")
+            except FileNotFoundError as exc:
+                raise RuntimeError(f"{missing} ({exc})") from exc
+        if job.model_dir is None:
+            return None
+        if not Path(job.model_dir).is_dir():
+            raise RuntimeError(missing)
+        return Path(job.model_dir)
 
     def _working_directory(self, base: Path) -> Path | None:
         """The shipped working directory, unpacked on this node; the built-in trainer

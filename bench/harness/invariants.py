@@ -170,4 +170,29 @@ def finished(client: Client, job_ids: Iterable[int], timeout_s: float = 180) -> 
         time.sleep(0.5)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Check a service on another Ray cluster than this process's (the emulated hosts'):
+    connect to its head as a driver, check, print; 1 on a violation."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--ray-address", required=True, help="the cluster's head, host:port")
+    parser.add_argument("--url", required=True, help="the service's URL")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--job", type=int, action="append", required=True, dest="jobs")
+    parser.add_argument("--settle-s", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    ray.init(address=args.ray_address, logging_level="ERROR", log_to_driver=False)
+    try:
+        check(Client(args.url, api_key=args.api_key), args.jobs, settle_s=args.settle_s)
+    except AssertionError:
+        return 1
+    finally:
+        ray.shutdown()
+    return 0
+
+
 __all__ = ["JobState", "Report", "check", "finished", "gangway_on_ray", "violations"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,7 +7,8 @@ client ships a working directory (it reaches the hosts through Ray's object stor
 function runs dp=4 over two hosts, checkpointing;
 one of them is cut off the network mid-step, and the other's link made lossy (5% each way,
 50 Mbit/s). The job restarts on the hosts that remain, its events naming the host that
-went silent, resumes from its newest checkpoint and succeeds over the lossy link. `heal`
+went silent, resumes from its newest checkpoint and succeeds over the lossy link, and the
+fault suite's invariants hold (checked by a driver of the hosts' Ray). `heal`
 brings the host back (its Ray node started again); a small built-in job across two hosts
 then spends far longer in its collectives (its comm_s) on 5 Mbit/s links than on plain
 ones, and still succeeds; `down` leaves no process, namespace or link behind."""
@@ -109,6 +110,24 @@ def hosts(postgres_url: str, s3_server: int) -> Iterator[tuple[Client, dict[str,
         shutil.rmtree(state, ignore_errors=True)
 
 
+def assert_invariants(jobs: list[int], env: dict[str, str], state: Path) -> None:
+    """The fault suite's invariants (no job lost, one attempt on Ray at most and the one
+    the store names, nothing stranded, GPUs accounted), checked by a driver of the
+    hosts' Ray, which this process is not (it has the test session's)."""
+    command = [
+        ".venv/bin/python", "-m", "bench.harness.invariants",
+        "--ray-address", (state / "address").read_text().strip(),
+        "--url", (state / "url").read_text().strip(), "--api-key", ADMIN_KEY,
+        *(f"--job={job}" for job in jobs),
+    ]  # fmt: skip
+    ray_env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(state / "ray_token")}
+    done = subprocess.run(
+        command, env=ray_env, capture_output=True, text=True, timeout=120, check=False
+    )
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+
+
 def _boto(credentials: dict[str, str]) -> dict[str, str]:
     return {
         "aws_access_key_id": credentials["AWS_ACCESS_KEY_ID"],
@@ -185,6 +204,7 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
     assert all(c.path.startswith("s3://checkpoints/") for c in saved.checkpoints)
     assert not (state / "storage" / "checkpoints" / f"job-{job.id}").exists()
     assert "ENV" in text and "AWS_" not in text and "not-for-ranks" not in text
+    assert_invariants([job.id], env, state)
 
     assert "a plain link again" in on("slow", lossy, env)
     print(on("heal", victim, env))

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from api.errors import StoreUnavailable
 from gangway.models import (
     REDACTED,
     STORED,
@@ -56,11 +57,17 @@ def job_checkpoints(
     """The job's complete checkpoints: in its store when it has one, else its folder."""
     if store is not None:
         job = store.job(job_id)
+        try:
+            saved = job.listing()
+        except Exception as exc:  # the store or the network; the API says 503
+            raise StoreUnavailable(
+                f"the checkpoint store could not be read just now ({type(exc).__name__}: {exc})"
+            ) from exc
         return JobCheckpoints(
             directory=job.url,
             checkpoints=[
                 CheckpointInfo(step=c.step, path=c.url, bytes=c.bytes, saved_at=c.saved_at)
-                for c in job.listing()
+                for c in saved
             ],
         )
     if root is None:

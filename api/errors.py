@@ -57,6 +57,10 @@ class TooManyRequests(RuntimeError):
 DATABASE_RETRY_S = 5
 
 
+class StoreUnavailable(RuntimeError):
+    """The checkpoint store (GANGWAY_CHECKPOINT_URL) could not be read just now."""
+
+
 def error_response(
     status_code: int, details: Sequence[ErrorDetail], headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
@@ -141,6 +145,11 @@ def install_error_handlers(app: FastAPI) -> None:
             return _internal_error(exc)
         message = "the service cannot reach its database just now; try again shortly"
         detail = ErrorDetail(code="database_unavailable", message=message)
+        return error_response(503, [detail], headers={"Retry-After": str(DATABASE_RETRY_S)})
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        detail = ErrorDetail(code="checkpoint_store_unavailable", message=str(exc))
         return error_response(503, [detail], headers={"Retry-After": str(DATABASE_RETRY_S)})
 
     @app.exception_handler(Exception)

@@ -55,7 +55,7 @@ from scheduler.store.model_files import (
     verified,
     version_directory,
 )
-from scheduler.store.output_usage import storage_usage
+from scheduler.store.output_usage import QuotaUse, storage_usage
 from scheduler.store.registry import (
     QUEUE_READER,
     FileDigest,
@@ -151,7 +151,7 @@ def register(
     if existing is None:  # a new version of an existing model keeps its readers
         _check_readers(request, body.readers)
     owner = existing.owner if existing is not None else caller.name
-    with _checkpoint(request, job, body.step) as (source, step):
+    with _checkpoint(request, job, body.step, owner) as (source, step):
         number, holder = registry.reserve_version(body.name, owner=owner, readers=body.readers)
         if holder != owner:  # someone else created the name a moment ago
             raise ModelNotFound(f"no model {body.name!r}")
@@ -183,25 +183,35 @@ def _copied(
     """The checkpoint copied to `target` within what the owner's storage quota has left
     (409 past it; their jobs' outputs count too); a checkpoint its job changed under the
     copy is a 422 naming `job_id`."""
-    quota: int = request.app.state.storage_quota_bytes
-    repo: JobRepository = request.app.state.repo
-    use = storage_usage(
-        repo, registry, request.app.state.outputs_root, owner, quota_bytes=quota, now=repo.now()
-    )
+    use = _usage(request, registry, owner)
     try:
         return copy_checkpoint(source, target, max_bytes=use.remaining_bytes)
     except QuotaExceeded as exc:
-        raise QuotaExceeded(
-            f"{owner}'s files hold {use.used_bytes:,} bytes of their {quota:,} "
-            f"({use.model_bytes:,} in model versions, the rest in job outputs); {exc} "
-            "(delete versions or outputs, or ask an admin for a larger quota)"
-        ) from exc
+        raise _over_quota(use, owner, str(exc)) from exc
     except OSError as exc:
         raise FieldError("job_id", f"the checkpoint changed while it was copied: {exc}") from exc
 
 
+def _usage(request: Request, registry: ModelRegistry, owner: str) -> QuotaUse:
+    repo: JobRepository = request.app.state.repo
+    quota: int = request.app.state.storage_quota_bytes
+    return storage_usage(
+        repo, registry, request.app.state.outputs_root, owner, quota_bytes=quota, now=repo.now()
+    )
+
+
+def _over_quota(use: QuotaUse, owner: str, what: str) -> QuotaExceeded:
+    return QuotaExceeded(
+        f"{owner}'s files hold {use.used_bytes:,} bytes of their {use.quota_bytes:,} "
+        f"({use.model_bytes:,} in model versions, the rest in job outputs); {what} "
+        "(delete versions or outputs, or ask an admin for a larger quota)"
+    )
+
+
 @contextmanager
-def _checkpoint(request: Request, job: JobRecord, step: int | None) -> Iterator[tuple[Path, int]]:
+def _checkpoint(
+    request: Request, job: JobRecord, step: int | None, owner: str
+) -> Iterator[tuple[Path, int]]:
     """The job's checkpoint at `step` (its newest when None), complete, as a local folder
     (one in a store is fetched into a temporary one for as long as this lasts); 422
     naming the field when there is none."""
@@ -210,6 +220,9 @@ def _checkpoint(request: Request, job: JobRecord, step: int | None) -> Iterator[
         job_store = store.job(job.id)
         saved = {c.step: c for c in job_store.listing()}
         chosen = saved[_chosen(job, step, sorted(saved))]
+        use = _usage(request, request.app.state.registry, owner)
+        if chosen.bytes > use.remaining_bytes:  # before a byte is fetched
+            raise _over_quota(use, owner, f"the checkpoint holds {chosen.bytes:,} bytes")
         with tempfile.TemporaryDirectory(prefix="gangway-register-") as folder:
             yield job_store.download(chosen, Path(folder)), chosen.step
         return

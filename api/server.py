@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import threading
@@ -58,6 +59,7 @@ class Runtime:
         self._local_cluster: Any = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._lease = LeaderLease(repo, ttl_s=settings.lease_ttl_s)
+        self.failed: BaseException | None = None  # why the service must stop and restart
 
     def start(self) -> None:
         with _keep_signal_handlers():
@@ -86,7 +88,11 @@ class Runtime:
         self._thread = threading.Thread(
             target=loop.run,
             args=(self._stop, self._settings.schedule_interval_s),
-            kwargs={"busy_interval_s": self._settings.busy_interval_s, "wake": self.wake},
+            kwargs={
+                "busy_interval_s": self._settings.busy_interval_s,
+                "wake": self.wake,
+                "fatal": self._fail,
+            },
             name="gangway-scheduler",
             daemon=True,
         )
@@ -117,6 +123,12 @@ class Runtime:
             name="gangway-artifact-retention",
             daemon=True,
         ).start()
+
+    def _fail(self, reason: BaseException) -> None:
+        """End the whole service (the HTTP server too, so clients and the process's
+        manager see it go), saying why; `serve` then exits non-zero, to be restarted."""
+        self.failed = reason
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _launch_policy(self) -> LaunchPolicy:
         """The settings' launch policy, with each launch capped to what its user may
@@ -166,8 +178,17 @@ class Runtime:
 
         settings = self._settings
         if settings.ray_address:
-            ray.init(address=settings.ray_address, namespace="gangway", log_to_driver=False)
-            log.info("joined Ray at %s", settings.ray_address)
+            ray.init(
+                address=settings.ray_address,
+                namespace="gangway",
+                log_to_driver=False,
+                _node_ip_address=settings.ray_node_ip or None,
+            )
+            log.info(
+                "joined Ray at %s from node %s",
+                settings.ray_address,
+                ray.get_runtime_context().get_node_id(),
+            )
             return
         shape = LocalClusterShape(
             num_nodes=settings.local_nodes,
@@ -235,7 +256,7 @@ def build_app(settings: Settings) -> FastAPI:
         finally:
             runtime.stop()
 
-    return create_app(
+    app = create_app(
         repo,
         lifespan=lifespan,
         on_change=runtime.wake.set,
@@ -257,6 +278,12 @@ def build_app(settings: Settings) -> FastAPI:
         allowed_hosts=allowed_hosts(settings.host, settings.allowed_hosts),
         limits=settings.limits(),
     )
+    app.state.runtime = runtime
+    return app
+
+
+class ServiceFailed(SystemExit):
+    """The service stopped itself for a fault only a restart mends (its Ray node lost)."""
 
 
 class UnsafeBind(SystemExit):
@@ -309,4 +336,7 @@ def serve(settings: Settings) -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     check_sandbox(settings)
-    uvicorn.run(build_app(settings), host=settings.host, port=settings.port, log_level="info")
+    app = build_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    if app.state.runtime.failed is not None:
+        raise ServiceFailed(f"gangway serve stopped: {app.state.runtime.failed}")

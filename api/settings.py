@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     )
     database_url: str = Field("", description="SQLAlchemy URL; empty = SQLite in data_dir")
     ray_address: str = Field("", description="Ray cluster to join; empty = start a local one")
+    ray_node_ip: str = Field(
+        "",
+        description="with ray_address: the address of this host's Ray node, which the service "
+        "drives Ray from (a host with several); empty = the one Ray finds on this host",
+    )
     local_nodes: int = Field(2, ge=1, le=16, description="logical GPU nodes of the local Ray")
     local_gpus_per_node: int = Field(4, ge=1, le=16)
     local_cpus_per_node: int = Field(8, ge=1, le=256)

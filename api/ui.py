@@ -33,10 +33,11 @@ from api.convert import (
     placed_mesh,
     prediction_accuracy,
 )
+from api.errors import StoreUnavailable
 from api.registry import model_info
 from api.routes import MAX_ID, JobId, Repo
 from api.sweeps import SweepId, sweep_info
-from gangway.models import JobState, SweepInfo, metric_order
+from gangway.models import CheckpointInfo, JobState, SweepInfo, metric_order
 from scheduler.model import RESOURCE_HOLDING_STATES
 from scheduler.store import JobRecord, JobRepository, MetricPoint
 from scheduler.store.predictions import JobPrediction
@@ -240,15 +241,24 @@ def job_summary(request: Request, job_id: JobId, caller: Caller, repo: Repo) -> 
         job=info,
         mesh=placed_mesh(record),
         spec=json.dumps(info.spec.model_dump(mode="json"), indent=2),
-        checkpoints=job_checkpoints(
-            request.app.state.checkpoint_root, job_id, request.app.state.checkpoint_store
-        ).checkpoints,
+        checkpoints=_checkpoints(request, job_id),
         runtime=_runtime(record, now),
         eta=_eta(record.estimated_start_at, now),
         ends=_eta(info.estimated_end_at, now) if info.estimated_end_at else None,
         predicted=_predicted(predicted),
         links=job_dependencies(repo.links(job_id)),
     )
+
+
+def _checkpoints(request: Request, job_id: int) -> list[CheckpointInfo]:
+    """The job's checkpoints for its page; a store that cannot be read just now shows
+    none (the page stays up; GET /v1/jobs/{id}/checkpoints says 503)."""
+    try:
+        return job_checkpoints(
+            request.app.state.checkpoint_root, job_id, request.app.state.checkpoint_store
+        ).checkpoints
+    except StoreUnavailable:
+        return []
 
 
 def _series(points: list[MetricPoint], field: str) -> Series:

@@ -20,6 +20,7 @@ attempt's checkpoint at the same step.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections import defaultdict
@@ -36,9 +37,11 @@ from workers.checkpoint_layout import PREFIX, step_of
 
 MARKERS = ".ranks"
 _MARKER = re.compile(r"(\d+)-of-(\d+)")
-_STEP = re.compile(rf"{PREFIX}\d+")
+_STEP = re.compile(rf"{PREFIX}\d{{8}}")  # as checkpoint_path writes it: one name per step
 _ATTEMPT = re.compile(r"attempt-(\d+)")
 _CHUNK = 1 << 20
+MAX_FILES = 100_000  # in one rank's step directory
+S3_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 3}}
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,18 @@ class JobCheckpointStore:
         if not _STEP.fullmatch(name):
             raise ValueError(f"{name} is not a checkpoint directory name")
         target, copied = f"{self._path}/attempt-{rank.attempt}/{name}", 0
-        for relative, source in files:
+        for count, (relative, source) in enumerate(files, start=1):
+            if count > MAX_FILES:
+                raise ValueError(f"{name} holds more than {MAX_FILES} files")
             if relative.startswith(f"{MARKERS}/") or ".." in relative.split("/"):
                 continue  # a program's file posing as a marker
+            size = os.fstat(source.fileno()).st_size  # what it held when opened, no more
             with self.fs.open(f"{target}/{relative}", "wb") as sink:
-                shutil.copyfileobj(source, sink, _CHUNK)
-                copied += sink.tell()
+                left = size
+                while left > 0 and (chunk := source.read(min(_CHUNK, left))):
+                    sink.write(chunk)
+                    left -= len(chunk)
+                copied += size - left
         self.fs.pipe_file(f"{target}/{MARKERS}/{rank.rank}-of-{rank.world_size}", b"")
         return copied
 
@@ -127,11 +136,9 @@ class JobCheckpointStore:
         """Every (attempt, step) directory, by attempt then step: its checkpoint if
         complete, else None."""
         files: dict[tuple[int, int], dict[str, dict[str, Any]]] = defaultdict(dict)
-        try:
-            found = self.fs.find(self._path, detail=True)
-        except FileNotFoundError:
-            found = {}
-        for path, info in found.items():
+        # No prefix yet is an empty listing; a missing bucket or an endpoint that cannot be
+        # reached raises: read as "no checkpoint", it would restart the job from scratch.
+        for path, info in self.fs.find(self._path, detail=True).items():
             parts = str(path)[len(self._path) :].strip("/").split("/", 2)
             if len(parts) < 3:
                 continue
@@ -158,22 +165,6 @@ class JobCheckpointStore:
             saved_at=finished,
             files=tuple(sorted(data)),
         )
-
-
-def fetch(url: str, into: Path) -> Path:
-    """The checkpoint at `url` (a step directory, as `RemoteCheckpoint.url` names it)
-    copied into the folder `into`; FileNotFoundError when it holds none complete."""
-    fs, path = _filesystem(url)
-    source = str(path).rstrip("/")
-    try:
-        found = fs.find(source)
-    except FileNotFoundError:
-        found = []
-    relative = [str(p)[len(source) + 1 :] for p in found if str(p).startswith(f"{source}/")]
-    if ".metadata" not in relative:
-        raise FileNotFoundError(f"no complete checkpoint at {url}")
-    _copy_down(fs, source, [f for f in relative if not _is_marker(f)], into)
-    return into
 
 
 def _copy_down(fs: AbstractFileSystem, source: str, files: Iterable[str], local: Path) -> None:
@@ -204,8 +195,12 @@ class CheckpointStore:
 
 def _filesystem(url: str) -> tuple[AbstractFileSystem, str]:
     """The filesystem of `url` and the path in it. Listings are never cached: other hosts'
-    supervisors add to the store all the time."""
-    return url_to_fs(url, use_listings_cache=False)  # type: ignore[no-any-return]
+    supervisors add to the store all the time. S3 calls time out in a minute, not botocore's
+    default of many: a store that hangs is an error the caller reports, not a stall."""
+    options: dict[str, Any] = {"use_listings_cache": False}
+    if url.startswith(("s3://", "s3a://")):
+        options["config_kwargs"] = S3_TIMEOUTS
+    return url_to_fs(url, **options)  # type: ignore[no-any-return]
 
 
 def _is_marker(name: str) -> bool:

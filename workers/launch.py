@@ -127,7 +127,10 @@ class JobLaunch(_Frozen):
     outputs_dir: str | None = None  # host path of the job's collected outputs
     outputs_max_bytes: int = 0  # what this attempt may still add to them
     model_dir: str | None = None  # host path of the model version it starts from (read-only)
-    model_url: str | None = None  # or the URL of a job's checkpoint in the store it starts from
+    # or, in the store: the URL of the job whose checkpoint it starts from, and the step
+    # (None: its newest complete one)
+    model_checkpoints: str | None = None
+    model_step: int | None = None
     input_dirs: dict[str, str] = Field(default_factory=dict)  # name -> other jobs' outputs
     host_paths: list[str] = Field(default_factory=list)  # read-only: data files, host scripts
     sandbox: SandboxMode = SandboxMode.PREFERRED

@@ -101,7 +101,9 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
             reporter,
             ParallelPlan(**job["plan"]),
             job["spec"],
-            checkpoint_dir=checkpoint_dir / f"rank-{rank}" if own else checkpoint_dir,
+            checkpoint_dir=checkpoint_dir / f"rank-{rank}"
+            if own and checkpoint_dir
+            else checkpoint_dir,
             own_checkpoint_dir=own,
             slowdown=job["slowdown"].get(rank, 1.0),
         )

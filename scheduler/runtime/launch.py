@@ -22,7 +22,7 @@ from scheduler.model import (
 from scheduler.store.model_files import version_directory
 from scheduler.store.outputs import job_outputs_dir
 from workers import faults
-from workers.checkpoint_layout import PREFIX, checkpoint_path, completed, job_directory
+from workers.checkpoint_layout import checkpoint_path, completed, job_directory
 from workers.checkpoint_store import CheckpointStore
 from workers.launch import (
     BuiltinRun,
@@ -91,7 +91,8 @@ def job_launch(
     outputs = str(policy.outputs_root / f"job-{job_id}") if policy.outputs_root else None
     return JobLaunch(
         model_dir=_model_dir(spec, policy),
-        model_url=_model_url(spec, policy),
+        model_checkpoints=_model_checkpoints(spec, policy),
+        model_step=spec.init_from.step if isinstance(spec.init_from, CheckpointInit) else None,
         input_dirs=_input_dirs(spec, policy),
         job_id=job_id,
         attempt=attempt,
@@ -134,7 +135,7 @@ def _model_dir(spec: JobSpec, policy: LaunchPolicy) -> str | None:
         return None
     if isinstance(init, CheckpointInit):
         if policy.checkpoint_url:
-            return None  # in the store: `_model_url`
+            return None  # in the store: `_model_checkpoints`
         if policy.checkpoint_root is None:
             raise ValueError("a job that starts from a checkpoint needs the checkpoint directory")
         directory = job_directory(policy.checkpoint_root, init.job_id)
@@ -147,18 +148,14 @@ def _model_dir(spec: JobSpec, policy: LaunchPolicy) -> str | None:
     return str(version_directory(policy.models_root, init.name, init.version))
 
 
-def _model_url(spec: JobSpec, policy: LaunchPolicy) -> str | None:
-    """Another job's checkpoint in the store that this job starts from: the one at the
-    step it names, else its newest complete one now; where there is none, the URL that
-    step would have, which the supervisor refuses with the reason."""
+def _model_checkpoints(spec: JobSpec, policy: LaunchPolicy) -> str | None:
+    """The store URL of the job whose checkpoint this job starts from; its supervisors
+    pick the step (the one `init_from` names, else the newest complete one): the loop
+    never waits on the store."""
     init = spec.init_from
     if not isinstance(init, CheckpointInit) or not policy.checkpoint_url:
         return None
-    upstream = CheckpointStore(policy.checkpoint_url).job(init.job_id)
-    saved = {c.step: c for c in upstream.listing()}
-    step = init.step if init.step is not None else max(saved, default=0)
-    found = saved.get(step)
-    return found.url if found is not None else f"{upstream.url}/{PREFIX}{step:08d}"
+    return CheckpointStore(policy.checkpoint_url).job_url(init.job_id)
 
 
 def _input_dirs(spec: JobSpec, policy: LaunchPolicy) -> dict[str, str]:

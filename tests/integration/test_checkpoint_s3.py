@@ -55,7 +55,7 @@ def test_two_ranks_save_and_a_new_attempt_restores_through_s3(
         if rank == 0:
             (local / ".metadata").write_bytes(b"meta")
         sync = CheckpointSync(job, tmp_path / f"r{rank}", RankOf(1, rank, 2), 2, print)
-        sync.upload_finished()
+        sync.upload_finished(final=True)
     [done] = job.listing()
     assert (done.step, done.bytes) == (5, 2004)
     assert done.url == "s3://ckpt/gangway/job-1/attempt-1/step-00000005"
@@ -81,7 +81,9 @@ def test_the_trainer_saves_in_each_ranks_own_directory_and_resumes_at_another_dp
     assert (first / "rank-0" / "step-00000003" / ".metadata").is_file()
     assert not (first / "rank-1" / "step-00000003" / ".metadata").exists()  # its shard only
     for rank in (0, 1):
-        CheckpointSync(job, first / f"rank-{rank}", RankOf(1, rank, 2), 2, print).upload_finished()
+        CheckpointSync(job, first / f"rank-{rank}", RankOf(1, rank, 2), 2, print).upload_finished(
+            final=True
+        )
     assert [c.step for c in job.listing()] == [3]
     second = tmp_path / "second"
     CheckpointSync(job, second / "rank-0", RankOf(2, 0, 1), 2, print).restore()
@@ -89,3 +91,10 @@ def test_the_trainer_saves_in_each_ranks_own_directory_and_resumes_at_another_dp
         ParallelPlan(dp=1), spec, tmp_path / "a2", checkpoint_dir=second, own_checkpoint_dirs=True
     )
     assert (resumed["resumed_from"], resumed["step"]) == (3, 5)
+
+
+def test_a_bucket_that_is_not_there_fails_the_listing(s3_store: CheckpointStore) -> None:
+    """A typo in GANGWAY_CHECKPOINT_URL or a node with the wrong endpoint must not read as
+    "no checkpoint yet": the job would start again from scratch."""
+    with pytest.raises(FileNotFoundError):
+        CheckpointStore("s3://no-such-bucket/gangway").job(1).listing()

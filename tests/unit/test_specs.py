@@ -71,20 +71,18 @@ def test_the_ranks_receive_the_trainer_settings_and_the_services_part() -> None:
 
 
 def test_with_a_checkpoint_store_the_ranks_get_urls_not_directories() -> None:
-    """The job's checkpoints and the upstream checkpoint it starts from (its newest
-    complete one, or the URL of the step it names, which the supervisor then refuses)."""
+    """The job's checkpoints and the upstream job's, whose step the supervisors pick
+    (the scheduling loop never waits on the store)."""
     store = CheckpointStore("memory://specs-launch/ckpt")
-    base = f"{store.job_url(3)}/attempt-2/step-00000040"
-    for name in (".metadata", "__0_0.distcp", ".ranks/0-of-1"):
-        store.job(3).fs.pipe_file(f"{base}/{name}", b"x")
     policy = LaunchPolicy(checkpoint_root=Path("/ckpt"), checkpoint_url=store.url)
     newest = stored(JobSubmit(name="j", entrypoint=Builtin(), init_from={"job": 3}))
     launch = job_launch(newest, job_id=7, attempt=1, user="alice", policy=policy)
     assert (launch.checkpoint_dir, launch.checkpoint_url) == (None, store.job_url(7))
-    assert (launch.model_dir, launch.model_url) == (None, base)
+    assert (launch.model_dir, launch.model_checkpoints) == (None, store.job_url(3))
+    assert launch.model_step is None
     named = stored(JobSubmit(name="j", entrypoint=Builtin(), init_from={"job": 3, "step": 9}))
     launch = job_launch(named, job_id=8, attempt=1, user="alice", policy=policy)
-    assert launch.model_url == f"{store.job_url(3)}/step-00000009"
+    assert (launch.model_checkpoints, launch.model_step) == (store.job_url(3), 9)
 
 
 def test_a_function_target_is_checked_without_running_its_module(

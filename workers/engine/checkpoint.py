@@ -43,6 +43,7 @@ from workers.checkpoint_layout import (
     completed,
     is_complete,
     partial_path,
+    step_of,
 )
 from workers.engine.checkpoint_compat import read_older_layouts
 
@@ -120,6 +121,8 @@ class Checkpointer:
             return 0  # in its own directory a rank holds only its shards of a later save
         self._loaded_once = True
         done = completed(self.directory)
+        if self.own_directory:
+            _same_on_every_rank(step_of(done[-1]) if done else 0)
         if not done:
             return 0
         models, optims = self._state_dicts()
@@ -158,6 +161,23 @@ class Checkpointer:
             for part, opt in zip(self.parts, self.optimizers, strict=True)
         ]
         return models, optims
+
+
+def _same_on_every_rank(step: int) -> None:
+    """Ranks that each fetched their checkpoint (own directories) must have fetched the
+    same one: a rank that loads while another does not would wait on it for ever. A
+    disagreement (an upload that landed between two supervisors' looks) fails the gang,
+    and the next attempt looks again."""
+    if _single_process():
+        return
+    steps = torch.tensor([step, -step], dtype=torch.int64)
+    dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+    newest, oldest = int(steps[0]), -int(steps[1])
+    if newest != oldest:
+        raise RuntimeError(
+            f"the ranks were given different checkpoints to resume from (steps {oldest} "
+            f"to {newest}): the store changed while they fetched; this attempt ends"
+        )
 
 
 def _prune(directory: Path, keep_last: int) -> None:

@@ -42,7 +42,7 @@ from workers.channel import (
     go_message,
     metric_point,
 )
-from workers.checkpoint_store import JobCheckpointStore, RankOf, fetch
+from workers.checkpoint_store import JobCheckpointStore, RankOf
 from workers.launch import (
     INSIDE_CHECKPOINTS,
     INSIDE_INPUTS,
@@ -205,7 +205,8 @@ class RankSupervisor:
                 "memory_mb": metrics.get("peak_memory_mb"),
                 "comm_s": metrics.get("comm_s"),
                 "comm_bytes": metrics.get("comm_bytes"),
-                "reported_at": progress.reported_at,
+                # while the last checkpoint uploads the rank is busy, not hung
+                "reported_at": time.time() if self._uploading() else progress.reported_at,
                 "stop_ack_s": self._stop_ack_s(),
                 "stop_seen": progress.stop_seen,
                 "events": tuple(progress.events),
@@ -213,6 +214,9 @@ class RankSupervisor:
                 "program_pid": self._started.program.pid if self._started else None,
                 "program_ready": progress.ready,
             }
+
+    def _uploading(self) -> bool:
+        return self._sync is not None and self._sync.finishing
 
     def stop(self) -> None:
         """A stop notice (preemption, resize, cancel): the trainer or function is told and
@@ -268,7 +272,8 @@ class RankSupervisor:
         self._loaded.set()
         self._collect_outputs(final=True)
         if self._sync is not None:
-            self._sync.finish()  # what the program saved last, before its folder goes
+            self._logs.append("[gangway] uploading what the program saved last ...")
+            self._sync.finish()  # before its folder goes; `status` says it is alive meanwhile
         out_of_memory = started.group is not None and started.group.out_of_memory()
         # Cleaned up before the phase says so: the runtime kills this actor once it does.
         shutil.rmtree(started.dirs.root, ignore_errors=True)
@@ -387,11 +392,13 @@ class RankSupervisor:
             "deleted since the job was submitted, or a job's checkpoint that was never "
             "completed or is deleted"
         )
-        if job.model_url is not None:
-            try:
-                return fetch(job.model_url, dirs.root / "model")
-            except FileNotFoundError as exc:
-                raise RuntimeError(f"{missing} ({exc})") from exc
+        if job.model_checkpoints is not None:
+            upstream = JobCheckpointStore(job.model_checkpoints)
+            saved = {c.step: c for c in upstream.listing()}
+            step = job.model_step if job.model_step is not None else max(saved, default=None)
+            if step not in saved:
+                raise RuntimeError(f"{missing} ({upstream.url} has no complete one there)")
+            return upstream.download(saved[step], dirs.root / "model")
         if job.model_dir is None:
             return None
         if not Path(job.model_dir).is_dir():
@@ -503,7 +510,7 @@ class RankSupervisor:
             self._collected_step = int(checkpoint_step)
             threading.Thread(target=self._collect_outputs, daemon=True).start()
             if self._sync is not None:
-                self._sync.notify()
+                self._sync.notify(int(checkpoint_step))
 
     def _collect_outputs(self, final: bool = False) -> None:
         """Copy the rank's outputs into the service's storage: at every checkpoint (one

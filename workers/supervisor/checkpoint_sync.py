@@ -3,17 +3,20 @@
 own directory before the program starts, each `step-*` directory the program finishes up.
 
 The directory is the program's (an attacker's uid): files are read as
-`workers.supervisor.outputs` reads outputs, by descriptor, links never followed. A
-directory counts as finished once it has its `step-<n>` name (the program writes a save
-under another name and renames it, as `workers.engine.checkpoint` does). Uploaded
-directories are removed from the host; rank 0's supervisor then prunes the store to the
-job's `keep_last`.
+`workers.supervisor.outputs` reads outputs, by descriptor, links never followed, FIFOs
+never waited on, each file no further than its size when opened. While the program runs,
+a `step-<n>` directory is uploaded once the program has reported a checkpoint at n or
+later (the built-in trainer and `ctx.checkpointer` report each save after it is whole);
+once it has exited, every `step-*` directory it left is. Uploaded directories are removed
+from the host; rank 0's supervisor then prunes the store to the job's `keep_last`. The
+last upload is tried a few times before it is given up, saying so.
 """
 
 from __future__ import annotations
 
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -23,6 +26,7 @@ from workers.checkpoint_store import JobCheckpointStore, RankOf
 from workers.supervisor.outputs import regular_files
 
 POLL_S = 5.0  # besides each reported checkpoint, how often the directory is looked at
+FINAL_TRIES_S = (0.0, 5.0, 20.0)  # the waits before each try of the last upload
 
 
 class CheckpointSync:
@@ -37,6 +41,8 @@ class CheckpointSync:
         self._store, self._local, self._rank = store, local, rank
         self._keep_last, self._log = keep_last, log
         self._done: set[str] = set()  # step directories uploaded (or restored)
+        self._reported = -1  # the newest checkpoint step the program reported
+        self.finishing = False  # the program has ended; its last saves are uploading
         self._failed: set[str] = set()  # said once each
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -63,22 +69,32 @@ class CheckpointSync:
         self._thread = threading.Thread(target=self._run, name="gangway-ckpt-sync", daemon=True)
         self._thread.start()
 
-    def notify(self) -> None:
-        """The program reported a new checkpoint: look now."""
+    def notify(self, step: int) -> None:
+        """The program reported a checkpoint at `step`: upload it now."""
+        self._reported = max(self._reported, step)
         self._wake.set()
 
     def finish(self) -> None:
-        """The program has ended: upload what it finished, once more, and stop."""
+        """The program has ended: stop the thread and upload every step directory it
+        left, trying again a few times; what still fails is said and left out."""
+        self.finishing = True
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join()
-        self.upload_finished()
+            self._thread.join(timeout=POLL_S * 2)
+        for wait_s in FINAL_TRIES_S:
+            time.sleep(wait_s)
+            self._failed.clear()  # each try says what failed
+            self.upload_finished(final=True)
+            if not self._finished_names(final=True):
+                return
+        left = ", ".join(self._finished_names(final=True))
+        self._log(f"[gangway] checkpoint(s) {left} could not be uploaded: not in the store")
 
-    def upload_finished(self) -> None:
-        """Upload every finished step directory not uploaded yet, oldest first."""
+    def upload_finished(self, *, final: bool = False) -> None:
+        """Upload the finished step directories not uploaded yet, oldest first."""
         with self._lock:
-            for name in self._finished_names():
+            for name in self._finished_names(final=final):
                 if self._upload(name) and self._rank.rank == 0:
                     self._prune()
 
@@ -89,25 +105,30 @@ class CheckpointSync:
             if not self._stop.is_set():
                 self.upload_finished()
 
-    def _finished_names(self) -> list[str]:
+    def _finished_names(self, *, final: bool = False) -> list[str]:
+        """Step directories not uploaded yet that are whole: reported by the program, or
+        any once it has ended."""
         try:
-            names = [p.name for p in self._local.iterdir() if p.name.startswith(PREFIX)]
+            names = [
+                p.name
+                for p in self._local.iterdir()
+                if p.name.startswith(PREFIX) and p.is_dir() and not p.is_symlink()
+            ]
         except OSError:
             return []
         finished = []
         for name in names:
             try:
-                step_of(Path(name))
+                step = step_of(Path(name))
             except ValueError:
                 continue
-            if name not in self._done:
-                finished.append(name)
-        return sorted(finished)
+            whole = final or step <= self._reported
+            if name == f"{PREFIX}{step:08d}" and name not in self._done and whole:
+                finished.append((step, name))
+        return [name for _, name in sorted(finished)]
 
     def _upload(self, name: str) -> bool:
         directory = self._local / name
-        if directory.is_symlink() or not directory.is_dir():
-            return False
         try:
             copied = self._store.upload(name, _files(directory), self._rank)
         except Exception as exc:  # the store or the network: tried again next time

@@ -2,9 +2,10 @@
 
 The folder belongs to the program (an attacker's uid), and the supervisor reads it with
 more rights than the program has, so every step is one the program cannot redirect: the
-tree is walked by directory descriptor (`os.fwalk`, links never followed), each file is
-opened relative to its folder with O_NOFOLLOW and checked to be a regular file after it
-is open (a file swapped for a link or a FIFO between listing and reading is skipped).
+tree is walked by directory descriptor (`regular_files`: each folder and file opened
+relative to its parent with O_NOFOLLOW and O_NONBLOCK, so links are never followed and a
+FIFO never waited on), and each file is checked to be a regular file after it is open (a
+file swapped for a link or a FIFO between listing and reading is skipped).
 What is copied lands as `<name>.gangway-partial` and is renamed when complete, so a
 listing never shows half a file. A file already collected with the same size and
 modification time is not copied again (collection runs at every checkpoint and at the
@@ -58,22 +59,53 @@ def collect(source: Path, target: Path, *, max_bytes: int) -> Collected:
 
 def regular_files(source: Path) -> Iterator[tuple[Path, BinaryIO | None]]:
     """Every file under `source` a program wrote, by its path relative to `source`, opened
-    for reading without following a link (the caller closes it); None for what is not a
-    regular file or has a name that is not text (links, devices, FIFOs)."""
-    if not source.is_dir():
+    for reading (the caller closes it); None for what is not a regular file or has a name
+    that is not text (links, devices, FIFOs). Every folder, `source` included, is opened
+    relative to its parent with O_NOFOLLOW | O_DIRECTORY | O_NONBLOCK: a folder the program
+    swaps for a link or a FIFO mid-walk is skipped, never followed or waited on (Python's
+    `os.fwalk` opens folders by name, following a link and blocking on a FIFO)."""
+    try:
+        top = os.open(source, _FOLDER)
+    except OSError:
         return
-    for folder, _dirs, names, folder_fd in os.fwalk(source, follow_symlinks=False):
-        relative = Path(folder).relative_to(source)
-        for name in names:
-            if not _is_text(name) or not _is_text(str(relative)):
+    yield from _walk(top, Path(), depth=0)
+
+
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+MAX_DEPTH = 32
+
+
+def _walk(folder_fd: int, relative: Path, depth: int) -> Iterator[tuple[Path, BinaryIO | None]]:
+    """The files under the open folder `folder_fd` (closed when done), then its folders'."""
+    try:
+        with os.scandir(folder_fd) as entries:
+            listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+        folders = []
+        for name, is_folder in sorted(listed):
+            if not _is_text(name):
+                yield relative / name, None
+            elif is_folder:
+                folders.append(name)
+            else:
+                yield relative / name, _open_regular(folder_fd, name)
+        for name in folders:
+            if depth >= MAX_DEPTH:
                 yield relative / name, None
                 continue
-            yield relative / name, _open_regular(folder_fd, name)
+            try:
+                child = os.open(name, _FOLDER, dir_fd=folder_fd)
+            except OSError:  # swapped for a link, a FIFO or a file, or gone
+                yield relative / name, None
+                continue
+            yield from _walk(child, relative / name, depth + 1)
+    finally:
+        os.close(folder_fd)
 
 
 def _open_regular(folder_fd: int, name: str) -> BinaryIO | None:
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
+        fd = os.open(name, _FILE, dir_fd=folder_fd)
     except OSError:
         return None
     opened = os.fdopen(fd, "rb")

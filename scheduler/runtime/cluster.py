@@ -18,13 +18,30 @@ class ClusterSource(Protocol):
         ...
 
 
+class DriverNodeLost(RuntimeError):
+    """Ray's head declared the node this service drives Ray from dead: the service's host
+    lost its link to the head for longer than the head's health check. The node's raylet
+    has exited, so what needs it (putting a shipped package into the object store) would
+    hang; the service exits, to be restarted on a live node and reattach."""
+
+
 class RayClusterSource:
-    """Reads `ray.nodes()`; nodes without GPUs (the head, CPU-only workers) are skipped."""
+    """Reads `ray.nodes()`; nodes without GPUs (the head, CPU-only workers) are skipped.
+    Raises `DriverNodeLost` once the service's own node is dead."""
 
     def nodes(self) -> list[Node]:
         import ray
 
-        return [node for raw in ray.nodes() if (node := node_from_ray(raw)) is not None]
+        raw_nodes = ray.nodes()
+        own = ray.get_runtime_context().get_node_id()
+        for raw in raw_nodes:
+            if raw.get("NodeID") == own and not raw.get("Alive", False):
+                raise DriverNodeLost(
+                    f"the Ray head declared this service's node ({raw.get('NodeManagerAddress')}) "
+                    "dead: the link between the service's host and the head failed for longer "
+                    "than its health check"
+                )
+        return [node for raw in raw_nodes if (node := node_from_ray(raw)) is not None]
 
 
 def node_from_ray(raw: dict[str, Any]) -> Node | None:

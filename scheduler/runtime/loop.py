@@ -37,7 +37,7 @@ from scheduler.predict.steptime import NodeType
 from scheduler.runtime import metrics
 from scheduler.runtime.applier import Applier
 from scheduler.runtime.calibration import AutoCalibration
-from scheduler.runtime.cluster import ClusterSource
+from scheduler.runtime.cluster import ClusterSource, DriverNodeLost
 from scheduler.runtime.dependencies import DependencyGate
 from scheduler.runtime.executor import Executor, GuardedExecutor
 from scheduler.runtime.gangs.status import GroupStatus
@@ -168,8 +168,12 @@ class SchedulerLoop:
         *,
         busy_interval_s: float | None = None,
         wake: threading.Event | None = None,
+        fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
-        """Tick until `stop` is set; one bad pass is logged, never fatal to the loop.
+        """Tick until `stop` is set; one bad pass is logged, never fatal to the loop,
+        except a lost Ray node of the service's own (`DriverNodeLost`): the loop steps
+        down (a standby may take over at once) and hands it to `fatal`, which ends the
+        service so that it is restarted.
 
         Passes come every `interval_s`, every `busy_interval_s` while a gang is in
         transition (each step of a launch waits for a pass: admit, placement, rendezvous,
@@ -187,6 +191,11 @@ class SchedulerLoop:
                     busy = self.tick()
             except Fenced as exc:
                 self._leadership.fenced(exc)
+            except DriverNodeLost as exc:
+                log.error("%s; this service stops, to be restarted and reattach", exc)
+                if fatal is not None:
+                    fatal(exc)
+                break
             except Exception:
                 log.exception("scheduling pass failed; retrying next interval")
             ended = time.monotonic()

@@ -9,7 +9,10 @@ one of them is cut off the network mid-step, and the other's link made lossy (5%
 50 Mbit/s). The job restarts on the hosts that remain, its events naming the host that
 went silent, resumes from its newest checkpoint and succeeds over the lossy link, and the
 fault suite's invariants hold (checked by a driver of the hosts' Ray). `heal`
-brings the host back (its Ray node started again); a small built-in job across two hosts
+brings the host back (its Ray node started again). Then the service's own host is cut
+off from Ray's head (each host still reaching both) while another job runs: the service
+stops once the head declares its node dead, `heal service` starts it again, and the job
+succeeds, the invariants holding. A small built-in job across two hosts
 then spends far longer in its collectives (its comm_s) on 5 Mbit/s links than on plain
 ones, and still succeeds; `down` leaves no process, namespace or link behind."""
 
@@ -110,6 +113,17 @@ def hosts(postgres_url: str, s3_server: int) -> Iterator[tuple[Client, dict[str,
         shutil.rmtree(state, ignore_errors=True)
 
 
+def checkpoints_are_in_the_store_alone(client: Client, job: int, state: Path, logs: str) -> None:
+    """The job's checkpoints are in the S3 server, none on the hosts' shared disk, and no
+    rank saw the store's credentials (the function prints its environment)."""
+    saved = client.checkpoints(job)
+    assert saved.directory == f"s3://checkpoints/gangway/job-{job}", saved
+    assert saved.checkpoints and saved.checkpoints[-1].step == STEPS
+    assert all(c.path.startswith("s3://checkpoints/") for c in saved.checkpoints)
+    assert not (state / "storage" / "checkpoints" / f"job-{job}").exists()
+    assert "ENV" in logs and "AWS_" not in logs and "not-for-ranks" not in logs
+
+
 def assert_invariants(jobs: list[int], env: dict[str, str], state: Path) -> None:
     """The fault suite's invariants (no job lost, one attempt on Ray at most and the one
     the store names, nothing stranded, GPUs accounted), checked by a driver of the
@@ -196,14 +210,7 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
     resumed = {int(line.rsplit("starts at ", 1)[1].split()[0]) for line in text.splitlines()
                if "starts at" in line and "starts at 0" not in line}  # fmt: skip
     assert resumed and min(resumed) % INTERVAL == 0 and min(resumed) > 0, text[-2000:]
-    # its checkpoints are in the S3 server, none on the hosts' shared disk; no rank saw
-    # the store's credentials (the function prints its environment)
-    saved = client.checkpoints(job.id)
-    assert saved.directory == f"s3://checkpoints/gangway/job-{job.id}", saved
-    assert saved.checkpoints and saved.checkpoints[-1].step == STEPS
-    assert all(c.path.startswith("s3://checkpoints/") for c in saved.checkpoints)
-    assert not (state / "storage" / "checkpoints" / f"job-{job.id}").exists()
-    assert "ENV" in text and "AWS_" not in text and "not-for-ranks" not in text
+    checkpoints_are_in_the_store_alone(client, job.id, state, text)
     assert_invariants([job.id], env, state)
 
     assert "a plain link again" in on("slow", lossy, env)
@@ -222,6 +229,8 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
         assert time.monotonic() < deadline, client.cluster()
         time.sleep(1)
 
+    the_service_survives_a_cut_from_the_ray_head(client, env, state, tmp_path, job.id)
+
     # A narrow link slows a gang's collectives and shows in its communication time (the
     # built-in trainer's comm_s), without failing it.
     plain = trainer_comm_s(client, "plain")
@@ -230,6 +239,37 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
     narrow = trainer_comm_s(client, "narrow")
     print(f"comm_s per step: plain links {plain:.4f} s, 5 Mbit/s links {narrow:.4f} s")
     assert narrow > 5 * plain, (plain, narrow)
+
+
+def the_service_survives_a_cut_from_the_ray_head(
+    client: Client, env: dict[str, str], state: Path, tmp_path: Path, earlier: int
+) -> None:
+    """The service's host cut off from Ray's head (every host still reaches both) while a
+    shipped job runs: the head declares the service's node dead after its 10 s check,
+    the service sees it and stops (its raylet is gone); `heal service` starts both again,
+    as a host's service manager would, and the new service reattaches the running gang."""
+    through = client.submit(
+        name="through-a-service-cut",
+        entrypoint=Function(
+            target="train:main", kwargs={"steps": 60, "interval": INTERVAL, "step_s": 0.3}
+        ),
+        parallelism=Parallelism(dp=2),
+        resources=Resources(gpus_per_rank=1, cpus_per_rank=0.5),
+        working_dir=workdir(tmp_path / "again"),
+        max_restarts=2,
+    )
+    deadline = time.monotonic() + 120
+    while (info := client.get(through.id)).progress.step < 3:
+        assert not info.state.is_terminal and time.monotonic() < deadline, info.status_reason
+        time.sleep(0.3)
+    print(on("partition", "service", env))
+    time.sleep(15)
+    healed = on("heal", "service", env)
+    print(healed)
+    assert "which stopped, were started again" in healed, healed
+    done = client.wait(through.id, timeout_s=300, poll_s=0.5)  # rides out the restart
+    assert done.state is JobState.SUCCEEDED and done.progress.step == 60, done.error
+    assert_invariants([earlier, through.id], env, state)
 
 
 def trainer_comm_s(client: Client, name: str) -> float:

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from scheduler.model import JobState
+from scheduler.model import JobState, Node
+from scheduler.runtime.cluster import DriverNodeLost
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.lease import LeaderLease
 from scheduler.runtime.loop import SchedulerLoop
@@ -153,3 +154,27 @@ def test_a_takeover_reaps_what_no_active_attempt_owns(repo: JobRepository) -> No
     assert repo.get(starting.id).state is JobState.PENDING
     assert executor.on_ray == {(running.id, 1)}
     assert set(executor.reaped) == {(starting.id, 1), (running.id, 0), (999, 3)}
+
+
+def test_a_service_whose_ray_node_is_declared_dead_steps_down_and_stops(
+    repo: JobRepository,
+) -> None:
+    """Its raylet has exited (a partition between the service's host and Ray's head):
+    the loop ends, hands the reason to the service (which exits to be restarted) and
+    gives up the lease, so a standby leads at once instead of a TTL later."""
+
+    class LostNode(FakeCluster):
+        def nodes(self) -> list[Node]:
+            raise DriverNodeLost("the Ray head declared this service's node dead")
+
+    lease = LeaderLease(repo, ttl_s=30.0, holder="cut-off")
+    loop = SchedulerLoop(repo=repo, cluster=LostNode(), executor=FakeExecutor(), lease=lease)
+    told: list[BaseException] = []
+    runner = threading.Thread(
+        target=loop.run, args=(threading.Event(), 0.05), kwargs={"fatal": told.append}
+    )
+    runner.start()
+    runner.join(timeout=10)
+    assert not runner.is_alive() and len(told) == 1
+    assert isinstance(told[0], DriverNodeLost)
+    assert LeaderLease(repo, ttl_s=30.0, holder="standby").renew() is not None

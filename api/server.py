@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import astuple, replace
 from typing import Any
@@ -60,6 +60,9 @@ class Runtime:
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._lease = LeaderLease(repo, ttl_s=settings.lease_ttl_s)
         self.failed: BaseException | None = None  # why the service must stop and restart
+        # How the whole service is stopped (`serve` sets it: its HTTP server's exit flag);
+        # without one (an app run some other way), SIGTERM to this process.
+        self.stop_service: Callable[[], None] | None = None
 
     def start(self) -> None:
         with _keep_signal_handlers():
@@ -128,7 +131,10 @@ class Runtime:
         """End the whole service (the HTTP server too, so clients and the process's
         manager see it go), saying why; `serve` then exits non-zero, to be restarted."""
         self.failed = reason
-        os.kill(os.getpid(), signal.SIGTERM)
+        if self.stop_service is not None:
+            self.stop_service()
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _launch_policy(self) -> LaunchPolicy:
         """The settings' launch policy, with each launch capped to what its user may
@@ -337,6 +343,14 @@ def serve(settings: Settings) -> None:
     )
     check_sandbox(settings)
     app = build_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
-    if app.state.runtime.failed is not None:
-        raise ServiceFailed(f"gangway serve stopped: {app.state.runtime.failed}")
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info")
+    )
+    runtime: Runtime = app.state.runtime
+    # A runtime that fails stops the server as SIGTERM would, but uvicorn re-raises a
+    # signal it caught once it has stopped, and a process killed by SIGTERM reads as a
+    # clean stop to a service manager: this way the process exits 1, saying why.
+    runtime.stop_service = lambda: setattr(server, "should_exit", True)
+    server.run()
+    if runtime.failed is not None:
+        raise ServiceFailed(f"gangway serve stopped: {runtime.failed}")

@@ -47,7 +47,7 @@ def network_left(state: Path) -> str:
     tag = f"{int(checksum.stdout.split()[0]) % 65000:05d}"
     spaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    ours = re.compile(rf"gw{tag}-host-\d+|gwb{tag}[@:]|gwv{tag}h\d+[@:]")
+    ours = re.compile(rf"gw{tag}-(?:host-\d+|head)|gwb{tag}[@:]|gwv{tag}h(?:\d+|d)[@:]")
     return "\n".join(ours.findall(spaces.stdout + links.stdout))
 
 
@@ -267,6 +267,8 @@ def the_service_survives_a_cut_from_the_ray_head(
     healed = on("heal", "service", env)
     print(healed)
     assert "which stopped, were started again" in healed, healed
+    said = (state / "service.log").read_text()
+    assert "gangway serve stopped: the Ray head declared this service's node" in said
     done = client.wait(through.id, timeout_s=300, poll_s=0.5)  # rides out the restart
     assert done.state is JobState.SUCCEEDED and done.progress.step == 60, done.error
     assert_invariants([earlier, through.id], env, state)

@@ -173,7 +173,8 @@ class Runtime:
         self.wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        ray.shutdown()
+        if self.failed is None:  # a lost node's raylet is gone: shutdown would wait on it
+            ray.shutdown()
         if self._local_cluster is not None:
             self._local_cluster.shutdown()
         if self._watchdog is not None:

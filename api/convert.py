@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -51,18 +52,26 @@ from workers.checkpoint_store import CheckpointStore
 _CHECKPOINTS = ListingCache()
 
 
+@contextmanager
+def reading_the_store() -> Iterator[None]:
+    """The checkpoint store or the network failing in the block is a 503
+    (`StoreUnavailable`), which the request may retry, never a 500."""
+    try:
+        yield
+    except Exception as exc:
+        raise StoreUnavailable(
+            f"the checkpoint store could not be read just now ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
 def job_checkpoints(
     root: Path | None, job_id: int, store: CheckpointStore | None = None
 ) -> JobCheckpoints:
     """The job's complete checkpoints: in its store when it has one, else its folder."""
     if store is not None:
         job = store.job(job_id)
-        try:
+        with reading_the_store():
             saved = job.listing()
-        except Exception as exc:  # the store or the network; the API says 503
-            raise StoreUnavailable(
-                f"the checkpoint store could not be read just now ({type(exc).__name__}: {exc})"
-            ) from exc
         return JobCheckpoints(
             directory=job.url,
             checkpoints=[

@@ -26,7 +26,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 
 from api.auth import Caller, Principal, current_caller, require_owner
-from api.convert import job_info, shown_spec, submitted_spec
+from api.convert import job_info, reading_the_store, shown_spec, submitted_spec
 from api.errors import FieldError
 from api.routes import ERROR_RESPONSES, JobId, OnChange, Repo, create_job
 from gangway.models import (
@@ -218,13 +218,16 @@ def _checkpoint(
     store: CheckpointStore | None = request.app.state.checkpoint_store
     if store is not None:
         job_store = store.job(job.id)
-        saved = {c.step: c for c in job_store.listing()}
+        with reading_the_store():
+            saved = {c.step: c for c in job_store.listing()}
         chosen = saved[_chosen(job, step, sorted(saved))]
         use = _usage(request, request.app.state.registry, owner)
         if chosen.bytes > use.remaining_bytes:  # before a byte is fetched
             raise _over_quota(use, owner, f"the checkpoint holds {chosen.bytes:,} bytes")
         with tempfile.TemporaryDirectory(prefix="gangway-register-") as folder:
-            yield job_store.download(chosen, Path(folder)), chosen.step
+            with reading_the_store():
+                local = job_store.download(chosen, Path(folder))
+            yield local, chosen.step
         return
     root: Path | None = request.app.state.checkpoint_root
     directory = job_directory(root, job.id) if root is not None else None

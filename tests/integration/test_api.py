@@ -21,7 +21,7 @@ from api.server import build_app
 from api.settings import Settings
 from scheduler.model import JobState, Node, QueueQuota
 from scheduler.store import JobRepository, ProgressPoint, QueueRepository
-from workers.checkpoint_store import CheckpointStore
+from workers.checkpoint_store import CheckpointStore, JobCheckpointStore
 
 NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
 
@@ -594,6 +594,18 @@ def test_checkpoints_in_a_store_are_listed_by_url_and_registered_as_model_versio
             "__0_0.distcp",
             "__1_0.distcp",
         ]
+
+        class Unreachable(JobCheckpointStore):  # the store or the network down
+            def listing(self) -> Any:
+                raise ConnectionError("could not connect to the endpoint URL")
+
+        app.state.checkpoint_store.job = lambda job: Unreachable(store.job_url(job))
+        for response in (
+            client.get(f"/v1/jobs/{job_id}/checkpoints"),
+            client.post("/v1/models", json={"name": "gpt", "job_id": job_id}),
+        ):
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "checkpoint_store_unavailable"
 
 
 def test_serve_hands_its_settings_to_the_app(tmp_path: Path) -> None:

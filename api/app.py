@@ -34,9 +34,11 @@ from api.ui import shells as ui_shells
 from gangway.packaging import DEFAULT_MAX_BYTES
 from scheduler.core import PolicyConfig
 from scheduler.store import AccountRepository, JobRepository, QueueRepository
+from scheduler.store.output_stores import outputs_storage
 from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
 from scheduler.store.packages import PackageStore
 from scheduler.store.registry import ModelRegistry
+from scheduler.store.remote_outputs import RemoteOutputs
 from workers.checkpoint_store import CheckpointStore
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -57,6 +59,7 @@ def create_app(
     allowed_hosts: Collection[str] | None = None,
     limits: Limits | None = None,
     outputs_root: Path | None = None,
+    outputs_store: RemoteOutputs | None = None,
     models_root: Path | None = None,
     storage_quota_bytes: int = DEFAULT_QUOTA_BYTES,
 ) -> FastAPI:
@@ -72,9 +75,9 @@ def create_app(
     a Host header not in `allowed_hosts` when given (see api.browser). `limits` bound what
     a request may send and a response return (see api.limits). `outputs_root` is where
     the rank supervisors copy what jobs wrote to their OUTPUTS_DIR (None: the app stores
-    none); `models_root` holds the registered model versions' files (None: no
-    registry). Each user's outputs and model versions together are bounded by
-    `storage_quota_bytes` (see scheduler.store.output_usage)."""
+    none), unless they upload it to `outputs_store`; `models_root` holds the registered
+    model versions' files (None: no registry). Each user's outputs and model versions
+    together are bounded by `storage_quota_bytes` (see scheduler.store.output_usage)."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -91,7 +94,7 @@ def create_app(
     app.state.queue_store = QueueRepository(repo.engine)
     app.state.checkpoint_root = checkpoint_root
     app.state.checkpoint_store = checkpoint_store
-    app.state.outputs_root = outputs_root
+    app.state.outputs = outputs_storage(outputs_root, outputs_store)
     app.state.models_root = models_root
     app.state.storage_quota_bytes = storage_quota_bytes
     app.state.registry = ModelRegistry(repo.engine, clock=repo.now)

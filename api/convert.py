@@ -53,14 +53,14 @@ _CHECKPOINTS = ListingCache()
 
 
 @contextmanager
-def reading_the_store() -> Iterator[None]:
-    """The checkpoint store or the network failing in the block is a 503
+def reading_the_store(what: str = "checkpoint") -> Iterator[None]:
+    """The `what` store or the network failing in the block is a 503
     (`StoreUnavailable`), which the request may retry, never a 500."""
     try:
         yield
     except Exception as exc:
         raise StoreUnavailable(
-            f"the checkpoint store could not be read just now ({type(exc).__name__}: {exc})"
+            f"the {what} store could not be read just now ({type(exc).__name__}: {exc})"
         ) from exc
 
 

@@ -58,7 +58,7 @@ DATABASE_RETRY_S = 5
 
 
 class StoreUnavailable(RuntimeError):
-    """The checkpoint store (GANGWAY_CHECKPOINT_URL) could not be read just now."""
+    """Storage named by a URL (GANGWAY_STORAGE_URL) could not be read just now."""
 
 
 def error_response(
@@ -149,7 +149,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreUnavailable)
     async def _store(_: Request, exc: StoreUnavailable) -> JSONResponse:
-        detail = ErrorDetail(code="checkpoint_store_unavailable", message=str(exc))
+        detail = ErrorDetail(code="storage_unavailable", message=str(exc))
         return error_response(503, [detail], headers={"Retry-After": str(DATABASE_RETRY_S)})
 
     @app.exception_handler(Exception)

@@ -12,16 +12,17 @@ What lives where, and what a listing shows, is `scheduler.store.outputs`.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, BinaryIO
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi import Path as PathParam
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from starlette.convertors import PathConvertor, register_url_convertor
 
 from api.auth import Caller, Principal, current_caller, require_owner
+from api.convert import reading_the_store
 from api.errors import FieldError, error_response
 from api.pages import fitting
 from api.routes import MAX_ID, JobId, Repo
@@ -34,14 +35,9 @@ from gangway.models import (
 )
 from gangway.paths import MAX_PATH_CHARS, BadPath, path_parts
 from scheduler.store import JobRecord, JobRepository
-from scheduler.store.output_usage import USAGE, is_settled, storage_usage
-from scheduler.store.outputs import (
-    OutputEntry,
-    OutputsSlice,
-    Parts,
-    find_output,
-    list_outputs,
-)
+from scheduler.store.output_stores import OutputsStorage
+from scheduler.store.output_usage import is_settled, storage_usage
+from scheduler.store.outputs import FoundOutput, OutputEntry, OutputsSlice, Parts
 
 
 class AnyPath(PathConvertor):
@@ -68,9 +64,9 @@ Rank = Annotated[
 ]
 
 
-def _root(request: Request) -> Path | None:
-    root: Path | None = request.app.state.outputs_root
-    return root
+def _storage(request: Request) -> OutputsStorage | None:
+    storage: OutputsStorage | None = request.app.state.outputs
+    return storage
 
 
 def _owned_job(job_id: int, caller: Principal, repo: JobRepository) -> JobRecord:
@@ -110,28 +106,28 @@ def get_outputs(
     and at each checkpoint."""
     job = _owned_job(job_id, caller, repo)
     after = _parts(cursor, "cursor") if cursor is not None else ()
-    root = _root(request)
-    if root is None:  # an app that stores no outputs
-        listed, total = OutputsSlice([], None), 0
-    else:
-        listed = list_outputs(root, job_id, rank=rank, after=after, limit=limit)
-        total = USAGE.job_bytes(root, job_id, settled=is_settled(job.finished_at, repo.now()))
+    storage = _storage(request)
+    with reading_the_store("outputs"):
+        if storage is None:  # an app that stores no outputs
+            listed, total = OutputsSlice([], None), 0
+        else:
+            listed = storage.listing(job_id, rank=rank, after=after, limit=limit)
+            settled = is_settled(job.finished_at, repo.now())
+            total = storage.job_bytes(job_id, settled=settled)
+        usage = _usage(request, repo, storage, job.user) if cursor is None else None
     files, next_cursor = _page(listed, request.app.state.limits.max_page_bytes)
-    page = OutputsPage(
-        files=files,
-        next_cursor=next_cursor,
-        total_bytes=total,
-        usage=_usage(request, repo, root, job.user) if cursor is None else None,
-    )
+    page = OutputsPage(files=files, next_cursor=next_cursor, total_bytes=total, usage=usage)
     return Response(page.model_dump_json(), media_type="application/json")
 
 
-def _usage(request: Request, repo: JobRepository, root: Path | None, user: str) -> OutputsUsage:
+def _usage(
+    request: Request, repo: JobRepository, storage: OutputsStorage | None, user: str
+) -> OutputsUsage:
     """The owner's use of their storage: one stat or walk per job of theirs (see
     `scheduler.store.output_usage`), so only the first page of a listing pays it."""
     quota: int = request.app.state.storage_quota_bytes
     use = storage_usage(
-        repo, request.app.state.registry, root, user, quota_bytes=quota, now=repo.now()
+        repo, request.app.state.registry, storage, user, quota_bytes=quota, now=repo.now()
     )
     return OutputsUsage(
         user=user, used_bytes=use.used_bytes, model_bytes=use.model_bytes, quota_bytes=quota
@@ -192,21 +188,39 @@ def get_output_file(
     a folder, or a copy still in progress."""
     _owned_job(job_id, caller, repo)
     parts = _parts(path, "path")
-    root = _root(request)
-    found = find_output(root, job_id, parts, rank=rank) if root else None
+    storage = _storage(request)
+    with reading_the_store("outputs"):
+        found = storage.find(job_id, parts, rank=rank) if storage else None
     if found is None:
         where = f"rank {rank}'s" if rank is not None else "the"
         message = f"job {job_id} has no file {path!r} in {where} outputs"
         return error_response(404, [ErrorDetail(code="not_found", message=message, field="path")])
-    return FileResponse(
-        found.path,
-        media_type="application/octet-stream",
-        stat_result=found.stat,
-        headers={
-            "Content-Disposition": content_disposition(parts[-1]),
-            "X-Gangway-Rank": str(found.entry.rank),
-        },
+    headers = {
+        "Content-Disposition": content_disposition(parts[-1]),
+        "X-Gangway-Rank": str(found.entry.rank),
+    }
+    if isinstance(found, FoundOutput):
+        return FileResponse(
+            found.path,
+            media_type="application/octet-stream",
+            stat_result=found.stat,
+            headers=headers,
+        )
+    with reading_the_store("outputs"):
+        opened = found.open()
+    size = getattr(opened, "size", None)  # the object opened: it may be newer than listed
+    if isinstance(size, int):
+        headers["Content-Length"] = str(size)
+    return StreamingResponse(
+        _chunks(opened), media_type="application/octet-stream", headers=headers
     )
+
+
+def _chunks(opened: BinaryIO) -> Iterator[bytes]:
+    """A stored file's bytes, a megabyte at a time; closed when sent or abandoned."""
+    with opened:
+        while chunk := opened.read(1 << 20):
+            yield chunk
 
 
 def content_disposition(name: str) -> str:

@@ -195,9 +195,10 @@ def _copied(
 def _usage(request: Request, registry: ModelRegistry, owner: str) -> QuotaUse:
     repo: JobRepository = request.app.state.repo
     quota: int = request.app.state.storage_quota_bytes
-    return storage_usage(
-        repo, registry, request.app.state.outputs_root, owner, quota_bytes=quota, now=repo.now()
-    )
+    with reading_the_store("outputs"):
+        return storage_usage(
+            repo, registry, request.app.state.outputs, owner, quota_bytes=quota, now=repo.now()
+        )
 
 
 def _over_quota(use: QuotaUse, owner: str, what: str) -> QuotaExceeded:

@@ -140,17 +140,22 @@ class Runtime:
         """The settings' launch policy, with each launch capped to what its user may
         still add to their storage (outputs and model versions share one quota)."""
         settings, repo = self._settings, self._repo
-        models = ModelRegistry(repo.engine)
+        models, outputs = ModelRegistry(repo.engine), settings.outputs_storage()
 
         def outputs_left(user: str) -> int:
-            usage = storage_usage(
-                repo,
-                models,
-                settings.outputs_root(),
-                user,
-                quota_bytes=settings.storage_quota_bytes,
-                now=repo.now(),
-            )
+            quota = settings.storage_quota_bytes
+            try:
+                usage = storage_usage(
+                    repo, models, outputs, user, quota_bytes=quota, now=repo.now()
+                )
+            except Exception:  # a store that cannot be read just now (the network)
+                log.warning(
+                    "%s's stored outputs could not be counted just now: this launch's outputs "
+                    "are bounded by the quota alone",
+                    user,
+                    exc_info=True,
+                )
+                return max(0, quota - models.owner_bytes(user))
             return usage.remaining_bytes
 
         return replace(settings.launch_policy(), outputs_left=outputs_left)
@@ -270,6 +275,7 @@ def build_app(settings: Settings) -> FastAPI:
         checkpoint_root=settings.checkpoint_root(),
         checkpoint_store=settings.checkpoint_store(),
         outputs_root=settings.outputs_root(),
+        outputs_store=settings.outputs_store(),
         storage_quota_bytes=settings.storage_quota_bytes,
         models_root=settings.models_root(),
         auth=auth,

@@ -22,8 +22,10 @@ from scheduler.runtime.leadership import SWEEP_EVERY_PASSES
 from scheduler.runtime.lease import DEFAULT_TTL_S
 from scheduler.runtime.lifecycle import LifecycleConfig
 from scheduler.store.artifact_retention import DEFAULT_AGE, ArtifactRetention
+from scheduler.store.output_stores import LocalOutputs, OutputsStorage
 from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
 from scheduler.store.outputs import job_outputs_dir
+from scheduler.store.remote_outputs import RemoteOutputs
 from scheduler.store.retention import Retention
 from workers.checkpoint_layout import job_directory
 from workers.checkpoint_store import CheckpointStore
@@ -44,7 +46,11 @@ class QueueSettings(QueueSpec):
 
 # Settings that were renamed: old -> new (one quota covers outputs and model versions).
 _STORAGE_QUOTA = "GANGWAY_STORAGE_QUOTA_BYTES (a user's job outputs and model versions together)"
+_STORAGE_URL = (
+    "GANGWAY_STORAGE_URL (checkpoints under <url>/checkpoints, outputs under <url>/outputs)"
+)
 RENAMED = {
+    "GANGWAY_CHECKPOINT_URL": _STORAGE_URL,
     "GANGWAY_OUTPUTS_QUOTA_BYTES": _STORAGE_QUOTA,
     "GANGWAY_MODELS_QUOTA_BYTES": _STORAGE_QUOTA,
 }
@@ -59,11 +65,12 @@ class Settings(BaseSettings):
         description="checkpoints, outputs and model files: storage every Ray node mounts "
         "(a shared mount on more than one host); empty = data_dir",
     )
-    checkpoint_url: str = Field(
+    storage_url: str = Field(
         "",
-        description="checkpoints in a store named by a URL (s3://bucket/prefix: hosts that "
-        "share no disk); the rank supervisors and the service read it with their own "
-        "credentials (AWS_* variables), the jobs never; empty = storage_dir/checkpoints",
+        description="checkpoints and outputs in storage named by a URL (s3://bucket/prefix: "
+        "hosts that share no disk), under <url>/checkpoints and <url>/outputs; the rank "
+        "supervisors and the service read it with their own credentials (AWS_* variables), "
+        "the jobs never; empty = storage_dir (model versions stay there either way)",
     )
     database_url: str = Field("", description="SQLAlchemy URL; empty = SQLite in data_dir")
     ray_address: str = Field("", description="Ray cluster to join; empty = start a local one")
@@ -309,9 +316,25 @@ class Settings(BaseSettings):
         """Where ranks write checkpoints: shared storage when ranks run on other hosts."""
         return self.storage() / "checkpoints"
 
+    def checkpoint_url(self) -> str | None:
+        """Where checkpoints live when `storage_url` names a store."""
+        return f"{self.storage_url.rstrip('/')}/checkpoints" if self.storage_url else None
+
     def checkpoint_store(self) -> CheckpointStore | None:
-        """The store checkpoints live in when `checkpoint_url` names one."""
-        return CheckpointStore(self.checkpoint_url) if self.checkpoint_url else None
+        url = self.checkpoint_url()
+        return CheckpointStore(url) if url else None
+
+    def outputs_url(self) -> str | None:
+        """Where jobs' outputs live when `storage_url` names a store."""
+        return f"{self.storage_url.rstrip('/')}/outputs" if self.storage_url else None
+
+    def outputs_store(self) -> RemoteOutputs | None:
+        url = self.outputs_url()
+        return RemoteOutputs(url) if url else None
+
+    def outputs_storage(self) -> OutputsStorage:
+        """Jobs' outputs, wherever they are: the store, else the folder."""
+        return self.outputs_store() or LocalOutputs(self.outputs_root())
 
     def models_root(self) -> Path:
         """The registered model versions' files (`scheduler.store.model_files`)."""
@@ -331,7 +354,8 @@ class Settings(BaseSettings):
         """What every rank of every job is launched with (scheduler.runtime.launch)."""
         return LaunchPolicy(
             checkpoint_root=self.checkpoint_root(),
-            checkpoint_url=self.checkpoint_url or None,
+            checkpoint_url=self.checkpoint_url(),
+            outputs_url=self.outputs_url(),
             packages_root=self.packages_root(),
             outputs_root=self.outputs_root(),
             models_root=self.models_root(),
@@ -361,7 +385,11 @@ class Settings(BaseSettings):
                 partial(job_directory, self.checkpoint_root()),
             ),
             age=timedelta(days=self.artifact_retention_days),
-            stores=(store.job,) if (store := self.checkpoint_store()) is not None else (),
+            stores=tuple(
+                store.job
+                for store in (self.checkpoint_store(), self.outputs_store())
+                if store is not None
+            ),
         )
 
     def packages_root(self) -> Path:

@@ -20,28 +20,24 @@ attempt's checkpoint at the same step.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from fsspec import AbstractFileSystem
-from fsspec.core import url_to_fs
 
 from workers.checkpoint_layout import PREFIX, step_of
+from workers.stored_files import StoredFolder, filesystem, get_files, modified, put_open_file
 
 MARKERS = ".ranks"
 _MARKER = re.compile(r"(\d+)-of-(\d+)")
 _STEP = re.compile(rf"{PREFIX}\d{{8}}")  # as checkpoint_path writes it: one name per step
 _ATTEMPT = re.compile(r"attempt-(\d+)")
-_CHUNK = 1 << 20
 MAX_FILES = 100_000  # in one rank's step directory
-S3_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 3}}
 
 
 @dataclass(frozen=True)
@@ -66,12 +62,8 @@ class JobCheckpointStore:
     """One job's checkpoints under `url` (`<root>/job-<id>`)."""
 
     def __init__(self, url: str, fs: AbstractFileSystem | None = None) -> None:
-        self.url = url.rstrip("/")
-        if fs is None:
-            fs, path = _filesystem(self.url)
-        else:
-            path = fs._strip_protocol(self.url)
-        self.fs, self._path = fs, str(path).rstrip("/")
+        self._folder = StoredFolder(url, fs)
+        self.url, self.fs, self._path = self._folder.url, self._folder.fs, self._folder.path
 
     def listing(self) -> list[RemoteCheckpoint]:
         """The complete checkpoints, oldest first, one per step (of the latest attempt
@@ -94,13 +86,7 @@ class JobCheckpointStore:
                 raise ValueError(f"{name} holds more than {MAX_FILES} files")
             if relative.startswith(f"{MARKERS}/") or ".." in relative.split("/"):
                 continue  # a program's file posing as a marker
-            size = os.fstat(source.fileno()).st_size  # what it held when opened, no more
-            with self.fs.open(f"{target}/{relative}", "wb") as sink:
-                left = size
-                while left > 0 and (chunk := source.read(min(_CHUNK, left))):
-                    sink.write(chunk)
-                    left -= len(chunk)
-                copied += size - left
+            copied += put_open_file(self.fs, f"{target}/{relative}", source)
         self.fs.pipe_file(f"{target}/{MARKERS}/{rank.rank}-of-{rank.world_size}", b"")
         return copied
 
@@ -108,7 +94,7 @@ class JobCheckpointStore:
         """Copy `checkpoint` into `into/<its step directory's name>` (markers left out);
         the local path."""
         local = into / f"{PREFIX}{checkpoint.step:08d}"
-        _copy_down(self.fs, self.fs._strip_protocol(checkpoint.url), checkpoint.files, local)
+        get_files(self.fs, self.fs._strip_protocol(checkpoint.url), checkpoint.files, local)
         return local
 
     def prune(self, keep_last: int) -> list[str]:
@@ -127,10 +113,7 @@ class JobCheckpointStore:
 
     def delete(self) -> bool:
         """Delete every checkpoint of the job; whether there was anything."""
-        if not self.fs.exists(self._path):
-            return False
-        self.fs.rm(self._path, recursive=True)
-        return True
+        return self._folder.delete()
 
     def _scan(self) -> dict[tuple[int, int], RemoteCheckpoint | None]:
         """Every (attempt, step) directory, by attempt then step: its checkpoint if
@@ -157,7 +140,7 @@ class JobCheckpointStore:
         if ".metadata" not in files or len(worlds) != 1 or ranks != set(range(worlds.pop())):
             return None
         data = {name: info for name, info in files.items() if not _is_marker(name)}
-        finished = max(_modified(info) for name, info in files.items() if _is_marker(name))
+        finished = max(modified(info) for name, info in files.items() if _is_marker(name))
         return RemoteCheckpoint(
             url=f"{self.url}/attempt-{attempt}/{PREFIX}{step:08d}",
             step=step,
@@ -167,24 +150,12 @@ class JobCheckpointStore:
         )
 
 
-def _copy_down(fs: AbstractFileSystem, source: str, files: Iterable[str], local: Path) -> None:
-    """Copy `files` (relative to `source` in `fs`) into the fresh folder `local`."""
-    shutil.rmtree(local, ignore_errors=True)
-    local.mkdir(parents=True)
-    for relative in files:
-        target = local / relative
-        if not target.resolve().is_relative_to(local.resolve()):
-            raise ValueError(f"a checkpoint file escapes its directory: {relative}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fs.get_file(f"{source}/{relative}", str(target))
-
-
 class CheckpointStore:
-    """Every job's checkpoints under a root URL (`GANGWAY_CHECKPOINT_URL`)."""
+    """Every job's checkpoints under a root URL (`GANGWAY_STORAGE_URL`/checkpoints)."""
 
     def __init__(self, url: str, fs: AbstractFileSystem | None = None) -> None:
         self.url = url.rstrip("/")
-        self._fs = fs if fs is not None else _filesystem(self.url)[0]
+        self._fs = fs if fs is not None else filesystem(self.url)[0]
 
     def job_url(self, job_id: int) -> str:
         return f"{self.url}/job-{job_id}"
@@ -193,26 +164,5 @@ class CheckpointStore:
         return JobCheckpointStore(self.job_url(job_id), self._fs)
 
 
-def _filesystem(url: str) -> tuple[AbstractFileSystem, str]:
-    """The filesystem of `url` and the path in it. Listings are never cached: other hosts'
-    supervisors add to the store all the time. S3 calls time out in a minute, not botocore's
-    default of many: a store that hangs is an error the caller reports, not a stall."""
-    options: dict[str, Any] = {"use_listings_cache": False}
-    if url.startswith(("s3://", "s3a://")):
-        options["config_kwargs"] = S3_TIMEOUTS
-    return url_to_fs(url, **options)  # type: ignore[no-any-return]
-
-
 def _is_marker(name: str) -> bool:
     return name.startswith(f"{MARKERS}/")
-
-
-def _modified(info: dict[str, Any]) -> datetime:
-    """A listed file's time, whichever way its filesystem says it (S3, local, memory)."""
-    for key in ("LastModified", "last_modified", "mtime", "created"):
-        value = info.get(key)
-        if isinstance(value, datetime):
-            return value if value.tzinfo else value.replace(tzinfo=UTC)
-        if isinstance(value, int | float):
-            return datetime.fromtimestamp(value, UTC)
-    return datetime.now(UTC)

@@ -125,6 +125,7 @@ class JobLaunch(_Frozen):
     checkpoint_url: str | None = None
     keep_last: int = 2
     outputs_dir: str | None = None  # host path of the job's collected outputs
+    outputs_url: str | None = None  # or their URL in a store (hosts that share no disk)
     outputs_max_bytes: int = 0  # what this attempt may still add to them
     model_dir: str | None = None  # host path of the model version it starts from (read-only)
     # or, in the store: the URL of the job whose checkpoint it starts from, and the step
@@ -132,6 +133,7 @@ class JobLaunch(_Frozen):
     model_checkpoints: str | None = None
     model_step: int | None = None
     input_dirs: dict[str, str] = Field(default_factory=dict)  # name -> other jobs' outputs
+    input_urls: dict[str, str] = Field(default_factory=dict)  # the same, in a store
     host_paths: list[str] = Field(default_factory=list)  # read-only: data files, host scripts
     sandbox: SandboxMode = SandboxMode.PREFERRED
     identity: SandboxIdentity = SandboxIdentity()

@@ -21,6 +21,7 @@ from scheduler.model import (
 )
 from scheduler.store.model_files import version_directory
 from scheduler.store.outputs import job_outputs_dir
+from scheduler.store.remote_outputs import job_outputs_url
 from workers import faults
 from workers.checkpoint_layout import checkpoint_path, completed, job_directory
 from workers.checkpoint_store import CheckpointStore
@@ -48,6 +49,7 @@ class LaunchPolicy:
     checkpoint_url: str | None = None  # a store instead (hosts that share no disk)
     packages_root: Path | None = None
     outputs_root: Path | None = None
+    outputs_url: str | None = None  # a store instead (hosts that share no disk)
     models_root: Path | None = None
     sandbox: SandboxMode = SandboxMode.PREFERRED
     default_identity: SandboxIdentity = field(default_factory=SandboxIdentity)
@@ -88,12 +90,18 @@ def job_launch(
     checkpoint_url = (
         CheckpointStore(policy.checkpoint_url).job_url(job_id) if policy.checkpoint_url else None
     )
-    outputs = str(policy.outputs_root / f"job-{job_id}") if policy.outputs_root else None
+    outputs_url = job_outputs_url(policy.outputs_url, job_id) if policy.outputs_url else None
+    outputs = (
+        str(job_outputs_dir(policy.outputs_root, job_id))
+        if policy.outputs_root and not outputs_url
+        else None
+    )
     return JobLaunch(
         model_dir=_model_dir(spec, policy),
         model_checkpoints=_model_checkpoints(spec, policy),
         model_step=spec.init_from.step if isinstance(spec.init_from, CheckpointInit) else None,
-        input_dirs=_input_dirs(spec, policy),
+        input_dirs=_input_dirs(spec, policy) if not policy.outputs_url else {},
+        input_urls=_input_urls(spec, policy.outputs_url) if policy.outputs_url else {},
         job_id=job_id,
         attempt=attempt,
         user=user,
@@ -105,7 +113,8 @@ def job_launch(
         checkpoint_url=checkpoint_url,
         keep_last=spec.checkpoint.keep_last,
         outputs_dir=outputs,
-        outputs_max_bytes=policy.outputs_left(user) if outputs else 0,
+        outputs_url=outputs_url,
+        outputs_max_bytes=policy.outputs_left(user) if outputs or outputs_url else 0,
         host_paths=_data_files(spec),
         sandbox=policy.sandbox,
         identity=policy.identity(user),
@@ -168,6 +177,12 @@ def _input_dirs(spec: JobSpec, policy: LaunchPolicy) -> dict[str, str]:
     return {
         f"job-{job}": str(job_outputs_dir(policy.outputs_root, job)) for job in spec.inputs_from
     }
+
+
+def _input_urls(spec: JobSpec, root_url: str) -> dict[str, str]:
+    """The same, in storage named by a URL: each rank's supervisor fetches them onto its
+    host before the start."""
+    return {f"job-{job}": job_outputs_url(root_url, job) for job in spec.inputs_from}
 
 
 def _run(spec: JobSpec) -> Run:

@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -45,6 +45,12 @@ Stamp = tuple[tuple[int, int], tuple[tuple[str, int, int], ...]]
 class OwnedJobs(Protocol):
     def user_job_ends(self, user: str) -> dict[int, datetime | None]:
         """Each of the user's jobs -> when it ended (None: not yet)."""
+        ...
+
+
+class JobOutputBytes(Protocol):
+    def job_bytes(self, job_id: int, *, settled: bool) -> int:
+        """Bytes the job's outputs hold (`settled`: they can no longer change)."""
         ...
 
 
@@ -133,18 +139,6 @@ class UsageCache:
 USAGE = UsageCache()  # one per process: the API and the loop share it
 
 
-def usage_bytes(
-    root: Path,
-    job_ids: Iterable[int],
-    *,
-    settled: Collection[int] = (),
-    cache: UsageCache = USAGE,
-) -> int:
-    """Bytes the jobs' outputs hold together; those in `settled` are trusted from the
-    cache while their folders' stamps hold (see the module's docstring for the cost)."""
-    return sum(cache.job_bytes(root, j, settled=j in settled) for j in job_ids)
-
-
 def is_settled(ended_at: datetime | None, now: datetime, settle: timedelta = SETTLE) -> bool:
     """Whether a job's outputs can no longer change: it ended `settle` ago or more, time
     for its ranks' supervisors to have made their last copies."""
@@ -154,19 +148,21 @@ def is_settled(ended_at: datetime | None, now: datetime, settle: timedelta = SET
 def storage_usage(
     jobs: OwnedJobs,
     models: OwnedModels,
-    root: Path | None,
+    outputs: JobOutputBytes | None,
     user: str,
     *,
     quota_bytes: int,
     now: datetime,
     settle: timedelta = SETTLE,
-    cache: UsageCache = USAGE,
 ) -> QuotaUse:
-    """The user's outputs (over every job of theirs; none without an outputs `root`) and
-    model versions, against their quota."""
-    outputs = 0
-    if root is not None:
+    """The user's outputs (over every job of theirs; none without an outputs store) and
+    model versions, against their quota. A settled job's total is trusted from the
+    store's cache (see the module docstring for the cost)."""
+    used = 0
+    if outputs is not None:
         ends = jobs.user_job_ends(user)
-        settled = {j for j, ended in ends.items() if is_settled(ended, now, settle)}
-        outputs = usage_bytes(root, ends, settled=settled, cache=cache)
-    return QuotaUse(user, outputs, models.owner_bytes(user), quota_bytes)
+        used = sum(
+            outputs.job_bytes(j, settled=is_settled(ended, now, settle))
+            for j, ended in ends.items()
+        )
+    return QuotaUse(user, used, models.owner_bytes(user), quota_bytes)

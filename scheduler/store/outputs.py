@@ -36,12 +36,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 PARTIAL_SUFFIX = ".gangway-partial"
 RANK_PREFIX = "rank-"
 _RANK = re.compile(r"rank-(0|[1-9][0-9]{0,9})")
 
 Parts = tuple[str, ...]
+Info = TypeVar("Info")  # what a listing knows of a file: a stat, or a store's listing entry
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ def list_outputs(
     view, or rank `rank`'s files."""
     chosen = ranks(root, job_id) if rank is None else [rank]
     streams = [_rank_files(root, job_id, r, after) for r in chosen]
-    merged = _first_of_each_path(heapq.merge(*streams, key=lambda f: (f[0], f[1])))
+    merged = first_of_each_path(heapq.merge(*streams, key=lambda f: (f[0], f[1])))
     files = [_entry(parts, r, st) for parts, r, st in itertools.islice(merged, limit + 1)]
     more = len(files) > limit
     files = files[:limit]
@@ -170,9 +172,9 @@ def _files(base: Path, after: Parts) -> Iterator[tuple[Parts, os.stat_result]]:
             yield (*prefix, name), st
 
 
-def _first_of_each_path(
-    files: Iterable[tuple[Parts, int, os.stat_result]],
-) -> Iterator[tuple[Parts, int, os.stat_result]]:
+def first_of_each_path(
+    files: Iterable[tuple[Parts, int, Info]],
+) -> Iterator[tuple[Parts, int, Info]]:
     """Files merged in (path, rank) order -> each path once, from its lowest rank."""
     previous: Parts | None = None
     for item in files:

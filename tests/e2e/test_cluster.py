@@ -87,7 +87,7 @@ def workdir(root: Path) -> Path:
     )
     (root / "data.txt").write_text("payload-from-the-workdir")
     (root / "train.py").write_text(
-        "import time, torch, helper\n"
+        "import os, pathlib, time, torch, helper\n"
         "def main(ctx, steps, interval, step_s):\n"
         "    model = torch.nn.Linear(2, 1)\n"
         "    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
@@ -95,6 +95,9 @@ def workdir(root: Path) -> Path:
         "    start = saved = checkpointer.load_latest()\n"
         "    print('rank', ctx.rank, helper.GREETING, open('data.txt').read(),\n"
         "          'starts at', start, 'ENV', helper.environment(), flush=True)\n"
+        "    inputs = pathlib.Path(os.environ.get('INPUTS_DIR', '/nonexistent'))\n"
+        "    for read in sorted(inputs.rglob('*.txt')):\n"
+        "        print('INPUT', read.relative_to(inputs), read.read_text(), flush=True)\n"
         "    for step in range(start + 1, steps + 1):\n"
         "        time.sleep(step_s)\n"
         "        stop = ctx.should_stop_together()\n"
@@ -104,6 +107,8 @@ def workdir(root: Path) -> Path:
         "        ctx.report(step=step, loss=1.0 / step, checkpoint_step=saved)\n"
         "        if stop:\n"
         "            return\n"
+        "    if ctx.rank == 0:\n"
+        "        (ctx.outputs_dir / 'result.txt').write_text(f'trained {steps} steps')\n"
     )
     return root
 

@@ -1,8 +1,9 @@
 """Many hosts, no shared disk, a network that fails: `scripts/cluster up --hosts 3` starts
 three emulated hosts (network namespaces on a bridge, each with its own address and a
 private mount namespace that hides the service's data dir; they share only the storage
-dir, as hosts share an NFS mount). Checkpoints go to an S3-compatible server (moto's) on
-the emulated network, through the rank supervisors, which alone hold its credentials. A
+dir, as hosts share an NFS mount). Checkpoints and outputs go to an S3-compatible server
+(moto's) on the emulated network, through the rank supervisors, which alone hold its
+credentials; a later job reads the first one's outputs fetched from there. A
 client ships a working directory (it reaches the hosts through Ray's object store); its
 function runs dp=4 over two hosts, checkpointing;
 one of them is cut off the network mid-step, and the other's link made lossy (5% each way,
@@ -91,7 +92,7 @@ def hosts(postgres_url: str, s3_server: int) -> Iterator[tuple[Client, dict[str,
         state,
         postgres_url,
         CLUSTER_DEAD_AFTER_S="10",
-        GANGWAY_CHECKPOINT_URL="s3://checkpoints/gangway",
+        GANGWAY_STORAGE_URL="s3://checkpoints/gangway",
         **credentials,
     )
     import boto3
@@ -113,14 +114,18 @@ def hosts(postgres_url: str, s3_server: int) -> Iterator[tuple[Client, dict[str,
         shutil.rmtree(state, ignore_errors=True)
 
 
-def checkpoints_are_in_the_store_alone(client: Client, job: int, state: Path, logs: str) -> None:
-    """The job's checkpoints are in the S3 server, none on the hosts' shared disk, and no
-    rank saw the store's credentials (the function prints its environment)."""
+def files_are_in_the_store_alone(client: Client, job: int, state: Path, logs: str) -> None:
+    """The job's checkpoints and outputs are in the S3 server, none on the hosts' shared
+    disk, and no rank saw the store's credentials (the function prints its environment)."""
     saved = client.checkpoints(job)
-    assert saved.directory == f"s3://checkpoints/gangway/job-{job}", saved
+    assert saved.directory == f"s3://checkpoints/gangway/checkpoints/job-{job}", saved
     assert saved.checkpoints and saved.checkpoints[-1].step == STEPS
     assert all(c.path.startswith("s3://checkpoints/") for c in saved.checkpoints)
     assert not (state / "storage" / "checkpoints" / f"job-{job}").exists()
+    assert [(f.path, f.rank) for f in client.outputs(job)] == [("result.txt", 0)]
+    [fetched] = client.download(job, "result.txt", to=state / f"out-{job}")
+    assert fetched.read_text() == f"trained {STEPS} steps"
+    assert not (state / "storage" / "outputs" / f"job-{job}").exists()
     assert "ENV" in logs and "AWS_" not in logs and "not-for-ranks" not in logs
 
 
@@ -210,7 +215,7 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
     resumed = {int(line.rsplit("starts at ", 1)[1].split()[0]) for line in text.splitlines()
                if "starts at" in line and "starts at 0" not in line}  # fmt: skip
     assert resumed and min(resumed) % INTERVAL == 0 and min(resumed) > 0, text[-2000:]
-    checkpoints_are_in_the_store_alone(client, job.id, state, text)
+    files_are_in_the_store_alone(client, job.id, state, text)
     assert_invariants([job.id], env, state)
 
     assert "a plain link again" in on("slow", lossy, env)
@@ -257,6 +262,7 @@ def the_service_survives_a_cut_from_the_ray_head(
         resources=Resources(gpus_per_rank=1, cpus_per_rank=0.5),
         working_dir=workdir(tmp_path / "again"),
         max_restarts=2,
+        inputs_from=[earlier],  # its outputs, fetched from the store onto each host
     )
     deadline = time.monotonic() + 120
     while (info := client.get(through.id)).progress.step < 3:
@@ -271,6 +277,8 @@ def the_service_survives_a_cut_from_the_ray_head(
     assert "gangway serve stopped: the Ray head declared this service's node" in said
     done = client.wait(through.id, timeout_s=300, poll_s=0.5)  # rides out the restart
     assert done.state is JobState.SUCCEEDED and done.progress.step == 60, done.error
+    text = "\n".join(line.line for line in client.logs(through.id, tail=2000))
+    assert f"INPUT job-{earlier}/rank-0/result.txt trained {STEPS} steps" in text, text[-2000:]
     assert_invariants([earlier, through.id], env, state)
 
 

@@ -562,7 +562,7 @@ def test_checkpoints_lists_the_complete_ones_oldest_first(
 def test_checkpoints_in_a_store_are_listed_by_url_and_registered_as_model_versions(
     repo: JobRepository, tmp_path: Path
 ) -> None:
-    """With GANGWAY_CHECKPOINT_URL the listing comes from the store (complete: .metadata
+    """With GANGWAY_STORAGE_URL the listing comes from the store (complete: .metadata
     and every rank's marker), and a model version is registered from a checkpoint there
     (fetched, then copied into the registry like one on the storage dir)."""
     repo.replace_nodes(NODES)
@@ -605,7 +605,7 @@ def test_checkpoints_in_a_store_are_listed_by_url_and_registered_as_model_versio
             client.post("/v1/models", json={"name": "gpt", "job_id": job_id}),
         ):
             assert response.status_code == 503, response.text
-            assert response.json()["error"]["code"] == "checkpoint_store_unavailable"
+            assert response.json()["error"]["code"] == "storage_unavailable"
 
 
 def test_serve_hands_its_settings_to_the_app(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The checkpoint store against an S3-compatible server (moto's, on a local port), through
+"""Checkpoints and outputs in an S3-compatible server (moto's, on a local port), through
 s3fs as the service and the rank supervisors use it: credentials and the endpoint come
 from the standard AWS variables, as on a real cluster. Then the built-in trainer on local
 gloo processes, each rank saving into a directory of its own, its checkpoint carried
@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from bench.harness.engine import run_engine
+from scheduler.store.remote_outputs import RemoteOutputs
 from workers.checkpoint_store import CheckpointStore, RankOf
 from workers.engine.plan import ParallelPlan
 from workers.engine.training import TrainSpec
 from workers.supervisor.checkpoint_sync import CheckpointSync
+from workers.supervisor.outputs import OutputsUpload, fetch_inputs
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +96,36 @@ def test_the_trainer_saves_in_each_ranks_own_directory_and_resumes_at_another_dp
 
 
 def test_a_bucket_that_is_not_there_fails_the_listing(s3_store: CheckpointStore) -> None:
-    """A typo in GANGWAY_CHECKPOINT_URL or a node with the wrong endpoint must not read as
+    """A typo in GANGWAY_STORAGE_URL or a node with the wrong endpoint must not read as
     "no checkpoint yet": the job would start again from scratch."""
     with pytest.raises(FileNotFoundError):
         CheckpointStore("s3://no-such-bucket/gangway").job(1).listing()
+
+
+def test_outputs_go_up_are_listed_and_served_and_come_down_as_inputs_through_s3(
+    s3_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """Objects, not files: what S3 lists (keys, sizes, times), a multi-megabyte file sent
+    in parts, a file streamed back, a later job's inputs fetched onto its host."""
+    outputs = RemoteOutputs("s3://ckpt/outputs")
+    folder = tmp_path / "rank-out"
+    (folder / "deep").mkdir(parents=True)
+    big = bytes(range(256)) * (6 * 4096 + 7)  # over s3fs's 5 MiB part: a multipart upload
+    (folder / "deep" / "weights.bin").write_bytes(big)
+    (folder / "log.txt").write_text("done")
+    for rank in (0, 1):
+        done = OutputsUpload(f"{outputs.job_url(7)}/rank-{rank}", 10**8).collect(folder)
+        assert (done.files, done.bytes) == (2, len(big) + 4)
+    listed = outputs.listing(7)
+    assert [(f.path, f.rank, f.bytes) for f in listed.files] == [
+        ("deep/weights.bin", 0, len(big)),
+        ("log.txt", 0, 4),
+    ]
+    assert outputs.job_bytes(7, settled=True) == 2 * (len(big) + 4)
+    found = outputs.find(7, ("deep", "weights.bin"), rank=1)
+    assert found is not None and found.url == "s3://ckpt/outputs/job-7/rank-1/deep/weights.bin"
+    with found.open() as opened:
+        assert opened.read() == big
+    fetched = fetch_inputs({"job-7": outputs.job_url(7)}, tmp_path / "inputs")
+    assert Path(fetched["job-7"], "rank-1", "log.txt").read_text() == "done"
+    assert outputs.job(7).delete() and outputs.listing(7).files == []

@@ -34,9 +34,11 @@ from gangway.models import JobSubmit
 from scheduler.model import JobState, Node
 from scheduler.store import JobRepository, NewJob
 from scheduler.store.artifact_retention import ArtifactRetention, ArtifactSweeper
+from scheduler.store.output_stores import LocalOutputs
 from scheduler.store.output_usage import storage_usage
 from scheduler.store.outputs import PARTIAL_SUFFIX, job_outputs_dir, rank_outputs_dir
 from scheduler.store.registry import ModelRegistry
+from scheduler.store.remote_outputs import RemoteOutputs
 from workers.checkpoint_layout import checkpoint_path, job_directory
 
 ADMIN_KEY = "outputs-tests-bootstrap-key"
@@ -299,9 +301,10 @@ def test_the_owners_usage_counts_the_bytes_of_all_their_jobs(
     assert listed["usage"]["used_bytes"] == first_bytes + 4000
     assert listed["usage"]["model_bytes"] == 0
     models = ModelRegistry(repo.engine)
-    left = storage_usage(repo, models, outputs_root, "alice", quota_bytes=QUOTA, now=repo.now())
+    outputs = LocalOutputs(outputs_root)
+    left = storage_usage(repo, models, outputs, "alice", quota_bytes=QUOTA, now=repo.now())
     assert left.remaining_bytes == QUOTA - first_bytes - 4000
-    bob = storage_usage(repo, models, outputs_root, "bob", quota_bytes=100, now=repo.now())
+    bob = storage_usage(repo, models, outputs, "bob", quota_bytes=100, now=repo.now())
     assert bob.remaining_bytes == 0
 
 
@@ -470,7 +473,7 @@ def test_serve_hands_the_outputs_settings_to_the_app_and_the_sweep(tmp_path: Pat
         data_dir=tmp_path, storage_quota_bytes=1234, artifact_retention_days=2, auth=False
     )
     app = build_app(settings)
-    assert app.state.outputs_root == tmp_path / "outputs" == settings.outputs_root()
+    assert app.state.outputs.root == tmp_path / "outputs" == settings.outputs_root()
     assert app.state.storage_quota_bytes == 1234
     retention = settings.artifact_retention()
     assert retention.age == timedelta(days=2)
@@ -491,3 +494,79 @@ def test_a_renamed_quota_setting_stops_the_service_naming_the_new_one(
         pydantic.ValidationError, match="GANGWAY_OUTPUTS_QUOTA_BYTES is gone: set GANGWAY_STORAGE"
     ):
         Settings()
+
+
+def test_outputs_in_a_store_are_listed_served_and_counted_as_in_a_folder(
+    repo: JobRepository, tmp_path: Path
+) -> None:
+    """With GANGWAY_STORAGE_URL the supervisors upload (here by hand, as they do) and the
+    API lists, pages, serves and counts through the store; only the owner may read them;
+    a store that cannot be read is a 503 the client may retry, never a 500."""
+    repo.replace_nodes([Node("n1", "local-1", 4, 8.0)])
+    store = RemoteOutputs(f"memory://api-outputs-{tmp_path.name}/out")
+    app = create_app(
+        repo,
+        auth=AuthConfig(required=True, admin_key=ADMIN_KEY),
+        outputs_root=tmp_path / "unused",
+        outputs_store=store,
+        storage_quota_bytes=QUOTA,
+        limits=Limits(max_page_bytes=1000),
+    )
+    with TestClient(app, raise_server_exceptions=False) as api:
+        secret, bob = new_user(api, "alice"), new_user(api, "bob")
+        job_id = submitted(api, secret)
+        for rank, files in (
+            (0, {"model.pt": b"rank zero", "metrics/loss.csv": b"1,2,3"}),
+            (1, {"model.pt": b"rank one's model", "only-rank-1.txt": b"one"}),
+        ):
+            store.fs.pipe({f"{store.job_url(job_id)}/rank-{rank}/{p}": d for p, d in files.items()})
+        listed = all_files(api, job_id, bearer(secret), limit=2)
+        assert [(f["path"], f["rank"]) for f in listed] == [
+            ("metrics/loss.csv", 0),
+            ("model.pt", 0),
+            ("only-rank-1.txt", 1),
+        ]
+        first = api.get(f"/v1/jobs/{job_id}/outputs", headers=bearer(secret)).json()
+        assert first["total_bytes"] == first["usage"]["used_bytes"] == 9 + 5 + 16 + 3
+        got = api.get(f"/v1/jobs/{job_id}/outputs/model.pt", headers=bearer(secret))
+        assert (got.status_code, got.content) == (200, b"rank zero")
+        assert got.headers["x-gangway-rank"] == "0" and got.headers["content-length"] == "9"
+        one = api.get(f"/v1/jobs/{job_id}/outputs/model.pt?rank=1", headers=bearer(secret))
+        assert one.content == b"rank one's model"
+        missing = api.get(f"/v1/jobs/{job_id}/outputs/metrics", headers=bearer(secret))
+        assert missing.status_code == 404 and missing.json()["error"]["field"] == "path"
+        refused = api.get(f"/v1/jobs/{job_id}/outputs/model.pt", headers=bearer(bob))
+        assert refused.status_code == 403 and b"rank zero" not in refused.content
+
+        def unreachable(*args: object, **kwargs: object) -> Any:
+            raise ConnectionError("could not connect to the endpoint URL")
+
+        store.fs.find = unreachable  # type: ignore[method-assign]
+        store.fs.info = unreachable  # type: ignore[method-assign]
+        store._usage.forget(job_id)
+        try:
+            for path in ("", "/model.pt"):
+                down = api.get(f"/v1/jobs/{job_id}/outputs{path}", headers=bearer(secret))
+                assert down.status_code == 503, down.text
+                assert down.json()["error"]["code"] == "storage_unavailable"
+        finally:
+            del store.fs.find, store.fs.info
+
+
+def test_one_storage_url_names_where_checkpoints_and_outputs_live(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"memory://settings-{tmp_path.name}/gangway/"
+    settings = Settings(data_dir=tmp_path, storage_url=url, auth=False)
+    policy = settings.launch_policy()
+    root = url.rstrip("/")
+    assert (policy.checkpoint_url, policy.outputs_url) == (f"{root}/checkpoints", f"{root}/outputs")
+    app = build_app(settings)
+    assert isinstance(app.state.outputs, RemoteOutputs)
+    assert app.state.outputs.url == f"{root}/outputs"
+    assert app.state.checkpoint_store.url == f"{root}/checkpoints"
+    swept = [store(3).url for store in settings.artifact_retention().stores]
+    assert swept == [f"{root}/checkpoints/job-3", f"{root}/outputs/job-3"]
+    monkeypatch.setenv("GANGWAY_CHECKPOINT_URL", "s3://old/setting")
+    with pytest.raises(pydantic.ValidationError, match="GANGWAY_STORAGE_URL"):
+        Settings(data_dir=tmp_path)

@@ -8,11 +8,11 @@ import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from scheduler.store.output_stores import LocalOutputs
 from scheduler.store.output_usage import (
     SETTLE,
     UsageCache,
     storage_usage,
-    usage_bytes,
 )
 from scheduler.store.outputs import rank_outputs_dir
 
@@ -87,14 +87,15 @@ def test_usage_sums_the_users_jobs_and_remaining_never_goes_below_zero(tmp_path:
     put(tmp_path, 3, 0, "c", 5000)  # bob's
     jobs = Jobs({"alice": {1: NOW - SETTLE * 2, 2: None, 4: None}, "bob": {3: None}})
     cache = UsageCache()
-    assert usage_bytes(tmp_path, [1, 2, 4], cache=cache) == 1300
+    outputs = LocalOutputs(tmp_path, cache)
+    assert sum(outputs.job_bytes(j, settled=False) for j in (1, 2, 4)) == 1300
     models = Models({"alice": 200})  # her model versions share the quota
-    usage = storage_usage(jobs, models, tmp_path, "alice", quota_bytes=2000, now=NOW, cache=cache)
+    usage = storage_usage(jobs, models, outputs, "alice", quota_bytes=2000, now=NOW)
     assert (usage.outputs_bytes, usage.model_bytes, usage.remaining_bytes) == (1300, 200, 500)
 
     def left(user: str) -> int:
         return storage_usage(
-            jobs, models, tmp_path, user, quota_bytes=2000, now=NOW
+            jobs, models, LocalOutputs(tmp_path), user, quota_bytes=2000, now=NOW
         ).remaining_bytes
 
     assert (left("alice"), left("bob"), left("carol")) == (500, 0, 2000)
@@ -127,5 +128,5 @@ def test_settled_means_ended_at_least_the_settle_time_ago(tmp_path: Path) -> Non
 
 def usage(jobs: Jobs, root: Path, now: datetime, cache: UsageCache) -> int:
     return storage_usage(
-        jobs, Models({}), root, "alice", quota_bytes=1, now=now, cache=cache
+        jobs, Models({}), LocalOutputs(root, cache), "alice", quota_bytes=1, now=now
     ).used_bytes

@@ -70,14 +70,26 @@ def test_the_ranks_receive_the_trainer_settings_and_the_services_part() -> None:
     assert launched.input_dirs == {"job-3": "/out/job-3", "job-4": "/out/job-4"}
 
 
-def test_with_a_checkpoint_store_the_ranks_get_urls_not_directories() -> None:
-    """The job's checkpoints and the upstream job's, whose step the supervisors pick
-    (the scheduling loop never waits on the store)."""
+def test_with_a_store_the_ranks_get_urls_not_directories() -> None:
+    """The job's checkpoints and outputs, the upstream job's checkpoint (whose step the
+    supervisors pick: the scheduling loop never waits on the store) and the outputs it
+    reads."""
     store = CheckpointStore("memory://specs-launch/ckpt")
-    policy = LaunchPolicy(checkpoint_root=Path("/ckpt"), checkpoint_url=store.url)
-    newest = stored(JobSubmit(name="j", entrypoint=Builtin(), init_from={"job": 3}))
+    policy = LaunchPolicy(
+        checkpoint_root=Path("/ckpt"),
+        checkpoint_url=store.url,
+        outputs_root=Path("/out"),
+        outputs_url="s3://bucket/out/",
+        outputs_left=lambda user: 77,
+    )
+    newest = stored(
+        JobSubmit(name="j", entrypoint=Builtin(), init_from={"job": 3}, inputs_from=[4])
+    )
     launch = job_launch(newest, job_id=7, attempt=1, user="alice", policy=policy)
     assert (launch.checkpoint_dir, launch.checkpoint_url) == (None, store.job_url(7))
+    assert (launch.outputs_dir, launch.outputs_url) == (None, "s3://bucket/out/job-7")
+    assert launch.outputs_max_bytes == 77
+    assert (launch.input_dirs, launch.input_urls) == ({}, {"job-4": "s3://bucket/out/job-4"})
     assert (launch.model_dir, launch.model_checkpoints) == (None, store.job_url(3))
     assert launch.model_step is None
     named = stored(JobSubmit(name="j", entrypoint=Builtin(), init_from={"job": 3, "step": 9}))

@@ -62,10 +62,10 @@ from workers.launch import (
 )
 from workers.supervisor import sandbox
 from workers.supervisor.cgroups import RankGroup, rank_group
-from workers.supervisor.checkpoint_sync import CheckpointSync
+from workers.supervisor.checkpoint_sync import FINAL_TRIES_S, CheckpointSync
 from workers.supervisor.environment import network_env, program_environment
 from workers.supervisor.output import LineBuffer, Numbered
-from workers.supervisor.outputs import collect
+from workers.supervisor.outputs import Collected, OutputsUpload, collect, fetch_inputs
 from workers.supervisor.process import ProgramProcess
 from workers.supervisor.venvs import VenvBuild, job_venv
 from workers.supervisor.workspace import (
@@ -147,6 +147,12 @@ class RankSupervisor:
         self._collected_step = -1
         self._store: Any = None  # rank 0 of a script gang: the process-group store
         self._sync: CheckpointSync | None = None  # checkpoints in a store, not a shared disk
+        self._final_outputs = False  # the program ended; its outputs are being copied
+        self._upload = (  # outputs in a store, not a shared disk
+            OutputsUpload(f"{job.outputs_url}/rank-{info.rank}", job.outputs_max_bytes)
+            if job.outputs_url is not None
+            else None
+        )
         threading.Thread(target=self._supervise, name="gangway-supervisor", daemon=True).start()
 
     # -- the runtime's calls ----------------------------------------------------------
@@ -216,7 +222,7 @@ class RankSupervisor:
             }
 
     def _uploading(self) -> bool:
-        return self._sync is not None and self._sync.finishing
+        return self._final_outputs or (self._sync is not None and self._sync.finishing)
 
     def stop(self) -> None:
         """A stop notice (preemption, resize, cancel): the trainer or function is told and
@@ -270,7 +276,9 @@ class RankSupervisor:
             started.program.send(go_message(*self._address))
         code = started.program.wait()
         self._loaded.set()
+        self._final_outputs = True
         self._collect_outputs(final=True)
+        self._final_outputs = False
         if self._sync is not None:
             self._logs.append("[gangway] uploading what the program saved last ...")
             self._sync.finish()  # before its folder goes; `status` says it is alive meanwhile
@@ -315,9 +323,10 @@ class RankSupervisor:
         if model is not None:
             mounts.append(sandbox.Mount(model, INSIDE_MODEL))
             layout.model = model
-        if job.input_dirs:
+        inputs = self._input_directories(dirs)
+        if inputs:
             layout.inputs = dirs.root / "inputs"
-            mounts += input_mounts(layout.inputs, job.input_dirs, support.sandboxed)
+            mounts += input_mounts(layout.inputs, inputs, support.sandboxed)
         mounts += [sandbox.Mount(Path(p), p) for p in self._host_paths() if Path(p).exists()]
         python = sys.executable
         trusted_env = _trusted_environment(layout)
@@ -382,6 +391,19 @@ class RankSupervisor:
             ) from exc
         self._sync.start()
         return local
+
+    def _input_directories(self, dirs: RankDirs) -> dict[str, str]:
+        """The outputs of the jobs this one reads (`inputs_from`) by name: folders of
+        the shared storage, or fetched from the store onto this host first."""
+        job = self._job
+        if not job.input_urls:
+            return dict(job.input_dirs)
+        try:
+            return fetch_inputs(job.input_urls, dirs.root / "inputs-fetched")
+        except Exception as exc:
+            raise RuntimeError(
+                f"the outputs this job reads (inputs_from) could not be fetched: {exc}"
+            ) from exc
 
     def _model_directory(self, dirs: RankDirs) -> Path | None:
         """The weights the job starts from (`init_from`), read-only: a folder of the
@@ -516,23 +538,35 @@ class RankSupervisor:
         """Copy the rank's outputs into the service's storage: at every checkpoint (one
         collection at a time; a busy one is skipped) and, waiting its turn, at the end."""
         job, started = self._job, self._started
-        if job.outputs_dir is None or started is None:
+        if (job.outputs_dir is None and self._upload is None) or started is None:
             return
         if not self._collecting.acquire(blocking=final):
             return
         try:
-            done = collect(
-                started.dirs.outputs,
-                Path(job.outputs_dir) / f"rank-{self._info.rank}",
-                max_bytes=job.outputs_max_bytes,
-            )
-        except OSError as exc:
+            done = self._copy_outputs(started.dirs.outputs, tries=FINAL_TRIES_S if final else (0,))
+        except Exception as exc:  # the disk, or the store and the network
             self._logs.append(f"[gangway] outputs could not be collected: {exc}")
             return
         finally:
             self._collecting.release()
         if final and (done.files or done.over_quota or done.skipped):
             self._logs.append(f"[gangway] {done.summary()}")
+
+    def _copy_outputs(self, source: Path, tries: tuple[float, ...]) -> Collected:
+        """One collection into the shared folder, or uploads to the store tried after
+        each wait in `tries` (what went up stays up: a retry sends the rest)."""
+        job = self._job
+        if self._upload is None:
+            target = Path(str(job.outputs_dir)) / f"rank-{self._info.rank}"
+            return collect(source, target, max_bytes=job.outputs_max_bytes)
+        for wait_s in tries[:-1]:
+            time.sleep(wait_s)
+            try:
+                return self._upload.collect(source)
+            except Exception as exc:  # the store or the network: tried again
+                self._logs.append(f"[gangway] outputs upload failed ({exc}); trying again")
+        time.sleep(tries[-1])
+        return self._upload.collect(source)
 
     # -- ending -----------------------------------------------------------------------
 

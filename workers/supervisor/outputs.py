@@ -1,4 +1,6 @@
-"""Collect what a rank wrote to its outputs folder into the service's storage.
+"""Collect what a rank wrote to its outputs folder into the service's storage: a folder
+the hosts share (`collect`), or storage named by a URL (`OutputsUpload`; `fetch_inputs`
+brings other jobs' outputs from there for `inputs_from`).
 
 The folder belongs to the program (an attacker's uid), and the supervisor reads it with
 more rights than the program has, so every step is one the program cannot redirect: the
@@ -21,6 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from fsspec import AbstractFileSystem
+
+from workers.stored_files import StoredFolder, filesystem, get_files, put_open_file
 
 PARTIAL_SUFFIX = ".gangway-partial"
 MAX_FILES = 100_000
@@ -48,13 +54,23 @@ def collect(source: Path, target: Path, *, max_bytes: int) -> Collected:
     """Copy the regular files under `source` to the same paths under `target`, adding at
     most `max_bytes` (see the module docstring)."""
     done = Collected()
+    for relative, opened in _collectable(source, done):
+        _collect_one(opened, target / relative, done, max_bytes)
+    return done
+
+
+def _collectable(source: Path, done: Collected) -> Iterator[tuple[Path, BinaryIO]]:
+    """The files under `source` to copy, each open until the next is asked for; what is
+    not one (a link, a special file, a name that is not text, a partial name) counted
+    in `done.skipped`."""
     for relative, opened in regular_files(source):
         if opened is None or relative.name.endswith(PARTIAL_SUFFIX):
+            if opened is not None:
+                opened.close()
             done.skipped += 1
             continue
         with opened:
-            _collect_one(opened, target / relative, done, max_bytes)
-    return done
+            yield relative, opened
 
 
 def regular_files(source: Path) -> Iterator[tuple[Path, BinaryIO | None]]:
@@ -167,3 +183,56 @@ def _is_text(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return not any(ord(c) < 32 for c in name)
+
+
+class OutputsUpload:
+    """One rank's outputs copied up to storage named by a URL (`<job url>/rank-<r>`),
+    for hosts that share no disk: the same walk as `collect`, each file uploaded whole
+    (an object store shows it once complete). What this supervisor uploaded is
+    remembered (size, modification time), so an unchanged file is not sent again and
+    the bytes kept count against `max_bytes` across collections, a file replaced
+    counting once."""
+
+    def __init__(self, url: str, max_bytes: int, fs: AbstractFileSystem | None = None) -> None:
+        folder = StoredFolder(url, fs)
+        self.url, self._fs, self._path = folder.url, folder.fs, folder.path
+        self._max_bytes = max_bytes
+        self._sent: dict[Path, tuple[int, int]] = {}  # relative path -> (size, mtime_ns)
+
+    def collect(self, source: Path) -> Collected:
+        done = Collected()
+        for relative, opened in _collectable(source, done):
+            self._upload_one(relative, opened, done)
+        return done
+
+    def _upload_one(self, relative: Path, source: BinaryIO, done: Collected) -> None:
+        info = os.fstat(source.fileno())
+        was = self._sent.get(relative)
+        if was == (info.st_size, info.st_mtime_ns):
+            done.unchanged += 1
+            return
+        kept = sum(size for size, _ in self._sent.values()) - (was[0] if was else 0)
+        if kept + info.st_size > self._max_bytes or len(self._sent) >= MAX_FILES:
+            done.over_quota += 1
+            return
+        size = put_open_file(self._fs, f"{self._path}/{relative.as_posix()}", source)
+        self._sent[relative] = (size, info.st_mtime_ns)
+        done.files += 1
+        done.bytes += size
+
+
+def fetch_inputs(urls: dict[str, str], into: Path) -> dict[str, str]:
+    """Other jobs' outputs in storage named by a URL (`inputs_from`), each fetched whole
+    into `into/<name>` on this host (the same `rank-<r>/...` layout as a shared folder);
+    name -> local folder, for `workspace.input_mounts`. A job that wrote none gets an
+    empty folder; a store that cannot be read raises (the attempt fails with the reason)."""
+    local: dict[str, str] = {}
+    for name, url in sorted(urls.items()):
+        fs, path = filesystem(url)
+        files = [
+            str(key)[len(path) :].strip("/") for key in (fs.find(path) if fs.exists(path) else [])
+        ]
+        target = into / name
+        get_files(fs, path, files, target)
+        local[name] = str(target)
+    return local

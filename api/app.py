@@ -38,6 +38,7 @@ from scheduler.store.output_stores import outputs_storage
 from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
 from scheduler.store.packages import PackageStore
 from scheduler.store.registry import ModelRegistry
+from scheduler.store.remote_models import RemoteModelFiles
 from scheduler.store.remote_outputs import RemoteOutputs
 from workers.checkpoint_store import CheckpointStore
 
@@ -61,6 +62,7 @@ def create_app(
     outputs_root: Path | None = None,
     outputs_store: RemoteOutputs | None = None,
     models_root: Path | None = None,
+    model_store: RemoteModelFiles | None = None,
     storage_quota_bytes: int = DEFAULT_QUOTA_BYTES,
 ) -> FastAPI:
     """`on_change` is called after a request changed what the scheduler should do (a job
@@ -76,8 +78,9 @@ def create_app(
     a request may send and a response return (see api.limits). `outputs_root` is where
     the rank supervisors copy what jobs wrote to their OUTPUTS_DIR (None: the app stores
     none), unless they upload it to `outputs_store`; `models_root` holds the registered
-    model versions' files (None: no registry). Each user's outputs and model versions
-    together are bounded by `storage_quota_bytes` (see scheduler.store.output_usage)."""
+    model versions' files (None: no registry), unless `model_store` does. Each user's
+    outputs and model versions together are bounded by `storage_quota_bytes` (see
+    scheduler.store.output_usage)."""
     app = FastAPI(
         title="Gangway",
         version="0.1.0",
@@ -96,6 +99,7 @@ def create_app(
     app.state.checkpoint_store = checkpoint_store
     app.state.outputs = outputs_storage(outputs_root, outputs_store)
     app.state.models_root = models_root
+    app.state.model_store = model_store
     app.state.storage_quota_bytes = storage_quota_bytes
     app.state.registry = ModelRegistry(repo.engine, clock=repo.now)
     app.state.limits = limits or Limits()

@@ -53,11 +53,16 @@ _CHECKPOINTS = ListingCache()
 
 
 @contextmanager
-def reading_the_store(what: str = "checkpoint") -> Iterator[None]:
+def reading_the_store(
+    what: str = "checkpoint", answers: tuple[type[Exception], ...] = ()
+) -> Iterator[None]:
     """The `what` store or the network failing in the block is a 503
-    (`StoreUnavailable`), which the request may retry, never a 500."""
+    (`StoreUnavailable`), which the request may retry, never a 500; `answers` are what
+    the block may raise as its answer (a changed file), passed on as they are."""
     try:
         yield
+    except answers:
+        raise
     except Exception as exc:
         raise StoreUnavailable(
             f"the {what} store could not be read just now ({type(exc).__name__}: {exc})"

@@ -24,10 +24,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
+from starlette.background import BackgroundTask
 
 from api.auth import Caller, Principal, current_caller, require_owner
 from api.convert import job_info, reading_the_store, shown_spec, submitted_spec
-from api.errors import FieldError
+from api.errors import FieldError, StoreUnavailable
 from api.routes import ERROR_RESPONSES, JobId, OnChange, Repo, create_job
 from gangway.models import (
     ALIAS_NAME,
@@ -50,6 +51,7 @@ from gangway.models import (
 from gangway.paths import BadPath, path_parts
 from scheduler.store import JobRecord, JobRepository, QueueRepository
 from scheduler.store.model_files import (
+    TamperedFile,
     copy_checkpoint,
     remove_version,
     verified,
@@ -65,6 +67,7 @@ from scheduler.store.registry import (
     QuotaExceeded,
     RegisteredModel,
 )
+from scheduler.store.remote_models import RemoteModelFiles, StoreFailed
 from workers.checkpoint_layout import completed, job_directory, step_of
 from workers.checkpoint_store import CheckpointStore
 
@@ -104,6 +107,12 @@ def _root(request: Request) -> Path:
     return root
 
 
+def _model_store(request: Request) -> RemoteModelFiles | None:
+    """Where versions' files live when storage is named by a URL; None: `_root`."""
+    store: RemoteModelFiles | None = request.app.state.model_store
+    return store
+
+
 def _readable(registry: ModelRegistry, name: str, caller: Principal) -> RegisteredModel:
     model = registry.model(name)
     if not model.readable_by(caller):
@@ -139,7 +148,7 @@ def register(
     """The next version of model `name`, from a complete checkpoint of job `job_id`: its
     files copied into the registry with their SHA-256, the job's spec, the metrics it
     reported at that step."""
-    root = _root(request)
+    _root(request)  # 422 when the service keeps no models
     job = repo.get(body.job_id)  # 404 for an unknown job
     require_owner(caller, job.user, f"job {job.id}", may="register its checkpoints", field="job_id")
     try:
@@ -155,8 +164,7 @@ def register(
         number, holder = registry.reserve_version(body.name, owner=owner, readers=body.readers)
         if holder != owner:  # someone else created the name a moment ago
             raise ModelNotFound(f"no model {body.name!r}")
-        target = version_directory(root, body.name, number)
-        files = _copied(request, registry, source, target, owner)
+        files = _copied(request, registry, source, (body.name, number), owner)
     version = ModelVersion(
         model=body.name,
         version=number,
@@ -172,24 +180,43 @@ def register(
     try:
         stored = registry.add_version(version)
     except Exception:
-        remove_version(root, body.name, number)
+        _remove_files(request, body.name, number)
         raise
     return _version_info(stored, {})
 
 
 def _copied(
-    request: Request, registry: ModelRegistry, source: Path, target: Path, owner: str
+    request: Request,
+    registry: ModelRegistry,
+    source: Path,
+    version: tuple[str, int],
+    owner: str,
 ) -> tuple[FileDigest, ...]:
-    """The checkpoint copied to `target` within what the owner's storage quota has left
-    (409 past it; their jobs' outputs count too); a checkpoint its job changed under the
-    copy is a 422 naming `job_id`."""
-    use = _usage(request, registry, owner)
+    """The checkpoint copied as the files of `version` (model, number), in the models
+    folder or the store, within what the owner's storage quota has left (409 past it;
+    their jobs' outputs count too); a checkpoint its job changed under the copy is a 422
+    naming `job_id`; a store that cannot be written, a 503."""
+    use, store, (name, number) = _usage(request, registry, owner), _model_store(request), version
     try:
-        return copy_checkpoint(source, target, max_bytes=use.remaining_bytes)
+        if store is None:
+            target = version_directory(_root(request), name, number)
+            return copy_checkpoint(source, target, max_bytes=use.remaining_bytes)
+        return store.store(source, name, number, max_bytes=use.remaining_bytes)
+    except StoreFailed as exc:
+        raise StoreUnavailable(f"the model store could not take the version: {exc}") from exc
     except QuotaExceeded as exc:
         raise _over_quota(use, owner, str(exc)) from exc
     except OSError as exc:
         raise FieldError("job_id", f"the checkpoint changed while it was copied: {exc}") from exc
+
+
+def _remove_files(request: Request, name: str, number: int) -> None:
+    store = _model_store(request)
+    if store is None:
+        remove_version(_root(request), name, number)
+    else:
+        with reading_the_store("model"):
+            store.remove(name, number)
 
 
 def _usage(request: Request, registry: ModelRegistry, owner: str) -> QuotaUse:
@@ -295,11 +322,17 @@ def download_file(
     digest = next((f for f in version.files if f.path == wanted), None)
     if digest is None:
         raise ModelNotFound(f"{name} v{version.version} has no file {wanted!r}")
-    checked = verified(_root(request), name, version.version, digest)
+    store, cleanup = _model_store(request), None
+    if store is None:
+        checked = verified(_root(request), name, version.version, digest)
+    else:
+        with reading_the_store("model", answers=(TamperedFile,)):
+            checked, cleanup = store.verified_copy(name, version.version, digest)
     return FileResponse(
         checked,
         media_type="application/octet-stream",
         headers={"X-Checksum-Sha256": digest.sha256},
+        background=BackgroundTask(cleanup) if cleanup is not None else None,
     )
 
 
@@ -404,7 +437,7 @@ def delete_version(
     number only: a delete names what it deletes, not what an alias points at now."""
     _changeable(registry, name, caller, "delete its versions")
     registry.delete_version(name, ref)
-    remove_version(_root(request), name, ref)
+    _remove_files(request, name, ref)
     return Response(status_code=204)
 
 

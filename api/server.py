@@ -119,6 +119,7 @@ class Runtime:
             self._repo,
             retention.age,
             utcnow,
+            store=self._settings.model_store(),
         )
         threading.Thread(
             target=sweep_artifacts,
@@ -278,6 +279,7 @@ def build_app(settings: Settings) -> FastAPI:
         outputs_store=settings.outputs_store(),
         storage_quota_bytes=settings.storage_quota_bytes,
         models_root=settings.models_root(),
+        model_store=settings.model_store(),
         auth=auth,
         policy=settings.policy(),
         submit_policy=policy_from_settings(

@@ -25,6 +25,7 @@ from scheduler.store.artifact_retention import DEFAULT_AGE, ArtifactRetention
 from scheduler.store.output_stores import LocalOutputs, OutputsStorage
 from scheduler.store.output_usage import DEFAULT_QUOTA_BYTES
 from scheduler.store.outputs import job_outputs_dir
+from scheduler.store.remote_models import RemoteModelFiles
 from scheduler.store.remote_outputs import RemoteOutputs
 from scheduler.store.retention import Retention
 from workers.checkpoint_layout import job_directory
@@ -67,10 +68,10 @@ class Settings(BaseSettings):
     )
     storage_url: str = Field(
         "",
-        description="checkpoints and outputs in storage named by a URL (s3://bucket/prefix: "
-        "hosts that share no disk), under <url>/checkpoints and <url>/outputs; the rank "
-        "supervisors and the service read it with their own credentials (AWS_* variables), "
-        "the jobs never; empty = storage_dir (model versions stay there either way)",
+        description="checkpoints, outputs and model versions in storage named by a URL "
+        "(s3://bucket/prefix: hosts that share no disk), under <url>/checkpoints, "
+        "<url>/outputs and <url>/models; the rank supervisors and the service read it with "
+        "their own credentials (AWS_* variables), the jobs never; empty = storage_dir",
     )
     database_url: str = Field("", description="SQLAlchemy URL; empty = SQLite in data_dir")
     ray_address: str = Field("", description="Ray cluster to join; empty = start a local one")
@@ -332,6 +333,14 @@ class Settings(BaseSettings):
         url = self.outputs_url()
         return RemoteOutputs(url) if url else None
 
+    def models_url(self) -> str | None:
+        """Where model versions' files live when `storage_url` names a store."""
+        return f"{self.storage_url.rstrip('/')}/models" if self.storage_url else None
+
+    def model_store(self) -> RemoteModelFiles | None:
+        url = self.models_url()
+        return RemoteModelFiles(url) if url else None
+
     def outputs_storage(self) -> OutputsStorage:
         """Jobs' outputs, wherever they are: the store, else the folder."""
         return self.outputs_store() or LocalOutputs(self.outputs_root())
@@ -356,6 +365,7 @@ class Settings(BaseSettings):
             checkpoint_root=self.checkpoint_root(),
             checkpoint_url=self.checkpoint_url(),
             outputs_url=self.outputs_url(),
+            models_url=self.models_url(),
             packages_root=self.packages_root(),
             outputs_root=self.outputs_root(),
             models_root=self.models_root(),

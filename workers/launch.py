@@ -131,6 +131,7 @@ class JobLaunch(_Frozen):
     # or, in the store: the URL of the job whose checkpoint it starts from, and the step
     # (None: its newest complete one)
     model_checkpoints: str | None = None
+    model_url: str | None = None  # or the model version's files in a store
     model_step: int | None = None
     input_dirs: dict[str, str] = Field(default_factory=dict)  # name -> other jobs' outputs
     input_urls: dict[str, str] = Field(default_factory=dict)  # the same, in a store

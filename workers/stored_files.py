@@ -58,6 +58,14 @@ def get_files(fs: AbstractFileSystem, source: str, files: Iterable[str], local: 
         fs.get_file(f"{source}/{relative}", str(target))
 
 
+def fetch_folder(url: str, local: Path) -> None:
+    """Everything under `url` copied into the fresh folder `local` (empty when there is
+    nothing there); a store that cannot be read raises."""
+    fs, path = filesystem(url)
+    keys = fs.find(path) if fs.exists(path) else []
+    get_files(fs, path, [str(key)[len(path) :].strip("/") for key in keys], local)
+
+
 def modified(info: dict[str, Any]) -> datetime:
     """A listed file's time, whichever way its filesystem says it (S3, local, memory)."""
     for key in ("LastModified", "last_modified", "mtime", "created"):

@@ -17,6 +17,7 @@ from scheduler.model import (
     CommandEntrypoint,
     FunctionEntrypoint,
     JobSpec,
+    ModelInit,
     ScriptEntrypoint,
 )
 from scheduler.store.model_files import version_directory
@@ -51,6 +52,7 @@ class LaunchPolicy:
     outputs_root: Path | None = None
     outputs_url: str | None = None  # a store instead (hosts that share no disk)
     models_root: Path | None = None
+    models_url: str | None = None  # a store instead (hosts that share no disk)
     sandbox: SandboxMode = SandboxMode.PREFERRED
     default_identity: SandboxIdentity = field(default_factory=SandboxIdentity)
     user_identities: Mapping[str, SandboxIdentity] = field(default_factory=dict)
@@ -98,6 +100,7 @@ def job_launch(
     )
     return JobLaunch(
         model_dir=_model_dir(spec, policy),
+        model_url=_model_url(spec, policy),
         model_checkpoints=_model_checkpoints(spec, policy),
         model_step=spec.init_from.step if isinstance(spec.init_from, CheckpointInit) else None,
         input_dirs=_input_dirs(spec, policy) if not policy.outputs_url else {},
@@ -152,9 +155,20 @@ def _model_dir(spec: JobSpec, policy: LaunchPolicy) -> str | None:
             return str(checkpoint_path(directory, init.step))
         saved = completed(directory)
         return str(saved[-1] if saved else checkpoint_path(directory, 0))
+    if policy.models_url:
+        return None  # in the store: `_model_url`
     if policy.models_root is None:
         raise ValueError("a job that starts from a model version needs the models directory")
     return str(version_directory(policy.models_root, init.name, init.version))
+
+
+def _model_url(spec: JobSpec, policy: LaunchPolicy) -> str | None:
+    """The store URL of the model version the job starts from; its supervisors fetch it
+    onto their hosts."""
+    init = spec.init_from
+    if not isinstance(init, ModelInit) or not policy.models_url:
+        return None
+    return f"{policy.models_url.rstrip('/')}/{init.name}/v{init.version}"
 
 
 def _model_checkpoints(spec: JobSpec, policy: LaunchPolicy) -> str | None:

@@ -19,8 +19,11 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from scheduler.store.registry import FileDigest, QuotaExceeded
 
@@ -44,17 +47,41 @@ def copy_checkpoint(source: Path, target: Path, *, max_bytes: int) -> tuple[File
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".partial-{target.name}-", dir=target.parent))
     try:
-        root = os.open(source, _DIRECTORY)
-        try:
-            digests = _copy_tree(root, staging, "", _Budget(max_bytes))
-        finally:
-            os.close(root)
+        digests = copy_files(source, partial(_read_only_file, staging), max_bytes=max_bytes)
         staging.chmod(0o755)
         staging.rename(target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    return digests
+
+
+class Writer(Protocol):
+    def write(self, data: bytes, /) -> object: ...
+
+
+Opener = Callable[[str], AbstractContextManager[Writer]]
+
+
+def copy_files(source: Path, open_target: Opener, *, max_bytes: int) -> tuple[FileDigest, ...]:
+    """Copy the regular files under `source`, walked as the module says, each into what
+    `open_target(relative path)` opens for writing, at most `max_bytes` in all
+    (QuotaExceeded past it); each one's digest, sorted by path."""
+    root = os.open(source, _DIRECTORY)
+    try:
+        digests = _copy_tree(root, open_target, "", _Budget(max_bytes))
+    finally:
+        os.close(root)
     return tuple(sorted(digests, key=lambda d: d.path))
+
+
+@contextmanager
+def _read_only_file(folder: Path, relative: str) -> Iterator[Writer]:
+    target = folder / relative
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with target.open("xb") as writer:
+        yield writer
+    target.chmod(0o444)
 
 
 def verified(root: Path, model: str, version: int, digest: FileDigest) -> Path:
@@ -65,10 +92,16 @@ def verified(root: Path, model: str, version: int, digest: FileDigest) -> Path:
     except OSError as exc:
         raise TamperedFile(f"{digest.path} is gone ({exc.strerror})") from exc
     with os.fdopen(fd, "rb") as handle:
-        sha, size = _hash(handle)
+        check(handle, digest)
+    return path
+
+
+def check(handle: BinaryIO, digest: FileDigest, copy_to: Writer | None = None) -> None:
+    """TamperedFile unless what `handle` holds is what `digest` says (written on to
+    `copy_to` meanwhile, if given)."""
+    sha, size = _hash(handle, copy_to=copy_to)
     if sha != digest.sha256 or size != digest.bytes:
         raise TamperedFile(f"{digest.path} changed since it was registered (sha256 differs)")
-    return path
 
 
 def remove_version(root: Path, model: str, version: int) -> None:
@@ -85,7 +118,7 @@ class _Budget:
         self.left -= size
 
 
-def _copy_tree(folder: int, target: Path, prefix: str, budget: _Budget) -> list[FileDigest]:
+def _copy_tree(folder: int, target: Opener, prefix: str, budget: _Budget) -> list[FileDigest]:
     digests = []
     for entry in sorted(os.listdir(folder)):
         try:
@@ -94,30 +127,29 @@ def _copy_tree(folder: int, target: Path, prefix: str, budget: _Budget) -> list[
             continue  # gone since the listing
         relative = f"{prefix}{entry}"
         if stat.S_ISDIR(kind):
-            digests += _copy_folder(folder, entry, target / entry, f"{relative}/", budget)
+            digests += _copy_folder(folder, entry, target, f"{relative}/", budget)
         elif stat.S_ISREG(kind):
-            digest = _copy_file(folder, entry, target / entry, relative, budget)
+            digest = _copy_file(folder, entry, target, relative, budget)
             if digest is not None:
                 digests.append(digest)
     return digests
 
 
 def _copy_folder(
-    parent: int, name: str, target: Path, prefix: str, budget: _Budget
+    parent: int, name: str, target: Opener, prefix: str, budget: _Budget
 ) -> list[FileDigest]:
     try:
         folder = os.open(name, _DIRECTORY, dir_fd=parent)
     except OSError:
         return []  # swapped for a link or a file since the listing: not ours to read
     try:
-        target.mkdir()
         return _copy_tree(folder, target, prefix, budget)
     finally:
         os.close(folder)
 
 
 def _copy_file(
-    parent: int, name: str, target: Path, relative: str, budget: _Budget
+    parent: int, name: str, target: Opener, relative: str, budget: _Budget
 ) -> FileDigest | None:
     try:
         fd = os.open(name, _FILE, dir_fd=parent)
@@ -128,14 +160,13 @@ def _copy_file(
         if not stat.S_ISREG(status.st_mode):
             return None
         budget.take(status.st_size)
-        with target.open("xb") as writer:
+        with target(relative) as writer:
             sha, copied = _hash(reader, copy_to=writer, limit=status.st_size)
-    target.chmod(0o444)
     return FileDigest(relative, copied, sha)
 
 
 def _hash(
-    reader: BinaryIO, *, copy_to: BinaryIO | None = None, limit: int | None = None
+    reader: BinaryIO, *, copy_to: Writer | None = None, limit: int | None = None
 ) -> tuple[str, int]:
     """SHA-256 and size of what `reader` holds (its first `limit` bytes: a file that
     grows while it is copied is cut at the size its budget was taken for), written on to

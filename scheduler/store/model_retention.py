@@ -28,6 +28,7 @@ from scheduler.store.artifact_retention import DELETING, SweptFolders, remove_fo
 from scheduler.store.model_files import version_directory
 from scheduler.store.records import JobRecord
 from scheduler.store.registry import ModelNotFound, ModelRegistry
+from scheduler.store.remote_models import RemoteModelFiles
 from scheduler.store.sweeps import SweepRecord
 
 log = logging.getLogger("gangway")
@@ -46,8 +47,11 @@ class ModelVersionSweeper:
         pins: Pins,
         age: timedelta,
         clock: Callable[[], datetime],
+        *,
+        store: RemoteModelFiles | None = None,
     ) -> None:
         self._registry, self._root, self._pins = registry, root, pins
+        self._store = store  # the versions' files, when not in `root`
         self._age, self._clock = age, clock
 
     def sweep(self) -> SweptFolders:
@@ -69,7 +73,10 @@ class ModelVersionSweeper:
             except ModelNotFound:  # the model went meanwhile
                 continue
             log.info("retention: deleted %s v%d (no alias, not the newest, unused)", name, number)
-            _remove(version_directory(self._root, name, number), swept)
+            if self._store is None:
+                _remove(version_directory(self._root, name, number), swept)
+            else:
+                _remove_stored(self._store, name, number, swept)
         return swept
 
 
@@ -96,6 +103,18 @@ def _leftovers(root: Path) -> SweptFolders:
         for folder in sorted(root.glob(f"*/{DELETING}v*")):
             _remove(folder.with_name(folder.name.removeprefix(DELETING)), swept)
     return swept
+
+
+def _remove_stored(store: RemoteModelFiles, name: str, number: int, swept: SweptFolders) -> None:
+    """Its files in the store; one that fails stays there, said in the log (the row is
+    gone, and with it what would find them again)."""
+    url = store.version_url(name, number)
+    try:
+        store.remove(name, number)
+        swept.removed.append(url)
+    except Exception:  # the store or the network
+        log.exception("retention: could not delete %s from the store; it stays there", url)
+        swept.failed.append(url)
 
 
 def _remove(folder: Path, swept: SweptFolders) -> None:

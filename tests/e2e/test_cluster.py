@@ -98,6 +98,8 @@ def workdir(root: Path) -> Path:
         "    inputs = pathlib.Path(os.environ.get('INPUTS_DIR', '/nonexistent'))\n"
         "    for read in sorted(inputs.rglob('*.txt')):\n"
         "        print('INPUT', read.relative_to(inputs), read.read_text(), flush=True)\n"
+        "    if ctx.model_dir is not None:\n"
+        "        print('MODEL', sorted(p.name for p in ctx.model_dir.iterdir()), flush=True)\n"
         "    for step in range(start + 1, steps + 1):\n"
         "        time.sleep(step_s)\n"
         "        stop = ctx.should_stop_together()\n"

@@ -252,7 +252,11 @@ def the_service_survives_a_cut_from_the_ray_head(
     """The service's host cut off from Ray's head (every host still reaches both) while a
     shipped job runs: the head declares the service's node dead after its 10 s check,
     the service sees it and stops (its raylet is gone); `heal service` starts both again,
-    as a host's service manager would, and the new service reattaches the running gang."""
+    as a host's service manager would, and the new service reattaches the running gang.
+    It starts from a model version registered from the earlier job's checkpoint and reads
+    that job's outputs: both in the store, fetched onto each of its hosts."""
+    version = client.register_model("across-hosts", earlier)
+    assert version.step == STEPS and not (state / "storage" / "models").exists()
     through = client.submit(
         name="through-a-service-cut",
         entrypoint=Function(
@@ -263,6 +267,7 @@ def the_service_survives_a_cut_from_the_ray_head(
         working_dir=workdir(tmp_path / "again"),
         max_restarts=2,
         inputs_from=[earlier],  # its outputs, fetched from the store onto each host
+        init_from={"model": "across-hosts", "version": version.version},  # the same way
     )
     deadline = time.monotonic() + 120
     while (info := client.get(through.id)).progress.step < 3:
@@ -279,6 +284,7 @@ def the_service_survives_a_cut_from_the_ray_head(
     assert done.state is JobState.SUCCEEDED and done.progress.step == 60, done.error
     text = "\n".join(line.line for line in client.logs(through.id, tail=2000))
     assert f"INPUT job-{earlier}/rank-0/result.txt trained {STEPS} steps" in text, text[-2000:]
+    assert "MODEL ['.metadata', '__0_0.distcp'" in text, text[-2000:]
     assert_invariants([earlier, through.id], env, state)
 
 

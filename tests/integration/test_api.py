@@ -21,6 +21,7 @@ from api.server import build_app
 from api.settings import Settings
 from scheduler.model import JobState, Node, QueueQuota
 from scheduler.store import JobRepository, ProgressPoint, QueueRepository
+from scheduler.store.remote_models import RemoteModelFiles
 from workers.checkpoint_store import CheckpointStore, JobCheckpointStore
 
 NODES = [Node("id-1", "local-1", 4, 8.0), Node("id-2", "local-2", 4, 8.0)]
@@ -564,11 +565,18 @@ def test_checkpoints_in_a_store_are_listed_by_url_and_registered_as_model_versio
 ) -> None:
     """With GANGWAY_STORAGE_URL the listing comes from the store (complete: .metadata
     and every rank's marker), and a model version is registered from a checkpoint there
-    (fetched, then copied into the registry like one on the storage dir)."""
+    into the store's models (fetched, then sent up with each file's digest); a file is
+    served only once fetched and checked, a changed one refused; deleting the version
+    deletes its files."""
     repo.replace_nodes(NODES)
     store = CheckpointStore(f"memory://api-{tmp_path.name}/ckpt")
+    models = RemoteModelFiles(f"memory://api-{tmp_path.name}/models")
     app = create_app(
-        repo, checkpoint_root=tmp_path, checkpoint_store=store, models_root=tmp_path / "models"
+        repo,
+        checkpoint_root=tmp_path,
+        checkpoint_store=store,
+        models_root=tmp_path / "models",
+        model_store=models,
     )
     with TestClient(app, raise_server_exceptions=False) as client:
         job_id = client.post("/v1/jobs", json=body()).json()["id"]
@@ -594,6 +602,18 @@ def test_checkpoints_in_a_store_are_listed_by_url_and_registered_as_model_versio
             "__0_0.distcp",
             "__1_0.distcp",
         ]
+        assert not (tmp_path / "models").exists()  # in the store alone
+        stored = f"{models.version_url('gpt', 1)}/__1_0.distcp"
+        assert models.fs.cat_file(stored) == b"x" * 10
+        served = client.get("/v1/models/gpt/versions/1/files/__1_0.distcp")
+        assert (served.status_code, served.content) == (200, b"x" * 10)
+        models.fs.pipe_file(stored, b"y" * 10)  # changed in the store behind the registry
+        changed = client.get("/v1/models/gpt/versions/1/files/__1_0.distcp")
+        assert changed.status_code == 409 and b"y" not in changed.content, changed.text
+        second = client.post("/v1/models", json={"name": "gpt", "job_id": job_id}).json()
+        assert client.delete("/v1/models/gpt/versions/1").status_code == 204
+        assert not models.fs.exists(models.version_url("gpt", 1))
+        assert models.fs.exists(models.version_url("gpt", second["version"]))
 
         class Unreachable(JobCheckpointStore):  # the store or the network down
             def listing(self) -> Any:

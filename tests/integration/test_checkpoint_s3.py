@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from bench.harness.engine import run_engine
+from scheduler.store.model_files import TamperedFile
+from scheduler.store.registry import QuotaExceeded
+from scheduler.store.remote_models import RemoteModelFiles
 from scheduler.store.remote_outputs import RemoteOutputs
 from workers.checkpoint_store import CheckpointStore, RankOf
 from workers.engine.plan import ParallelPlan
@@ -129,3 +132,28 @@ def test_outputs_go_up_are_listed_and_served_and_come_down_as_inputs_through_s3(
     fetched = fetch_inputs({"job-7": outputs.job_url(7)}, tmp_path / "inputs")
     assert Path(fetched["job-7"], "rank-1", "log.txt").read_text() == "done"
     assert outputs.job(7).delete() and outputs.listing(7).files == []
+
+
+def test_a_model_version_goes_up_with_its_digests_and_is_served_only_when_unchanged(
+    s3_store: CheckpointStore, tmp_path: Path
+) -> None:
+    models = RemoteModelFiles("s3://ckpt/models")
+    checkpoint = tmp_path / "step-00000009"
+    (checkpoint / "nested").mkdir(parents=True)
+    (checkpoint / ".metadata").write_bytes(b"meta")
+    (checkpoint / "nested" / "__0_0.distcp").write_bytes(b"w" * 3000)
+    with pytest.raises(QuotaExceeded):
+        models.store(checkpoint, "gpt", 1, max_bytes=100)
+    assert not models.fs.exists(models.version_url("gpt", 1))  # nothing left behind
+    digests = models.store(checkpoint, "gpt", 1, max_bytes=10_000)
+    assert [(d.path, d.bytes) for d in digests] == [(".metadata", 4), ("nested/__0_0.distcp", 3000)]
+    path, cleanup = models.verified_copy("gpt", 1, digests[1])
+    assert path.read_bytes() == b"w" * 3000
+    cleanup()
+    assert not path.exists()
+    models.fs.pipe_file(f"{models.version_url('gpt', 1)}/.metadata", b"forged")
+    with pytest.raises(TamperedFile):
+        models.verified_copy("gpt", 1, digests[0])
+    models.remove("gpt", 1)
+    with pytest.raises(TamperedFile):  # gone
+        models.verified_copy("gpt", 1, digests[1])

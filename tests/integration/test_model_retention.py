@@ -19,6 +19,7 @@ from scheduler.store import JobRepository
 from scheduler.store.model_files import version_directory
 from scheduler.store.model_retention import ModelVersionSweeper
 from scheduler.store.registry import ModelRegistry
+from scheduler.store.remote_models import RemoteModelFiles
 from workers.checkpoint_layout import checkpoint_path, job_directory
 
 AGE = timedelta(days=30)
@@ -96,3 +97,31 @@ def test_a_running_sweeps_base_and_an_alias_set_meanwhile_keep_their_versions(
     assert (swept.removed, swept.failed) == (gone, [])
     assert not stuck.exists()
     assert [v.version for v in client.model("gpt").versions] == [1, 2, 4]
+
+
+def test_with_a_store_the_sweep_deletes_the_versions_files_there(
+    repo: JobRepository, tmp_path: Path
+) -> None:
+    repo.replace_nodes([Node("n1", "local-1", 4, 8.0)])
+    store = RemoteModelFiles(f"memory://retention-{tmp_path.name}/models")
+    app = create_app(
+        repo,
+        checkpoint_root=tmp_path / "ckpt",
+        models_root=tmp_path / "models",
+        model_store=store,
+    )
+    client = Client("http://testserver")
+    client._http = TestClient(app)
+    registered(client, tmp_path / "ckpt", 2)
+    assert store.fs.exists(store.version_url("gpt", 1))
+    swept = ModelVersionSweeper(
+        ModelRegistry(repo.engine),
+        tmp_path / "models",
+        repo,
+        AGE,
+        clock=lambda: repo.now() + timedelta(days=31),
+        store=store,
+    ).sweep()
+    assert swept.removed == [store.version_url("gpt", 1)]  # v2, the newest, stays
+    assert not store.fs.exists(store.version_url("gpt", 1))
+    assert store.fs.exists(store.version_url("gpt", 2)) and not (tmp_path / "models").exists()

@@ -565,6 +565,7 @@ def test_one_storage_url_names_where_checkpoints_and_outputs_live(
     assert isinstance(app.state.outputs, RemoteOutputs)
     assert app.state.outputs.url == f"{root}/outputs"
     assert app.state.checkpoint_store.url == f"{root}/checkpoints"
+    assert app.state.model_store.url == policy.models_url == f"{root}/models"
     swept = [store(3).url for store in settings.artifact_retention().stores]
     assert swept == [f"{root}/checkpoints/job-3", f"{root}/outputs/job-3"]
     monkeypatch.setenv("GANGWAY_CHECKPOINT_URL", "s3://old/setting")

@@ -4,6 +4,7 @@ the wire model; a function target checked without importing user code."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,12 @@ def test_with_a_store_the_ranks_get_urls_not_directories() -> None:
     assert (launch.outputs_dir, launch.outputs_url) == (None, "s3://bucket/out/job-7")
     assert launch.outputs_max_bytes == 77
     assert (launch.input_dirs, launch.input_urls) == ({}, {"job-4": "s3://bucket/out/job-4"})
+    versioned = stored(
+        JobSubmit(name="v", entrypoint=Builtin(), init_from={"model": "gpt", "version": 2})
+    )
+    on_store = replace(policy, models_root=Path("/models"), models_url="s3://bucket/models")
+    started = job_launch(versioned, job_id=9, attempt=1, user="alice", policy=on_store)
+    assert (started.model_dir, started.model_url) == (None, "s3://bucket/models/gpt/v2")
     assert (launch.model_dir, launch.model_checkpoints) == (None, store.job_url(3))
     assert launch.model_step is None
     named = stored(JobSubmit(name="j", entrypoint=Builtin(), init_from={"job": 3, "step": 9}))

@@ -60,6 +60,7 @@ from workers.launch import (
     SandboxMode,
     ScriptRun,
 )
+from workers.stored_files import fetch_folder
 from workers.supervisor import sandbox
 from workers.supervisor.cgroups import RankGroup, rank_group
 from workers.supervisor.checkpoint_sync import FINAL_TRIES_S, CheckpointSync
@@ -407,7 +408,8 @@ class RankSupervisor:
 
     def _model_directory(self, dirs: RankDirs) -> Path | None:
         """The weights the job starts from (`init_from`), read-only: a folder of the
-        storage dir, or a job's checkpoint fetched from the store onto this host."""
+        storage dir, or a job's checkpoint or a model version fetched from the store
+        onto this host."""
         job = self._job
         missing = (
             "the weights this job starts from (init_from) are not there: a model version "
@@ -421,6 +423,11 @@ class RankSupervisor:
             if step not in saved:
                 raise RuntimeError(f"{missing} ({upstream.url} has no complete one there)")
             return upstream.download(saved[step], dirs.root / "model")
+        if job.model_url is not None:
+            fetch_folder(job.model_url, dirs.root / "model")
+            if not any((dirs.root / "model").iterdir()):
+                raise RuntimeError(f"{missing} ({job.model_url} holds no file)")
+            return dirs.root / "model"
         if job.model_dir is None:
             return None
         if not Path(job.model_dir).is_dir():

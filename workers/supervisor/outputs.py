@@ -26,7 +26,7 @@ from typing import BinaryIO
 
 from fsspec import AbstractFileSystem
 
-from workers.stored_files import StoredFolder, filesystem, get_files, put_open_file
+from workers.stored_files import StoredFolder, fetch_folder, put_open_file
 
 PARTIAL_SUFFIX = ".gangway-partial"
 MAX_FILES = 100_000
@@ -228,11 +228,6 @@ def fetch_inputs(urls: dict[str, str], into: Path) -> dict[str, str]:
     empty folder; a store that cannot be read raises (the attempt fails with the reason)."""
     local: dict[str, str] = {}
     for name, url in sorted(urls.items()):
-        fs, path = filesystem(url)
-        files = [
-            str(key)[len(path) :].strip("/") for key in (fs.find(path) if fs.exists(path) else [])
-        ]
-        target = into / name
-        get_files(fs, path, files, target)
-        local[name] = str(target)
+        fetch_folder(url, into / name)
+        local[name] = str(into / name)
     return local

@@ -12,6 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
+
 from api.errors import StoreUnavailable
 from gangway.models import (
     REDACTED,
@@ -54,14 +56,15 @@ _CHECKPOINTS = ListingCache()
 
 @contextmanager
 def reading_the_store(
-    what: str = "checkpoint", answers: tuple[type[Exception], ...] = ()
+    what: str = "checkpoint", passes: tuple[type[Exception], ...] = ()
 ) -> Iterator[None]:
     """The `what` store or the network failing in the block is a 503
-    (`StoreUnavailable`), which the request may retry, never a 500; `answers` are what
-    the block may raise as its answer (a changed file), passed on as they are."""
+    (`StoreUnavailable`), which the request may retry, never a 500. The database's
+    errors keep their own answer, and so do `passes` (a changed file's 409)."""
+    kept: tuple[type[Exception], ...] = (DBAPIError, *passes)
     try:
         yield
-    except answers:
+    except kept:
         raise
     except Exception as exc:
         raise StoreUnavailable(

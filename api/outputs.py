@@ -19,6 +19,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.convertors import PathConvertor, register_url_convertor
 
 from api.auth import Caller, Principal, current_caller, require_owner
@@ -212,7 +213,10 @@ def get_output_file(
     if isinstance(size, int):
         headers["Content-Length"] = str(size)
     return StreamingResponse(
-        _chunks(opened), media_type="application/octet-stream", headers=headers
+        _chunks(opened),
+        media_type="application/octet-stream",
+        headers=headers,
+        background=BackgroundTask(opened.close),  # also when the body was never read
     )
 
 

@@ -326,7 +326,7 @@ def download_file(
     if store is None:
         checked = verified(_root(request), name, version.version, digest)
     else:
-        with reading_the_store("model", answers=(TamperedFile,)):
+        with reading_the_store("model", passes=(TamperedFile,)):
             checked, cleanup = store.verified_copy(name, version.version, digest)
     return FileResponse(
         checked,

@@ -144,19 +144,12 @@ class Runtime:
         models, outputs = ModelRegistry(repo.engine), settings.outputs_storage()
 
         def outputs_left(user: str) -> int:
-            quota = settings.storage_quota_bytes
-            try:
-                usage = storage_usage(
-                    repo, models, outputs, user, quota_bytes=quota, now=repo.now()
-                )
-            except Exception:  # a store that cannot be read just now (the network)
-                log.warning(
-                    "%s's stored outputs could not be counted just now: this launch's outputs "
-                    "are bounded by the quota alone",
-                    user,
-                    exc_info=True,
-                )
-                return max(0, quota - models.owner_bytes(user))
+            """Never waits on a store: a job's outputs not counted yet count as none
+            while they are listed in the background (`RemoteOutputs.job_bytes`)."""
+            quota, now = settings.storage_quota_bytes, repo.now()
+            usage = storage_usage(
+                repo, models, outputs, user, quota_bytes=quota, now=now, wait=False
+            )
             return usage.remaining_bytes
 
         return replace(settings.launch_policy(), outputs_left=outputs_left)

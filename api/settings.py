@@ -48,7 +48,9 @@ class QueueSettings(QueueSpec):
 # Settings that were renamed: old -> new (one quota covers outputs and model versions).
 _STORAGE_QUOTA = "GANGWAY_STORAGE_QUOTA_BYTES (a user's job outputs and model versions together)"
 _STORAGE_URL = (
-    "GANGWAY_STORAGE_URL (checkpoints under <url>/checkpoints, outputs under <url>/outputs)"
+    "GANGWAY_STORAGE_URL; checkpoints now live under <url>/checkpoints/job-<id>, not "
+    "<old url>/job-<id>: set it so that <url>/checkpoints is the old URL, or move them, or "
+    "running jobs restart from scratch"
 )
 RENAMED = {
     "GANGWAY_CHECKPOINT_URL": _STORAGE_URL,

@@ -94,7 +94,10 @@ class JobCheckpointStore:
         """Copy `checkpoint` into `into/<its step directory's name>` (markers left out);
         the local path."""
         local = into / f"{PREFIX}{checkpoint.step:08d}"
-        get_files(self.fs, self.fs._strip_protocol(checkpoint.url), checkpoint.files, local)
+        source = self.fs._strip_protocol(checkpoint.url)
+        unplaced = get_files(self.fs, source, checkpoint.files, local)
+        if unplaced:  # ranks wrote a file and a folder of one name: not a checkpoint
+            raise ValueError(f"{checkpoint.url} holds a file and a folder named {unplaced[0]}")
         return local
 
     def prune(self, keep_last: int) -> list[str]:

@@ -7,6 +7,7 @@ Torch-free: the service uses it too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterable
@@ -16,7 +17,9 @@ from typing import Any, BinaryIO
 
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
+PARTIAL_SUFFIX = ".gangway-partial"  # what listings never show (scheduler.store.outputs too)
 S3_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 3}}
 CHUNK = 1 << 20
 
@@ -28,42 +31,83 @@ def filesystem(url: str) -> tuple[AbstractFileSystem, str]:
     options: dict[str, Any] = {"use_listings_cache": False}
     if url.startswith(("s3://", "s3a://")):
         options["config_kwargs"] = S3_TIMEOUTS
+    elif url.startswith("file://"):
+        options["auto_mkdir"] = True  # a folder's parents, as an object store has none
     fs, path = url_to_fs(url, **options)
     return fs, str(path).rstrip("/")
 
 
-def put_open_file(fs: AbstractFileSystem, path: str, source: BinaryIO) -> int:
-    """Copy the open file `source` to `path`, no further than its size when it was opened
-    (a program appending meanwhile cannot make an upload endless); the bytes copied. An
-    object store shows the object only once it is whole."""
-    size = os.fstat(source.fileno()).st_size
-    left = size
-    with fs.open(path, "wb") as sink:
+def put_open_file(
+    fs: AbstractFileSystem, path: str, source: BinaryIO, size: int | None = None
+) -> int:
+    """Copy the open file `source` to `path`, no further than `size` (default: its size
+    now; a caller that checked a size against a budget passes that one, so a program
+    growing the file meanwhile cannot push an upload past it); the bytes copied. Nothing
+    shows at `path` until the copy is whole, and a copy that fails leaves nothing there:
+    an object store shows an object once its upload completes (a failed one is aborted),
+    a mounted folder gets a partial name renamed into place."""
+    left = os.fstat(source.fileno()).st_size if size is None else size
+    in_place = isinstance(fs, LocalFileSystem)
+    target = f"{path}{PARTIAL_SUFFIX}" if in_place else path
+    sink = fs.open(target, "wb")
+    copied = 0
+    try:
         while left > 0 and (chunk := source.read(min(CHUNK, left))):
             sink.write(chunk)
             left -= len(chunk)
-    return size - left
+            copied += len(chunk)
+    except BaseException:
+        _abandon(fs, sink, target)
+        raise
+    sink.close()
+    if in_place:
+        fs.mv(target, path)
+    return copied
 
 
-def get_files(fs: AbstractFileSystem, source: str, files: Iterable[str], local: Path) -> None:
-    """Copy `files` (paths relative to `source` in `fs`) into the fresh folder `local`;
-    a name that would land outside it (`..`, an absolute path) is refused."""
+def _abandon(fs: AbstractFileSystem, sink: Any, target: str) -> None:
+    """Drop a copy that failed half-way: never let closing it publish what was sent."""
+    with contextlib.suppress(Exception):
+        sink.discard()  # an object store's upload aborted: the object never appears
+    with contextlib.suppress(Exception):
+        sink.closed = True  # so neither close() nor the garbage collector sends it
+    with contextlib.suppress(Exception):
+        if fs.exists(target):  # a filesystem that wrote in place
+            fs.rm_file(target)
+
+
+def get_files(fs: AbstractFileSystem, source: str, files: Iterable[str], local: Path) -> list[str]:
+    """Copy `files` (paths relative to `source` in `fs`) into the fresh folder `local`,
+    readable by every uid (folders 0755, files 0644, whatever this process's umask); a
+    name that would land outside it (`..`, an absolute path) is refused. The names it
+    could not place, returned: an object store may hold a file and a folder of one name
+    (`a` and `a/b`), which no folder can; the first in name order wins."""
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)
-    for relative in files:
+    unplaced = []
+    for relative in sorted(files):
         target = local / relative
         if not target.resolve().is_relative_to(local.resolve()):
             raise ValueError(f"a stored file escapes its folder: {relative}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fs.get_file(f"{source}/{relative}", str(target))
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(f"{source}/{relative}", str(target))
+        except (FileExistsError, NotADirectoryError, IsADirectoryError):
+            unplaced.append(relative)
+    for folder, _, names in os.walk(local):
+        os.chmod(folder, 0o755)
+        for name in names:
+            os.chmod(os.path.join(folder, name), 0o644)
+    return unplaced
 
 
-def fetch_folder(url: str, local: Path) -> None:
+def fetch_folder(url: str, local: Path) -> list[str]:
     """Everything under `url` copied into the fresh folder `local` (empty when there is
-    nothing there); a store that cannot be read raises."""
+    nothing there), as `get_files` does, the names it could not place returned; a store
+    that cannot be read raises."""
     fs, path = filesystem(url)
     keys = fs.find(path) if fs.exists(path) else []
-    get_files(fs, path, [str(key)[len(path) :].strip("/") for key in keys], local)
+    return get_files(fs, path, [str(key)[len(path) :].strip("/") for key in keys], local)
 
 
 def modified(info: dict[str, Any]) -> datetime:

@@ -29,7 +29,7 @@ class OutputsStorage(Protocol):
         self, job_id: int, parts: Parts, *, rank: int | None = None
     ) -> FoundOutput | StoredOutput | None: ...
 
-    def job_bytes(self, job_id: int, *, settled: bool) -> int: ...
+    def job_bytes(self, job_id: int, *, settled: bool, wait: bool = True) -> int: ...
 
 
 class LocalOutputs:
@@ -47,7 +47,8 @@ class LocalOutputs:
     def find(self, job_id: int, parts: Parts, *, rank: int | None = None) -> FoundOutput | None:
         return find_output(self.root, job_id, parts, rank=rank)
 
-    def job_bytes(self, job_id: int, *, settled: bool) -> int:
+    def job_bytes(self, job_id: int, *, settled: bool, wait: bool = True) -> int:
+        """(A local walk: `wait` changes nothing.)"""
         return self._cache.job_bytes(self.root, job_id, settled=settled)
 
 

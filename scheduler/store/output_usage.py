@@ -49,8 +49,9 @@ class OwnedJobs(Protocol):
 
 
 class JobOutputBytes(Protocol):
-    def job_bytes(self, job_id: int, *, settled: bool) -> int:
-        """Bytes the job's outputs hold (`settled`: they can no longer change)."""
+    def job_bytes(self, job_id: int, *, settled: bool, wait: bool = True) -> int:
+        """Bytes the job's outputs hold (`settled`: they can no longer change; without
+        `wait`, what is known now, when knowing more means waiting on a network)."""
         ...
 
 
@@ -154,6 +155,7 @@ def storage_usage(
     quota_bytes: int,
     now: datetime,
     settle: timedelta = SETTLE,
+    wait: bool = True,
 ) -> QuotaUse:
     """The user's outputs (over every job of theirs; none without an outputs store) and
     model versions, against their quota. A settled job's total is trusted from the
@@ -162,7 +164,7 @@ def storage_usage(
     if outputs is not None:
         ends = jobs.user_job_ends(user)
         used = sum(
-            outputs.job_bytes(j, settled=is_settled(ended, now, settle))
+            outputs.job_bytes(j, settled=is_settled(ended, now, settle), wait=wait)
             for j, ended in ends.items()
         )
     return QuotaUse(user, used, models.owner_bytes(user), quota_bytes)

@@ -10,7 +10,7 @@ relative path once in the merged view, from the lowest rank that has it; `rank=N
 rank's files; sorted component by component and paged by the previous page's last path.
 
 Cost: a page lists the job's whole prefix (S3 returns 1,000 keys a request), unlike the
-folder's walk that stops at the page's end; a job's total is cached (`_UsageCache`): a
+folder's walk that stops at the page's end; a job's total is cached (`UsageCache`): a
 settled job's until it is deleted here, an active job's for `max_age_s`.
 """
 
@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
+import queue
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -37,6 +40,7 @@ from scheduler.store.outputs import (
 )
 from workers.stored_files import StoredFolder, modified
 
+log = logging.getLogger("gangway")
 _RANK = re.compile(rf"{RANK_PREFIX}(0|[1-9][0-9]{{0,9}})")
 
 
@@ -62,16 +66,12 @@ class RemoteOutputs:
     """Every job's outputs under the root URL `url`."""
 
     def __init__(
-        self,
-        url: str,
-        fs: AbstractFileSystem | None = None,
-        *,
-        max_age_s: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
+        self, url: str, fs: AbstractFileSystem | None = None, *, usage: UsageCache | None = None
     ) -> None:
         folder = StoredFolder(url, fs)
         self.url, self.fs, self._path = folder.url, folder.fs, folder.path
-        self._usage = _UsageCache(max_age_s, clock)
+        # one per URL and process unless given: the API, the loop and retention share it
+        self._usage = usage if usage is not None else shared_usage(self.url)
 
     def job_url(self, job_id: int) -> str:
         return job_outputs_url(self.url, job_id)
@@ -109,9 +109,12 @@ class RemoteOutputs:
                 return StoredOutput(url, _entry(parts, r, info), self.fs)
         return None
 
-    def job_bytes(self, job_id: int, *, settled: bool) -> int:
-        """Bytes the job's outputs hold (cached; see the module docstring)."""
-        return self._usage.get(job_id, settled, lambda: self._total(job_id))
+    def job_bytes(self, job_id: int, *, settled: bool, wait: bool = True) -> int:
+        """Bytes the job's outputs hold (cached; see the module docstring). Without
+        `wait` (the scheduling loop, which must not wait on the network) a total not
+        known yet or gone stale reads as what was known (0 for none) while it is listed
+        again in the background."""
+        return self._usage.get(job_id, settled, lambda: self._total(job_id), wait=wait)
 
     # -- listing ----------------------------------------------------------------------
 
@@ -162,29 +165,84 @@ class _Forgetting(StoredFolder):
             self._forget()
 
 
-class _UsageCache:
-    """Job id -> (bytes, when listed, settled then). Thread-safe: the API's threads and the
-    loop share one store."""
+class UsageCache:
+    """Job id -> (bytes, when listed, settled then): a settled job's total trusted until
+    `forget`, an active job's for `max_age_s`; least recently used out past `max_jobs`.
+    Thread-safe. Totals asked for without waiting are listed by one daemon thread of its
+    own, each job once however often it is asked for meanwhile."""
 
-    def __init__(self, max_age_s: float, clock: Callable[[], float]) -> None:
-        self._max_age_s, self._clock = max_age_s, clock
+    def __init__(
+        self,
+        *,
+        max_age_s: float = 30.0,
+        max_jobs: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_age_s, self._max_jobs, self._clock = max_age_s, max_jobs, clock
         self._lock = threading.Lock()
-        self._entries: dict[int, tuple[int, float, bool]] = {}
+        self._entries: OrderedDict[int, tuple[int, float, bool]] = OrderedDict()
+        self._pending: set[int] = set()
+        self._refresh: queue.SimpleQueue[tuple[int, bool, Callable[[], int]]] | None = None
 
-    def get(self, job_id: int, settled: bool, total: Callable[[], int]) -> int:
+    def get(
+        self, job_id: int, settled: bool, total: Callable[[], int], *, wait: bool = True
+    ) -> int:
         now = self._clock()
         with self._lock:
             cached = self._entries.get(job_id)
-        if cached is not None and (cached[2] or now - cached[1] < self._max_age_s):
-            return cached[0]
-        value = total()
-        with self._lock:
-            self._entries[job_id] = (value, now, settled)
-        return value
+            if cached is not None and (cached[2] or now - cached[1] < self._max_age_s):
+                self._entries.move_to_end(job_id)
+                return cached[0]
+            if not wait:
+                self._list_later(job_id, settled, total)
+                return cached[0] if cached is not None else 0
+        return self._listed(job_id, settled, total)
 
     def forget(self, job_id: int) -> None:
         with self._lock:
             self._entries.pop(job_id, None)
+
+    def _listed(self, job_id: int, settled: bool, total: Callable[[], int]) -> int:
+        now, value = self._clock(), total()
+        with self._lock:
+            self._entries[job_id] = (value, now, settled)
+            self._entries.move_to_end(job_id)
+            while len(self._entries) > self._max_jobs:
+                self._entries.popitem(last=False)
+        return value
+
+    def _list_later(self, job_id: int, settled: bool, total: Callable[[], int]) -> None:
+        """(Holding the lock.) Queue a listing unless one is queued for the job."""
+        if job_id in self._pending:
+            return
+        self._pending.add(job_id)
+        if self._refresh is None:
+            self._refresh = queue.SimpleQueue()
+            threading.Thread(
+                target=self._lister, args=(self._refresh,), name="gangway-usage", daemon=True
+            ).start()
+        self._refresh.put((job_id, settled, total))
+
+    def _lister(self, work: queue.SimpleQueue[tuple[int, bool, Callable[[], int]]]) -> None:
+        while True:
+            job_id, settled, total = work.get()
+            try:
+                self._listed(job_id, settled, total)
+            except Exception:  # the store or the network: asked again at the next launch
+                log.warning("outputs of job %d could not be counted", job_id, exc_info=True)
+            finally:
+                with self._lock:
+                    self._pending.discard(job_id)
+
+
+_SHARED: dict[str, UsageCache] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_usage(url: str) -> UsageCache:
+    """The process's cache for the store at `url`."""
+    with _SHARED_LOCK:
+        return _SHARED.setdefault(url, UsageCache())
 
 
 def _after(
@@ -196,7 +254,9 @@ def _after(
 
 
 def _shown(name: str) -> bool:
-    return bool(name) and not name.endswith(PARTIAL_SUFFIX)
+    """What a listing shows and a download may name: never a partial name, nor one S3
+    would cut at `?versionId=` (asking for `x?versionId=1` would read `x`)."""
+    return bool(name) and not name.endswith(PARTIAL_SUFFIX) and "?versionId=" not in name
 
 
 def _entry(parts: Parts, rank: int, info: dict[str, Any]) -> OutputEntry:

@@ -129,8 +129,11 @@ def test_outputs_go_up_are_listed_and_served_and_come_down_as_inputs_through_s3(
     assert found is not None and found.url == "s3://ckpt/outputs/job-7/rank-1/deep/weights.bin"
     with found.open() as opened:
         assert opened.read() == big
-    fetched = fetch_inputs({"job-7": outputs.job_url(7)}, tmp_path / "inputs")
-    assert Path(fetched["job-7"], "rank-1", "log.txt").read_text() == "done"
+    outputs.fs.pipe_file("ckpt/outputs/job-7/rank-1/log.txt/x", b"")  # S3 keeps both
+    said: list[str] = []
+    fetched = fetch_inputs({"job-7": outputs.job_url(7)}, tmp_path / "inputs", said.append)
+    assert Path(fetched["job-7"], "rank-1", "log.txt").read_text() == "done"  # the first
+    assert len(said) == 1 and "rank-1/log.txt/x" in said[0]  # said, not fatal
     assert outputs.job(7).delete() and outputs.listing(7).files == []
 
 

@@ -4,16 +4,22 @@ service lists, serves, counts and deletes, with the shared folder's rules."""
 
 from __future__ import annotations
 
+import io
 import os
+import shutil
+import threading
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from scheduler.store.outputs import PARTIAL_SUFFIX
-from scheduler.store.remote_outputs import RemoteOutputs
-from workers.supervisor.outputs import OutputsUpload, fetch_inputs
+from scheduler.store.remote_outputs import RemoteOutputs, UsageCache
+from workers.stored_files import CHUNK, PARTIAL_SUFFIX, filesystem, put_open_file
+from workers.supervisor import outputs as outputs_module
+from workers.supervisor.outputs import OutputsUpload, UploadIncomplete, fetch_inputs
 
 
 class Clock:
@@ -26,7 +32,8 @@ class Clock:
 
 @pytest.fixture
 def store() -> RemoteOutputs:
-    return RemoteOutputs(f"memory://outputs-{uuid.uuid4().hex}/root", clock=Clock())
+    cache = UsageCache(clock=Clock())
+    return RemoteOutputs(f"memory://outputs-{uuid.uuid4().hex}/root", usage=cache)
 
 
 def written(folder: Path, files: dict[str, bytes]) -> Path:
@@ -120,10 +127,13 @@ def test_inputs_are_fetched_whole_and_a_job_without_outputs_is_an_empty_folder(
     store: RemoteOutputs, tmp_path: Path
 ) -> None:
     upload(store, 4, 0, written(tmp_path / "src", {"data/x.bin": b"payload"}))
+    said: list[str] = []
     fetched = fetch_inputs(
-        {"job-4": store.job_url(4), "job-9": store.job_url(9)}, tmp_path / "fetched"
+        {"job-4": store.job_url(4), "job-9": store.job_url(9)}, tmp_path / "fetched", said.append
     )
     assert Path(fetched["job-4"], "rank-0", "data", "x.bin").read_bytes() == b"payload"
+    assert oct(Path(fetched["job-4"], "rank-0", "data", "x.bin").stat().st_mode & 0o777) == "0o644"
+    assert said == []
     assert list(Path(fetched["job-9"]).iterdir()) == []
 
 
@@ -138,3 +148,118 @@ def test_a_store_that_cannot_be_reached_raises_instead_of_listing_nothing(tmp_pa
 class Broken(MemoryFileSystem):
     def find(self, *args: object, **kwargs: object) -> dict[str, object]:
         raise ConnectionError("could not connect to the endpoint URL")
+
+
+def test_every_instance_for_one_store_shares_its_totals(tmp_path: Path) -> None:
+    """The API, the loop and retention each build one: a retention delete must free the
+    owner's quota for the other two (a cache of their own kept it forever)."""
+    url = f"memory://outputs-{uuid.uuid4().hex}/root"
+    api, sweep = RemoteOutputs(url), RemoteOutputs(url)
+    OutputsUpload(f"{api.job_url(1)}/rank-0", 1000).collect(written(tmp_path, {"a": b"x" * 100}))
+    assert api.job_bytes(1, settled=True) == 100
+    assert sweep.job(1).delete()
+    assert api.job_bytes(1, settled=True) == 0
+
+
+def test_the_loop_never_waits_for_a_total(store: RemoteOutputs) -> None:
+    """Without `wait` an unknown total reads as 0 at once and is listed in the
+    background; a store that hangs never holds the scheduling pass."""
+    listing, release = threading.Event(), threading.Event()
+
+    def slow_total() -> int:
+        listing.set()
+        release.wait(10)
+        return 42
+
+    cache = store._usage
+    assert cache.get(8, True, slow_total, wait=False) == 0
+    assert listing.wait(5)
+    assert cache.get(8, True, slow_total, wait=False) == 0  # still listing: not twice
+    release.set()
+    deadline = time.monotonic() + 5
+    while cache.get(8, True, slow_total, wait=False) != 42:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_file_grown_after_its_size_was_checked_goes_up_no_further(
+    store: RemoteOutputs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = written(tmp_path, {"grows": b"x" * 100})
+    real = outputs_module.put_open_file
+
+    def grown_first(fs: Any, path: str, source: Any, size: int | None = None) -> int:
+        with (folder / "grows").open("ab") as more:  # the program, between check and copy
+            more.write(b"y" * 10_000)
+        return real(fs, path, source, size=size)
+
+    monkeypatch.setattr(outputs_module, "put_open_file", grown_first)
+    _, done = upload(store, 11, 0, folder, max_bytes=1000)
+    assert done.bytes == 100 and store.job_bytes(11, settled=True) == 100
+
+
+@pytest.mark.parametrize("where", ["memory", "file"])
+def test_an_upload_that_fails_half_way_leaves_nothing(tmp_path: Path, where: str) -> None:
+    url = f"memory://fail-{uuid.uuid4().hex}" if where == "memory" else f"file://{tmp_path}/store"
+    fs, path = filesystem(url)
+
+    class Failing(io.BytesIO):
+        def __init__(self) -> None:
+            super().__init__(b"z" * (3 * CHUNK))
+            self.reads = 0
+
+        def fileno(self) -> int:
+            return os.open(os.devnull, os.O_RDONLY)  # its size is passed, not read
+
+        def read(self, n: int = -1) -> bytes:
+            self.reads += 1
+            if self.reads == 2:
+                raise OSError("the disk under the program's file failed")
+            return super().read(n)
+
+    with pytest.raises(OSError, match="disk"):
+        put_open_file(fs, f"{path}/out/f.bin", Failing(), size=3 * CHUNK)  # type: ignore[arg-type]
+    assert not fs.exists(f"{path}/out/f.bin")
+    assert not fs.exists(f"{path}/out/f.bin{PARTIAL_SUFFIX}")
+    assert put_open_file(fs, f"{path}/out/g.bin", io.BytesIO(b"ok"), size=2) == 2  # type: ignore[arg-type]
+    assert fs.cat_file(f"{path}/out/g.bin") == b"ok"
+
+
+def test_a_file_and_a_folder_of_one_name_replace_each_other(
+    store: RemoteOutputs, tmp_path: Path
+) -> None:
+    """The program's folder holds one of them at a time; the store must too, or no
+    folder could take its files (a later job's inputs_from failed on it)."""
+    (tmp_path / "foo").write_bytes(b"file")
+    sink, _ = upload(store, 12, 0, tmp_path)
+    (tmp_path / "foo").unlink()
+    written(tmp_path, {"foo/bar": b"in a folder"})
+    sink.collect(tmp_path)
+    assert [f.path for f in store.listing(12).files] == ["foo/bar"]
+    shutil.rmtree(tmp_path / "foo")
+    (tmp_path / "foo").write_bytes(b"a file again")
+    sink.collect(tmp_path)
+    assert [(f.path, f.bytes) for f in store.listing(12).files] == [("foo", 12)]
+    assert store.job_bytes(12, settled=False) == 12
+
+
+def test_one_file_that_cannot_go_up_does_not_stop_the_others(
+    store: RemoteOutputs, tmp_path: Path
+) -> None:
+    deep = "/".join(["d" * 200] * 5) + "/long.txt"  # a key past S3's 1,024 bytes
+    folder = written(tmp_path, {"a.txt": b"a", "b.txt": b"b", deep: b"l", "x?versionId=1": b"v"})
+    sink = OutputsUpload(f"{store.job_url(14)}/rank-0", 10**6, fs=Refusing())
+    with pytest.raises(UploadIncomplete, match="1 file") as failed:
+        sink.collect(folder)
+    assert (failed.value.done.files, failed.value.done.skipped) == (1, 2)
+    assert [f.path for f in store.listing(14).files] == ["b.txt"]
+    assert store.find(14, ("x?versionId=1",)) is None
+
+
+class Refusing(MemoryFileSystem):
+    """A store that refuses one name (a permission, a transient error)."""
+
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if path.endswith("a.txt") and "w" in mode:
+            raise PermissionError("AccessDenied")
+        return super().open(path, mode, **kwargs)

@@ -400,7 +400,7 @@ class RankSupervisor:
         if not job.input_urls:
             return dict(job.input_dirs)
         try:
-            return fetch_inputs(job.input_urls, dirs.root / "inputs-fetched")
+            return fetch_inputs(job.input_urls, dirs.root / "inputs-fetched", self._logs.append)
         except Exception as exc:
             raise RuntimeError(
                 f"the outputs this job reads (inputs_from) could not be fetched: {exc}"

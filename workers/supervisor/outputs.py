@@ -19,17 +19,17 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from fsspec import AbstractFileSystem
 
-from workers.stored_files import StoredFolder, fetch_folder, put_open_file
+from workers.stored_files import PARTIAL_SUFFIX, StoredFolder, fetch_folder, put_open_file
 
-PARTIAL_SUFFIX = ".gangway-partial"
 MAX_FILES = 100_000
+MAX_KEY_BYTES = 1024  # S3's longest key
 _CHUNK = 1 << 20
 
 
@@ -188,22 +188,41 @@ def _is_text(name: str) -> bool:
 class OutputsUpload:
     """One rank's outputs copied up to storage named by a URL (`<job url>/rank-<r>`),
     for hosts that share no disk: the same walk as `collect`, each file uploaded whole
-    (an object store shows it once complete). What this supervisor uploaded is
+    (`put_open_file`: nothing shows until it is). What this supervisor uploaded is
     remembered (size, modification time), so an unchanged file is not sent again and
     the bytes kept count against `max_bytes` across collections, a file replaced
-    counting once."""
+    counting once; a file is sent no further than the size checked against the budget.
+    A name a store cannot keep as it is (a key past S3's 1,024 bytes, one S3 would cut
+    at `?versionId=`) is skipped. A file where a folder was sent before, or the reverse,
+    replaces what was sent (the program's folder holds one of them now). One file that
+    fails does not stop the others; the collection then raises `UploadIncomplete`, so
+    the caller's retry sends what is missing."""
 
     def __init__(self, url: str, max_bytes: int, fs: AbstractFileSystem | None = None) -> None:
         folder = StoredFolder(url, fs)
         self.url, self._fs, self._path = folder.url, folder.fs, folder.path
         self._max_bytes = max_bytes
         self._sent: dict[Path, tuple[int, int]] = {}  # relative path -> (size, mtime_ns)
+        self._kept = 0  # bytes of what was sent and is still there
+        self._folders: set[Path] = set()  # every folder of a file sent
 
     def collect(self, source: Path) -> Collected:
-        done = Collected()
+        done, failures = Collected(), []
         for relative, opened in _collectable(source, done):
-            self._upload_one(relative, opened, done)
+            if not self._keepable(relative):
+                done.skipped += 1
+                continue
+            try:
+                self._upload_one(relative, opened, done)
+            except Exception as exc:  # the store, the network, or this one name
+                failures.append(f"{relative}: {exc}")
+        if failures:
+            raise UploadIncomplete(done, failures)
         return done
+
+    def _keepable(self, relative: Path) -> bool:
+        key = f"{self._path}/{relative.as_posix()}"
+        return len(key.encode()) <= MAX_KEY_BYTES and "?versionId=" not in key
 
     def _upload_one(self, relative: Path, source: BinaryIO, done: Collected) -> None:
         info = os.fstat(source.fileno())
@@ -211,23 +230,54 @@ class OutputsUpload:
         if was == (info.st_size, info.st_mtime_ns):
             done.unchanged += 1
             return
-        kept = sum(size for size, _ in self._sent.values()) - (was[0] if was else 0)
-        if kept + info.st_size > self._max_bytes or len(self._sent) >= MAX_FILES:
+        kept = self._kept - (was[0] if was else 0)
+        if kept + info.st_size > self._max_bytes or (was is None and len(self._sent) >= MAX_FILES):
             done.over_quota += 1
             return
-        size = put_open_file(self._fs, f"{self._path}/{relative.as_posix()}", source)
-        self._sent[relative] = (size, info.st_mtime_ns)
+        self._replace_conflicts(relative)
+        key = f"{self._path}/{relative.as_posix()}"
+        size = put_open_file(self._fs, key, source, size=info.st_size)
+        self._sent[relative], self._kept = (size, info.st_mtime_ns), kept + size
+        self._folders.update(relative.parents)
         done.files += 1
         done.bytes += size
 
+    def _replace_conflicts(self, relative: Path) -> None:
+        """Delete what was sent under a name `relative` now takes: a file where one of
+        its folders is, or files under it where it is a file."""
+        stale = [p for p in relative.parents if p in self._sent]
+        if relative in self._folders:
+            stale += [p for p in self._sent if relative in p.parents]
+            self._folders.discard(relative)
+        for path in stale:
+            self._fs.rm_file(f"{self._path}/{path.as_posix()}")
+            self._kept -= self._sent.pop(path)[0]
 
-def fetch_inputs(urls: dict[str, str], into: Path) -> dict[str, str]:
+
+class UploadIncomplete(Exception):
+    """Some files of a collection could not be sent; `done` counts the rest."""
+
+    def __init__(self, done: Collected, failures: list[str]) -> None:
+        shown = "; ".join(failures[:3]) + (
+            f"; and {len(failures) - 3} more" if len(failures) > 3 else ""
+        )
+        super().__init__(f"{len(failures)} file(s) not uploaded ({shown})")
+        self.done = done
+
+
+def fetch_inputs(urls: dict[str, str], into: Path, log: Callable[[str], None]) -> dict[str, str]:
     """Other jobs' outputs in storage named by a URL (`inputs_from`), each fetched whole
     into `into/<name>` on this host (the same `rank-<r>/...` layout as a shared folder);
     name -> local folder, for `workspace.input_mounts`. A job that wrote none gets an
-    empty folder; a store that cannot be read raises (the attempt fails with the reason)."""
+    empty folder; a store that cannot be read raises (the attempt fails with the reason);
+    names no folder can hold (a file and a folder of one name) are left out, said in `log`."""
     local: dict[str, str] = {}
     for name, url in sorted(urls.items()):
-        fetch_folder(url, into / name)
+        unplaced = fetch_folder(url, into / name)
+        if unplaced:
+            log(
+                f"[gangway] inputs: {len(unplaced)} file(s) of {name} left out (a file and a "
+                f"folder of one name): {', '.join(unplaced[:3])}"
+            )
         local[name] = str(into / name)
     return local

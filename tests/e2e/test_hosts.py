@@ -13,7 +13,9 @@ fault suite's invariants hold (checked by a driver of the hosts' Ray). `heal`
 brings the host back (its Ray node started again). Then the service's own host is cut
 off from Ray's head (each host still reaching both) while another job runs: the service
 stops once the head declares its node dead, `heal service` starts it again, and the job
-succeeds, the invariants holding. A small built-in job across two hosts
+succeeds, the invariants holding; then its link to PostgreSQL is cut for longer than its
+lease while a third job runs, which succeeds in its first attempt. A small built-in job
+across two hosts
 then spends far longer in its collectives (its comm_s) on 5 Mbit/s links than on plain
 ones, and still succeeds; `down` leaves no process, namespace or link behind."""
 
@@ -29,8 +31,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
+from sqlalchemy.engine import make_url
 
+from bench.harness.link import CuttableLink
 from bench.harness.service import ADMIN_KEY
 from gangway import Builtin, Client, Function, JobState, Parallelism, Resources
 from tests.e2e.test_cluster import SCRIPT, cluster_command, cluster_env, running_in, workdir
@@ -76,10 +81,15 @@ def s3_server() -> Iterator[int]:
         server.stop()
 
 
+Hosts = tuple[Client, dict[str, str], Path, CuttableLink]
+
+
 @pytest.fixture
-def hosts(postgres_url: str, s3_server: int) -> Iterator[tuple[Client, dict[str, str], Path]]:
+def hosts(postgres_url: str, s3_server: int) -> Iterator[Hosts]:
     assert os.geteuid() == 0, "emulated hosts need root (CI runs as root)"
     state = Path(tempfile.mkdtemp(prefix="gwh-"))
+    database = make_url(postgres_url)
+    link = CuttableLink((database.host or "127.0.0.1", database.port or 5432))  # cuttable
     endpoint = f"http://{bridge_address(state)}:{s3_server}"
     credentials = {  # the service's and the nodes' (scripts/cluster hands them on)
         "AWS_ACCESS_KEY_ID": "gangway-nodes",
@@ -88,9 +98,11 @@ def hosts(postgres_url: str, s3_server: int) -> Iterator[tuple[Client, dict[str,
         "AWS_ENDPOINT_URL": endpoint,
     }
     # a silent host is dead after 10 s, not Ray's 65; checkpoints in the S3 server
+    proxied = database.set(host="127.0.0.1", port=link.port)
     env = cluster_env(
         state,
-        postgres_url,
+        proxied.render_as_string(hide_password=False),
+        GANGWAY_LEASE_TTL_S="6",
         CLUSTER_DEAD_AFTER_S="10",
         GANGWAY_STORAGE_URL="s3://checkpoints/gangway",
         **credentials,
@@ -105,8 +117,9 @@ def hosts(postgres_url: str, s3_server: int) -> Iterator[tuple[Client, dict[str,
             env=env, capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         assert up.returncode == 0, up.stdout + up.stderr
-        yield Client(up.stdout.strip().splitlines()[-1], api_key=ADMIN_KEY), env, state
+        yield Client(up.stdout.strip().splitlines()[-1], api_key=ADMIN_KEY), env, state, link
     finally:
+        link.close()
         down = cluster_command("down", env)
         assert down.returncode == 0, down.stdout + down.stderr
         assert running_in(state) == ""
@@ -172,9 +185,9 @@ def raylet_of(host: str, state: Path) -> int:
 
 @pytest.mark.timeout(900)
 def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
-    hosts: tuple[Client, dict[str, str], Path], tmp_path: Path
+    hosts: Hosts, tmp_path: Path
 ) -> None:
-    client, env, state = hosts
+    client, env, state, _ = hosts
     job = client.submit(
         name="across-hosts",
         entrypoint=Function(
@@ -234,7 +247,8 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
         assert time.monotonic() < deadline, client.cluster()
         time.sleep(1)
 
-    the_service_survives_a_cut_from_the_ray_head(client, env, state, tmp_path, job.id)
+    through = the_service_survives_a_cut_from_the_ray_head(client, env, state, tmp_path, job.id)
+    the_service_survives_a_cut_from_its_database(client, hosts, tmp_path / "db", [job.id, through])
 
     # A narrow link slows a gang's collectives and shows in its communication time (the
     # built-in trainer's comm_s), without failing it.
@@ -248,7 +262,7 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
 
 def the_service_survives_a_cut_from_the_ray_head(
     client: Client, env: dict[str, str], state: Path, tmp_path: Path, earlier: int
-) -> None:
+) -> int:
     """The service's host cut off from Ray's head (every host still reaches both) while a
     shipped job runs: the head declares the service's node dead after its 10 s check,
     the service sees it and stops (its raylet is gone); `heal service` starts both again,
@@ -286,6 +300,47 @@ def the_service_survives_a_cut_from_the_ray_head(
     assert f"INPUT job-{earlier}/rank-0/result.txt trained {STEPS} steps" in text, text[-2000:]
     assert "MODEL ['.metadata', '__0_0.distcp'" in text, text[-2000:]
     assert_invariants([earlier, through.id], env, state)
+    return through.id
+
+
+def the_service_survives_a_cut_from_its_database(
+    client: Client, hosts: Hosts, work: Path, earlier: list[int]
+) -> None:
+    """The service's link to PostgreSQL cut for 15 s (its lease lasts 6) while a shipped
+    job runs across two hosts: the API answers 503 (`database_unavailable`), never a
+    500; the loop loses its lease, the ranks go on; once the link is back the service
+    takes the lease again, reattaches the gang, and the job succeeds in its first
+    attempt."""
+    job = client.submit(
+        name="through-a-database-cut",
+        entrypoint=Function(
+            target="train:main", kwargs={"steps": 80, "interval": INTERVAL, "step_s": 0.3}
+        ),
+        parallelism=Parallelism(dp=2),
+        resources=Resources(gpus_per_rank=1, cpus_per_rank=0.5),
+        working_dir=workdir(work),
+    )
+    _, env, state, link = hosts
+    deadline = time.monotonic() + 120
+    while (info := client.get(job.id)).progress.step < 3:
+        assert not info.state.is_terminal and time.monotonic() < deadline, info.status_reason
+        time.sleep(0.3)
+    link.cut()
+    cut_at, url, answers = time.monotonic(), (state / "url").read_text().strip(), set()
+    while time.monotonic() - cut_at < 15:
+        answer = httpx.get(
+            f"{url}/v1/jobs/{job.id}",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=10,
+        )
+        assert answer.status_code in (200, 503), answer.text
+        answers.add(answer.status_code)
+        time.sleep(1)
+    link.restore()
+    assert 503 in answers, answers  # the cut reached the service
+    done = client.wait(job.id, timeout_s=300, poll_s=0.5)
+    assert done.state is JobState.SUCCEEDED and done.attempt == 1, done.error
+    assert_invariants([*earlier, job.id], env, state)
 
 
 def trainer_comm_s(client: Client, name: str) -> float:

@@ -67,7 +67,7 @@ from scheduler.store.registry import (
     QuotaExceeded,
     RegisteredModel,
 )
-from scheduler.store.remote_models import RemoteModelFiles, StoreFailed
+from scheduler.store.remote_models import RemoteModelFiles, StoreFailed, UnkeepableName
 from workers.checkpoint_layout import completed, job_directory, step_of
 from workers.checkpoint_store import CheckpointStore
 
@@ -180,9 +180,23 @@ def register(
     try:
         stored = registry.add_version(version)
     except Exception:
-        _remove_files(request, body.name, number)
+        if not _has_version(registry, body.name, number):
+            _remove_files(request, body.name, number)
         raise
     return _version_info(stored, {})
+
+
+def _has_version(registry: ModelRegistry, name: str, number: int) -> bool:
+    """Whether the version's row is there after its insert failed: the commit may have
+    landed with its answer lost. When the database cannot say, it may be: its files stay
+    (at worst unnamed files under a number never handed out again)."""
+    try:
+        registry.version(name, str(number))
+    except ModelNotFound:
+        return False
+    except Exception:
+        return True
+    return True
 
 
 def _copied(
@@ -202,6 +216,8 @@ def _copied(
             target = version_directory(_root(request), name, number)
             return copy_checkpoint(source, target, max_bytes=use.remaining_bytes)
         return store.store(source, name, number, max_bytes=use.remaining_bytes)
+    except UnkeepableName as exc:
+        raise FieldError("job_id", str(exc)) from exc
     except StoreFailed as exc:
         raise StoreUnavailable(f"the model store could not take the version: {exc}") from exc
     except QuotaExceeded as exc:

@@ -17,9 +17,10 @@ from typing import Any, BinaryIO
 
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
 
 PARTIAL_SUFFIX = ".gangway-partial"  # what listings never show (scheduler.store.outputs too)
+MAX_KEY_BYTES = 1024  # S3's longest key
+OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "az", "adl"}  # fsspec protocols
 S3_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 60, "retries": {"max_attempts": 3}}
 CHUNK = 1 << 20
 
@@ -47,7 +48,7 @@ def put_open_file(
     an object store shows an object once its upload completes (a failed one is aborted),
     a mounted folder gets a partial name renamed into place."""
     left = os.fstat(source.fileno()).st_size if size is None else size
-    in_place = isinstance(fs, LocalFileSystem)
+    in_place = writes_in_place(fs)
     target = f"{path}{PARTIAL_SUFFIX}" if in_place else path
     sink = fs.open(target, "wb")
     copied = 0
@@ -56,24 +57,45 @@ def put_open_file(
             sink.write(chunk)
             left -= len(chunk)
             copied += len(chunk)
+        sink.close()  # an object store completes the upload here
+        if in_place:
+            fs.mv(target, path)
     except BaseException:
-        _abandon(fs, sink, target)
+        abandon(fs, sink, target if in_place else None)
         raise
-    sink.close()
-    if in_place:
-        fs.mv(target, path)
     return copied
 
 
-def _abandon(fs: AbstractFileSystem, sink: Any, target: str) -> None:
-    """Drop a copy that failed half-way: never let closing it publish what was sent."""
+def writes_in_place(fs: AbstractFileSystem) -> bool:
+    """Whether a file being written shows under its name before it is whole (a folder,
+    memory), unlike an object store's upload."""
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    return not protocols & OBJECT_STORES
+
+
+def abandon(fs: AbstractFileSystem, sink: Any, partial: str | None) -> None:
+    """Drop a copy that failed half-way: never let closing it publish what was sent (an
+    object store's upload aborted, marked closed so neither close() nor the garbage
+    collector sends it); a partial name written in place, removed. The name's previous
+    object, if any, stays."""
     with contextlib.suppress(Exception):
-        sink.discard()  # an object store's upload aborted: the object never appears
+        sink.discard()
     with contextlib.suppress(Exception):
-        sink.closed = True  # so neither close() nor the garbage collector sends it
-    with contextlib.suppress(Exception):
-        if fs.exists(target):  # a filesystem that wrote in place
-            fs.rm_file(target)
+        sink.closed = True
+    if partial is not None:
+        with contextlib.suppress(Exception):
+            fs.rm_file(partial)
+
+
+def unkeepable(key: str) -> str | None:
+    """Why an object store could not keep a file under `key` as it is, else None: S3
+    refuses keys past 1,024 bytes and s3fs cuts a key at `?versionId=` (a file named
+    `w?versionId=1` would overwrite `w`)."""
+    if len(key.encode()) > MAX_KEY_BYTES:
+        return f"its name is longer than a store key may be ({MAX_KEY_BYTES} bytes)"
+    if "?versionId=" in key:
+        return "its name holds '?versionId=', which a store reads as a version"
+    return None
 
 
 def get_files(fs: AbstractFileSystem, source: str, files: Iterable[str], local: Path) -> list[str]:

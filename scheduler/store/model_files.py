@@ -99,7 +99,7 @@ def verified(root: Path, model: str, version: int, digest: FileDigest) -> Path:
 def check(handle: BinaryIO, digest: FileDigest, copy_to: Writer | None = None) -> None:
     """TamperedFile unless what `handle` holds is what `digest` says (written on to
     `copy_to` meanwhile, if given)."""
-    sha, size = _hash(handle, copy_to=copy_to)
+    sha, size = _hash(handle, copy_to=copy_to, limit=digest.bytes + 1)  # one byte past: changed
     if sha != digest.sha256 or size != digest.bytes:
         raise TamperedFile(f"{digest.path} changed since it was registered (sha256 differs)")
 

@@ -4,11 +4,14 @@ hosts that share no disk: `<root>/<model>/v<N>/` holds the checkpoint's files as
 owner's quota, each file's SHA-256 taken on the way and kept in the version's row.
 
 No rename in an object store: the version's row is what makes it exist (it is added only
-after every file is up), a registration that fails deletes what it sent, and one that
-died half-way (the service killed) leaves files no row names, which the next version of
-that number (only after the model was deleted and made again) clears before it sends. A
-file is served only after the service fetched it and its bytes matched the recorded
-digest; jobs starting from a version get it fetched onto their hosts by their supervisors.
+after every file is up), a registration that fails deletes what it sent (a file cut off
+mid-copy is abandoned, never published), and one that died half-way (the service killed)
+leaves files no row names under a number never handed out again. A file no store key can
+hold as it is (`stored_files.unkeepable`) refuses the registration before a byte is sent.
+A file is served only after the service fetched it (at most `_MAX_COPIES` at once) and
+its bytes matched the recorded digest; jobs starting from a version get its files
+fetched onto their hosts by their supervisors, unchecked: only the service and the
+supervisors can write the store, and every name in it is one the registration recorded.
 """
 
 from __future__ import annotations
@@ -16,15 +19,21 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 from fsspec import AbstractFileSystem
 
 from scheduler.store.model_files import TamperedFile, check, copy_files
 from scheduler.store.registry import FileDigest
-from workers.stored_files import StoredFolder
+from workers.stored_files import StoredFolder, abandon, unkeepable, writes_in_place
+
+# Downloads being fetched at once (each a temporary copy of a whole file on the service's
+# disk, held until its response is sent); one more waits this long, then is a 503.
+_MAX_COPIES = 4
+_COPIES = threading.BoundedSemaphore(_MAX_COPIES)
+COPY_WAIT_S = 30.0
 
 
 class StoreFailed(Exception):
@@ -32,10 +41,16 @@ class StoreFailed(Exception):
     checkpoint's fault, unlike an error reading it."""
 
 
+class UnkeepableName(ValueError):
+    """The checkpoint holds a file whose name no store key can hold as it is."""
+
+
 class _Upload:
-    """One file going up, its store's errors told apart from the source's."""
+    """One file going up, its store's errors told apart from the source's: sent when
+    the copy ends well, abandoned (never published) when it does not."""
 
     def __init__(self, fs: AbstractFileSystem, path: str) -> None:
+        self._fs, self._path = fs, path
         try:
             self._file = fs.open(path, "wb")
         except Exception as exc:
@@ -50,9 +65,12 @@ class _Upload:
     def __enter__(self) -> _Upload:
         return self
 
-    def __exit__(self, *_: object) -> None:
+    def __exit__(self, failed: type[BaseException] | None, *_: object) -> None:
+        if failed is not None:  # the registration deletes what was sent, as it can
+            abandon(self._fs, self._file, self._path if writes_in_place(self._fs) else None)
+            return
         try:
-            self._file.close()  # sends it; a failed registration then deletes the folder
+            self._file.close()
         except Exception as exc:
             raise StoreFailed(str(exc)) from exc
 
@@ -68,14 +86,18 @@ class RemoteModelFiles:
     def store(
         self, source: Path, model: str, version: int, *, max_bytes: int
     ) -> tuple[FileDigest, ...]:
-        """Copy the checkpoint folder `source` up as the version's files (see the module)."""
+        """Copy the checkpoint folder `source` up as the version's files (see the module);
+        UnkeepableName for a file no key can hold, before anything is sent."""
         folder = self._folder(model, version)
-        folder.delete()  # what a registration that died half-way left under this number
+
+        def upload(relative: str) -> _Upload:
+            key = f"{folder.path}/{relative}"
+            if (why := unkeepable(key)) is not None:
+                raise UnkeepableName(f"the checkpoint's file {relative!r} cannot be stored: {why}")
+            return _Upload(self.fs, key)
+
         try:
-            return copy_files(
-                source, lambda relative: _Upload(self.fs, f"{folder.path}/{relative}"),
-                max_bytes=max_bytes,
-            )  # fmt: skip
+            return copy_files(source, upload, max_bytes=max_bytes)
         except BaseException:
             with contextlib.suppress(Exception):
                 folder.delete()
@@ -86,8 +108,15 @@ class RemoteModelFiles:
     ) -> tuple[Path, Callable[[], None]]:
         """The file fetched into a temporary folder and checked against `digest`
         (TamperedFile when its bytes differ or it is gone), and what removes the folder."""
+        if not _COPIES.acquire(timeout=COPY_WAIT_S):
+            raise StoreFailed(f"{_MAX_COPIES} downloads of model files are being fetched")
         folder = Path(tempfile.mkdtemp(prefix="gangway-model-file-"))
         target = folder / "file"
+
+        def done() -> None:
+            shutil.rmtree(folder, ignore_errors=True)
+            _COPIES.release()
+
         try:
             try:
                 opened = self.fs.open(f"{self._folder(model, version).path}/{digest.path}", "rb")
@@ -96,9 +125,9 @@ class RemoteModelFiles:
             with opened, target.open("wb") as sink:
                 check(opened, digest, copy_to=sink)
         except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
+            done()
             raise
-        return target, partial(shutil.rmtree, folder, ignore_errors=True)
+        return target, done
 
     def remove(self, model: str, version: int) -> None:
         self._folder(model, version).delete()

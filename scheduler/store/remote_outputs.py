@@ -169,7 +169,9 @@ class UsageCache:
     """Job id -> (bytes, when listed, settled then): a settled job's total trusted until
     `forget`, an active job's for `max_age_s`; least recently used out past `max_jobs`.
     Thread-safe. Totals asked for without waiting are listed by one daemon thread of its
-    own, each job once however often it is asked for meanwhile."""
+    own (started again if it ever dies), each job once however often it is asked for
+    meanwhile. A listing that began before a `forget` keeps nothing (each job's
+    generation moves on `forget`): it may have counted files deleted since."""
 
     def __init__(
         self,
@@ -182,7 +184,9 @@ class UsageCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[int, tuple[int, float, bool]] = OrderedDict()
         self._pending: set[int] = set()
-        self._refresh: queue.SimpleQueue[tuple[int, bool, Callable[[], int]]] | None = None
+        self._forgotten: dict[int, int] = {}  # job id -> times forgotten (its generation)
+        self._refresh: queue.SimpleQueue[tuple[int, bool, Callable[[], int]]] = queue.SimpleQueue()
+        self._lister_thread: threading.Thread | None = None
 
     def get(
         self, job_id: int, settled: bool, total: Callable[[], int], *, wait: bool = True
@@ -201,10 +205,15 @@ class UsageCache:
     def forget(self, job_id: int) -> None:
         with self._lock:
             self._entries.pop(job_id, None)
+            self._forgotten[job_id] = self._forgotten.get(job_id, 0) + 1
 
     def _listed(self, job_id: int, settled: bool, total: Callable[[], int]) -> int:
+        with self._lock:
+            generation = self._forgotten.get(job_id, 0)
         now, value = self._clock(), total()
         with self._lock:
+            if self._forgotten.get(job_id, 0) != generation:
+                return value  # deleted meanwhile: the next ask lists it again
             self._entries[job_id] = (value, now, settled)
             self._entries.move_to_end(job_id)
             while len(self._entries) > self._max_jobs:
@@ -216,19 +225,19 @@ class UsageCache:
         if job_id in self._pending:
             return
         self._pending.add(job_id)
-        if self._refresh is None:
-            self._refresh = queue.SimpleQueue()
-            threading.Thread(
-                target=self._lister, args=(self._refresh,), name="gangway-usage", daemon=True
-            ).start()
         self._refresh.put((job_id, settled, total))
+        if self._lister_thread is None or not self._lister_thread.is_alive():
+            self._lister_thread = threading.Thread(
+                target=self._lister, name="gangway-usage", daemon=True
+            )
+            self._lister_thread.start()
 
-    def _lister(self, work: queue.SimpleQueue[tuple[int, bool, Callable[[], int]]]) -> None:
+    def _lister(self) -> None:
         while True:
-            job_id, settled, total = work.get()
+            job_id, settled, total = self._refresh.get()
             try:
                 self._listed(job_id, settled, total)
-            except Exception:  # the store or the network: asked again at the next launch
+            except BaseException:  # the store, the network: asked again at the next launch
                 log.warning("outputs of job %d could not be counted", job_id, exc_info=True)
             finally:
                 with self._lock:

@@ -1,9 +1,10 @@
 """Many hosts, no shared disk, a network that fails: `scripts/cluster up --hosts 3` starts
 three emulated hosts (network namespaces on a bridge, each with its own address and a
-private mount namespace that hides the service's data dir; they share only the storage
-dir, as hosts share an NFS mount). Checkpoints and outputs go to an S3-compatible server
-(moto's) on the emulated network, through the rank supervisors, which alone hold its
-credentials; a later job reads the first one's outputs fetched from there. A
+private mount namespace that hides the service's data dir and, since a store is named,
+gives each an empty storage dir of its own: they share no folder). Checkpoints, outputs
+and model versions go to an S3-compatible server (moto's) on the emulated network,
+through the rank supervisors and the service, which alone hold its credentials; a later
+job starts from a version of the first one and reads its outputs, fetched from there. A
 client ships a working directory (it reaches the hosts through Ray's object store); its
 function runs dp=4 over two hosts, checkpointing;
 one of them is cut off the network mid-step, and the other's link made lossy (5% each way,
@@ -198,12 +199,17 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
         working_dir=workdir(tmp_path / "work"),
         max_restarts=2,
     )
-    # each host sees its own filesystem: not the service's data dir (database, packages)
-    hidden = subprocess.run(
-        ["nsenter", "-t", str(raylet_of("host-1", state)), "-m", "ls", "-A", f"{state}/service"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert hidden.stdout == "" and any((state / "service" / "packages").iterdir())
+    # each host sees its own filesystem: not the service's data dir (database, packages),
+    # nor this machine's storage dir (with a store named, each host's is its own)
+    (state / "storage" / "on-this-machine").write_text("not shared")
+    host_1 = str(raylet_of("host-1", state))
+    for folder in ("service", "storage"):
+        hidden = subprocess.run(
+            ["nsenter", "-t", host_1, "-m", "ls", "-A", f"{state}/{folder}"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert hidden.stdout == "", (folder, hidden.stdout)
+    assert any((state / "service" / "packages").iterdir())
     deadline = time.monotonic() + 300
     while (info := client.get(job.id)).progress.step < INTERVAL + 3:
         assert not info.state.is_terminal and time.monotonic() < deadline, info.status_reason

@@ -614,6 +614,13 @@ def test_checkpoints_in_a_store_are_listed_by_url_and_registered_as_model_versio
         assert client.delete("/v1/models/gpt/versions/1").status_code == 204
         assert not models.fs.exists(models.version_url("gpt", 1))
         assert models.fs.exists(models.version_url("gpt", second["version"]))
+        # a file S3 would store under another's name (w?versionId=1 as w): refused
+        base = f"{store.job_url(job_id)}/attempt-1/step-00000030"
+        for name in (".metadata", "w", "w?versionId=1", ".ranks/0-of-1"):
+            fs.pipe_file(f"{base}/{name}", b"e")
+        aliased = client.post("/v1/models", json={"name": "gpt", "job_id": job_id, "step": 30})
+        assert aliased.status_code == 422, aliased.text
+        assert aliased.json()["error"]["field"] == "job_id" and "versionId" in aliased.text
 
         class Unreachable(JobCheckpointStore):  # the store or the network down
             def listing(self) -> Any:

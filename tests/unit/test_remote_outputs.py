@@ -161,6 +161,32 @@ def test_every_instance_for_one_store_shares_its_totals(tmp_path: Path) -> None:
     assert api.job_bytes(1, settled=True) == 0
 
 
+def test_a_listing_that_began_before_a_delete_keeps_nothing(store: RemoteOutputs) -> None:
+    """Retention deleted the job while its total was being listed: what the listing
+    counted must not stay cached as settled (the owner charged for deleted files)."""
+    cache = store._usage
+
+    def counted_then_deleted() -> int:
+        cache.forget(9)  # the sweep, while the files were being listed
+        return 5000
+
+    assert cache.get(9, True, counted_then_deleted) == 5000
+    assert cache.get(9, True, lambda: 0) == 0
+
+
+def test_a_lister_that_died_is_started_again(store: RemoteOutputs) -> None:
+    cache = store._usage
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    assert cache.get(1, True, interrupted, wait=False) == 0
+    deadline = time.monotonic() + 5
+    while cache.get(2, True, lambda: 7, wait=False) != 7:  # listed by a lister
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 def test_the_loop_never_waits_for_a_total(store: RemoteOutputs) -> None:
     """Without `wait` an unknown total reads as 0 at once and is listed in the
     background; a store that hangs never holds the scheduling pass."""
@@ -221,8 +247,15 @@ def test_an_upload_that_fails_half_way_leaves_nothing(tmp_path: Path, where: str
         put_open_file(fs, f"{path}/out/f.bin", Failing(), size=3 * CHUNK)  # type: ignore[arg-type]
     assert not fs.exists(f"{path}/out/f.bin")
     assert not fs.exists(f"{path}/out/f.bin{PARTIAL_SUFFIX}")
-    assert put_open_file(fs, f"{path}/out/g.bin", io.BytesIO(b"ok"), size=2) == 2  # type: ignore[arg-type]
+    assert put_open_file(fs, f"{path}/out/g.bin", Readable(b"ok"), size=2) == 2
+    with pytest.raises(OSError, match="disk"):  # a new copy that fails keeps the old one
+        put_open_file(fs, f"{path}/out/g.bin", Failing(), size=3 * CHUNK)  # type: ignore[arg-type]
     assert fs.cat_file(f"{path}/out/g.bin") == b"ok"
+
+
+class Readable(io.BytesIO):
+    def fileno(self) -> int:
+        return os.open(os.devnull, os.O_RDONLY)
 
 
 def test_a_file_and_a_folder_of_one_name_replace_each_other(
@@ -260,6 +293,6 @@ class Refusing(MemoryFileSystem):
     """A store that refuses one name (a permission, a transient error)."""
 
     def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        if path.endswith("a.txt") and "w" in mode:
+        if "/a.txt" in path and "w" in mode:
             raise PermissionError("AccessDenied")
         return super().open(path, mode, **kwargs)

@@ -424,9 +424,12 @@ class RankSupervisor:
                 raise RuntimeError(f"{missing} ({upstream.url} has no complete one there)")
             return upstream.download(saved[step], dirs.root / "model")
         if job.model_url is not None:
-            fetch_folder(job.model_url, dirs.root / "model")
-            if not any((dirs.root / "model").iterdir()):
-                raise RuntimeError(f"{missing} ({job.model_url} holds no file)")
+            try:
+                unplaced = fetch_folder(job.model_url, dirs.root / "model")
+            except Exception as exc:
+                raise RuntimeError(f"the model version could not be fetched: {exc}") from exc
+            if unplaced or not any((dirs.root / "model").iterdir()):
+                raise RuntimeError(f"{missing} ({job.model_url} holds no usable files)")
             return dirs.root / "model"
         if job.model_dir is None:
             return None

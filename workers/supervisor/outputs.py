@@ -26,10 +26,15 @@ from typing import BinaryIO
 
 from fsspec import AbstractFileSystem
 
-from workers.stored_files import PARTIAL_SUFFIX, StoredFolder, fetch_folder, put_open_file
+from workers.stored_files import (
+    PARTIAL_SUFFIX,
+    StoredFolder,
+    fetch_folder,
+    put_open_file,
+    unkeepable,
+)
 
 MAX_FILES = 100_000
-MAX_KEY_BYTES = 1024  # S3's longest key
 _CHUNK = 1 << 20
 
 
@@ -221,8 +226,7 @@ class OutputsUpload:
         return done
 
     def _keepable(self, relative: Path) -> bool:
-        key = f"{self._path}/{relative.as_posix()}"
-        return len(key.encode()) <= MAX_KEY_BYTES and "?versionId=" not in key
+        return unkeepable(f"{self._path}/{relative.as_posix()}") is None
 
     def _upload_one(self, relative: Path, source: BinaryIO, done: Collected) -> None:
         info = os.fstat(source.fileno())
@@ -248,10 +252,11 @@ class OutputsUpload:
         stale = [p for p in relative.parents if p in self._sent]
         if relative in self._folders:
             stale += [p for p in self._sent if relative in p.parents]
-            self._folders.discard(relative)
         for path in stale:
-            self._fs.rm_file(f"{self._path}/{path.as_posix()}")
+            with contextlib.suppress(FileNotFoundError):  # gone already
+                self._fs.rm_file(f"{self._path}/{path.as_posix()}")
             self._kept -= self._sent.pop(path)[0]
+        self._folders.discard(relative)  # once what was under it is gone
 
 
 class UploadIncomplete(Exception):

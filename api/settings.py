@@ -283,6 +283,8 @@ class Settings(BaseSettings):
         description="least-attained-service levels, JSON list of ascending GPU-seconds; [] off",
     )
     starvation_s: float = Field(_POLICY.starvation_s, gt=0)
+    protect_after_runs: float = Field(_POLICY.protect_after_runs, ge=0)
+    age_per_runs: float = Field(_POLICY.age_per_runs, ge=0)
     service_preemption_loss_s: float = Field(_POLICY.service_preemption_loss_s, ge=0)
     fair_share_half_life_s: float = Field(fairshare.HALF_LIFE_S, gt=0)
     queues: dict[str, QueueSettings] = Field(
@@ -444,6 +446,8 @@ class Settings(BaseSettings):
             preemption=self.preemption,
             service_levels_gpu_s=self.service_levels_gpu_s,
             starvation_s=self.starvation_s,
+            protect_after_runs=self.protect_after_runs,
+            age_per_runs=self.age_per_runs,
             service_preemption_loss_s=self.service_preemption_loss_s,
         )
 

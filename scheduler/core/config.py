@@ -14,11 +14,18 @@ class PolicyConfig:
     """Defaults: the service-level ones were chosen on the simulator's traces (BENCHMARKS.md
     gives the figures); the others are reasoned guesses.
 
-    aging_interval_s: a pending job gains one priority point per interval waited. Bound: a
-        job of priority p can be overtaken by newly submitted jobs of priority p + d only
-        for (d + 1) x aging_interval_s; after that it ranks ahead of every new arrival, so
-        it waits at most that long plus the time for the finitely many jobs already ahead
-        of it to start.
+    aging_interval_s: a pending job gains one priority point per interval waited, or per
+        `age_per_runs` x its predicted run time if that is longer. Bound: a job of
+        priority p can be overtaken by newly submitted jobs of priority p + d only for
+        (d + 1) x that interval; after that it ranks ahead of every new arrival, so it
+        waits at most that long plus the time for the finitely many jobs already ahead of
+        it to start.
+    age_per_runs: aging paced by the job's own cost: one point per this many predicted
+        run times waited (its slowdown), when longer than `aging_interval_s`. A short job
+        climbs quickly; a long one does not turn least-attained-service back into FIFO
+        by waiting (absolute aging did: every long job waiting a few hours outranked the
+        newcomers of its priority). Predicted run time: the time run so far plus the
+        predicted remaining run time (else the time limit, else `default_runtime_s`).
     min_runtime_s: a job that has run for less than this is never a preemption victim
         (no thrashing).
     checkpoint_grace_s: how long a victim has to checkpoint and exit before its
@@ -32,15 +39,26 @@ class PolicyConfig:
         minimum before preempting whole gangs. Off, elastic jobs still start at the
         largest degree that fits, and keep it.
     reservations: the first job that cannot start holds a reservation that backfill must
-        respect (EASY). Off, any later job that fits starts (greedy backfill), and every
-        blocked job may preempt for itself (as in Tiresias).
+        respect (EASY), unless it has run before (it has GPU time attained: least
+        attained service preempted it) and is not protected (see `starvation_s`): GPUs
+        left idle for it would undo that preemption, so it waits as under greedy backfill
+        and the next blocked job may hold the reservation. Off, any later job that fits
+        starts (greedy backfill), and every blocked job may preempt for itself (as in
+        Tiresias).
     service_levels_gpu_s: least-attained-service levels, ascending GPU-seconds. Within
         one priority, a job that has consumed fewer GPU-seconds ranks first and may
         preempt jobs that have passed more levels (Tiresias' discretised 2D-LAS: short
         jobs, most of every trace, finish without waiting behind long ones). Empty: off.
-    starvation_s: a job queued this long is promoted to the top service band (it may
-        then preempt sunk jobs of its priority) and its next run counts service afresh,
-        so least-attained-service cannot starve long jobs.
+    starvation_s: a job queued this long, and `protect_after_runs` x its predicted run
+        time, is protected: it is promoted to the top service band (it may then preempt
+        sunk jobs of its priority), ranks ahead of every unprotected job of its aged
+        priority (the longest queued first, so the reservation goes to the job that has
+        waited longest past its bound), and its next run counts service afresh, so
+        least-attained-service cannot starve long jobs. Its decisions say so ("protected:
+        waited 3.1x its predicted run time").
+    protect_after_runs: the wait, in predicted run times, after which a job is protected
+        (when longer than `starvation_s`): waits are bounded relative to what the job
+        costs, so long jobs do not crowd the protected set while short ones wait.
     service_preemption_loss_s: a job is preempted for service (same priority, less GPU
         time attained) only while it would lose at most this many seconds of work since
         its last checkpoint; priority and quota preemption ignore it.
@@ -76,6 +94,8 @@ class PolicyConfig:
     reservations: bool = True
     service_levels_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
     starvation_s: float = 4 * 3600.0
+    protect_after_runs: float = 1.0
+    age_per_runs: float = 2.0
     service_preemption_loss_s: float = 300.0
     service_order: str = "las"
     shortest_predicted_first: bool = True
@@ -94,6 +114,8 @@ class PolicyConfig:
             "checkpoint_grace_s",
             "eta_jobs",
             "service_preemption_loss_s",
+            "protect_after_runs",
+            "age_per_runs",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")

@@ -33,15 +33,68 @@ def remaining_gpu_s(job: JobView) -> float:
     return math.inf if remaining is None else remaining * job.shape.num_gpus
 
 
+def predicted_run_s(job: JobView, now: datetime) -> float | None:
+    """The job's whole predicted run time on its gang: the time it has run (GPU-seconds
+    attained over its GPUs) plus its predicted remaining run time; None when nothing
+    predicts what is left (no prediction, no time limit)."""
+    ahead = job.predicted_remaining_s
+    if ahead is None:
+        ahead = job.time_limit_s
+        if ahead is None:
+            return None
+    return attained_gpu_s(job, now) / max(1, job.shape.num_gpus) + ahead
+
+
+def protected_after_s(job: JobView, now: datetime, config: PolicyConfig) -> float:
+    """How long the job may stay queued (since it last queued) before it is protected:
+    `starvation_s`, or `protect_after_runs` x its predicted run time if longer (a job
+    nothing predicts: `starvation_s`). A wait bounded by what the job costs (its
+    slowdown), not by one figure for all: a 2-day job does not jump ahead of hours of
+    short ones by having waited 4 hours."""
+    run_s = predicted_run_s(job, now)
+    if run_s is None:
+        return config.starvation_s
+    return max(config.starvation_s, config.protect_after_runs * run_s)
+
+
+def protected(job: JobView, now: datetime, config: PolicyConfig) -> bool:
+    """A pending job queued past `protected_after_s`; a running one whose run started so."""
+    queued_at = _queued_at(job)
+    if job.state is JobState.PENDING:
+        since = (now - queued_at).total_seconds()
+    elif job.run is not None:
+        since = (job.run.started_at - queued_at).total_seconds()
+    else:
+        return False
+    return since >= config.starvation_s and since >= protected_after_s(job, now, config)
+
+
+def protection_ratio(job: JobView, now: datetime, config: PolicyConfig) -> float | None:
+    """A protected pending job's wait over its predicted run time (0.0 when nothing
+    predicts it); None when the job is not protected."""
+    if job.state is not JobState.PENDING or not protected(job, now, config):
+        return None
+    run_s = predicted_run_s(job, now)
+    waited_s = (now - _queued_at(job)).total_seconds()
+    return waited_s / run_s if run_s else 0.0
+
+
+def protection_note(ratio: float, config: PolicyConfig) -> str:
+    """Why a job is protected (`protection_ratio`), for its decisions' reasons."""
+    if ratio:
+        return f"protected: waited {ratio:.1f}x its predicted run time"
+    return f"protected: queued over {config.starvation_s / 3600:g} h, no predicted run time"
+
+
 def service_band(job: JobView, now: datetime, config: PolicyConfig) -> float:
     """Least-attained-service band (Tiresias' discretised 2D-LAS): the top band,
     len(service_levels_gpu_s), until the job has consumed the first level of GPU-seconds,
     one band lower at each further level. Short jobs finish in the top band; long ones
     sink and yield to newcomers of the same priority. 0 for all jobs when levels are off.
 
-    Starvation guard: a job queued for `starvation_s` is promoted to the top band (so it
-    may preempt sunk jobs), and the run it then gets counts its service from zero, so it
-    is not preempted again as soon as it starts."""
+    Starvation guard: a `protected` job (queued past `protected_after_s`) is promoted to
+    the top band (so it may preempt sunk jobs), and the run it then gets counts its
+    service from zero, so it is not preempted again as soon as it starts."""
     if config.service_order == "srsf":
         return -remaining_gpu_s(job)
     levels = config.service_levels_gpu_s
@@ -49,15 +102,11 @@ def service_band(job: JobView, now: datetime, config: PolicyConfig) -> float:
         return 0
     top = len(levels)
     if job.state is JobState.PENDING:
-        if (now - _queued_at(job)).total_seconds() >= config.starvation_s:
+        if protected(job, now, config):
             return top
         used = job.attained_gpu_s
     else:
-        run = job.run
-        promoted = (
-            run is not None
-            and (run.started_at - _queued_at(job)).total_seconds() >= config.starvation_s
-        )
+        promoted = job.run is not None and protected(job, now, config)
         used = _current_run_gpu_s(job, now) if promoted else attained_gpu_s(job, now)
     return top - bisect.bisect_right(levels, used)  # levels reached: used >= level
 
@@ -74,30 +123,61 @@ def queue_order(
     config: PolicyConfig,
     usage: Mapping[tuple[str, str], float] | None = None,
     weights: Mapping[str, float] | None = None,
+    *,
+    protected_out: dict[int, float] | None = None,
 ) -> list[JobView]:
     """Pending jobs: higher aged priority first (priority plus one point per
-    `aging_interval_s` waited since the job last queued), then higher service band (less
-    GPU time attained; see `service_band`), then the order inside a band
-    (`_within_band_key`: Gittins index or predicted remaining service), then fair share
-    in two levels, as Slurm's Fair Tree does with accounts and users: the queue's rank
-    by recent usage over its `weights` entry (default 1), then the user's rank within
-    the queue (0 for the least recent usage: one heavy user cannot hold a queue, one
-    busy queue cannot hold the idle GPUs), then earlier submit, then id. Guarantees are
-    not in the order: quotas and preemption keep them.
+    `aging_interval_s`, or per `age_per_runs` x the job's predicted run time if longer,
+    waited since the job last queued: a job gains priority at the pace of its own
+    slowdown), then protected jobs (queued past `protected_after_s`), the longest queued
+    first, so the reservation goes to the job that has waited longest past its bound,
+    then higher service band (less GPU time attained; see `service_band`), then the
+    order inside a band (`_within_band_key`: Gittins index or predicted remaining
+    service), then fair share in two levels, as Slurm's Fair Tree does with accounts and
+    users: the queue's rank by recent usage over its `weights` entry (default 1), then the
+    user's rank within the queue (0 for the least recent usage: one heavy user cannot hold
+    a queue, one busy queue cannot hold the idle GPUs), then earlier submit, then id.
+    Guarantees are not in the order: quotas and preemption keep them. `protected_out`,
+    when given, receives job id -> `protection_ratio` for the protected jobs.
     The key is inlined: it runs for every pending job on every pass."""
     ranks = fair_share_ranks(usage or {})
     queue_ranks = queue_share_ranks(usage or {}, weights or {})
     interval = config.aging_interval_s
+    age_per_runs = config.age_per_runs
+    starvation_s = config.starvation_s
+    protect_after_runs = config.protect_after_runs
     within_band = _within_band_key(config)
+    levels = config.service_levels_gpu_s
+    top = len(levels)
+    las = config.service_order != "srsf"
 
-    def key(job: JobView) -> tuple[int, float, float, int, int, datetime, int]:
+    def key(job: JobView) -> tuple[int, float, float, float, int, int, datetime, int]:
         waited_s = (now - _queued_at(job)).total_seconds()
-        aged = job.priority + (int(waited_s // interval) if waited_s > 0 else 0)
+        aged = job.priority
+        first = 0.0  # protected jobs: minus their wait, the longest first
+        if waited_s > 0:
+            ahead = job.predicted_remaining_s
+            if ahead is None:
+                ahead = job.time_limit_s
+            run_s = (  # `predicted_run_s`, inlined; nothing predicts it: 0
+                0.0 if ahead is None else job.attained_gpu_s / max(1, job.shape.num_gpus) + ahead
+            )
+            if waited_s >= interval:
+                aged += int(waited_s // max(interval, age_per_runs * run_s))
+            if waited_s >= starvation_s and waited_s >= protect_after_runs * run_s:
+                first = -waited_s
+                if protected_out is not None:
+                    protected_out[job.id] = waited_s / run_s if run_s else 0.0
         user_rank = ranks.get((job.queue, job.user), 0) if ranks else 0
         queue_rank = queue_ranks.get(job.queue, 0) if queue_ranks else 0
-        band = service_band(job, now, config)
+        if not las:
+            band = -remaining_gpu_s(job)
+        elif first or not levels:
+            band = top
+        else:
+            band = top - bisect.bisect_right(levels, job.attained_gpu_s)
         inside = within_band(job) if within_band else 0.0
-        return (-aged, -band, inside, queue_rank, user_rank, job.submitted_at, job.id)
+        return (-aged, first, -band, inside, queue_rank, user_rank, job.submitted_at, job.id)
 
     return sorted(jobs, key=key)
 

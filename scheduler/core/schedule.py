@@ -3,7 +3,8 @@
     schedule(snapshot, jobs, now, config) -> [Admit | Preempt | Wait]
 
 1. Free capacity = alive nodes minus what holders (admitted .. preempting jobs) use.
-2. Pending jobs in queue order: priority + aging, then submit time, then id.
+2. Pending jobs in queue order: priority + aging, protected jobs first within it, then
+   service band (`ordering.queue_order`). A protected job's decisions say why.
 3. The release timeline: when each holder is expected to give its resources back.
 4. Walk the queue. A job that fits and does not delay the reservation is admitted. The
    first job that cannot start gets the reservation: it preempts lower-priority gangs if
@@ -32,7 +33,15 @@ from scheduler.core.decisions import (
 )
 from scheduler.core.dependencies import Upstream, dependency_waits
 from scheduler.core.elastic import grown, replica_nodes, shrunk
-from scheduler.core.ordering import attained_gpu_s, queue_order, rank, remaining_gpu_s
+from scheduler.core.ordering import (
+    attained_gpu_s,
+    protected,
+    protection_note,
+    protection_ratio,
+    queue_order,
+    rank,
+    remaining_gpu_s,
+)
 from scheduler.core.placement import (
     NOTHING,
     Capacity,
@@ -151,8 +160,14 @@ def schedule(
     if on_hold:
         pending = [j for j in pending if j.hold is None]
     weights = {name: quota.weight for name, quota in quotas.items()}
-    for position, job in enumerate(queue_order(pending, now, config, usage, weights), start=1):
+    protected: dict[int, float] = {}  # job id -> wait over predicted run time
+    ordered = queue_order(pending, now, config, usage, weights, protected_out=protected)
+    for position, job in enumerate(ordered, start=1):
         _decide(state, job, position)
+        if protected:
+            ratio = protected.get(job.id)
+            if ratio is not None:
+                _say_protected(state, job.id, protection_note(ratio, config))
     if config.elastic_resize:
         _grow_elastic(state)
     _fill_rough_etas(state)
@@ -161,6 +176,26 @@ def schedule(
         state.decisions += dependency_waits(held, by_id, state.decisions, now, config)
     state.decisions += [_held(job) for job in on_hold]
     return state.decisions
+
+
+def _say_protected(state: _Pass, job_id: int, note: str) -> None:
+    """Put why the job is protected first in the reason of its Admit or Wait (the last
+    decision about it: Preempt and Resize decisions for it come before)."""
+    decisions = state.decisions
+    index = len(decisions) - 1
+    while index >= 0:
+        decision = decisions[index]
+        if isinstance(decision, Admit) and decision.job_id == job_id:
+            decisions[index] = Admit(job_id, decision.placement, f"{note}; {decision.reason}")
+            return
+        if isinstance(decision, Wait) and decision.job_id == job_id:
+            why = decision.explanation
+            why = Explanation(
+                why.blocker, f"{note}; {why.message}", why.unblock, why.blocking_job_id
+            )
+            decisions[index] = Wait(job_id, why, decision.estimated_start_at, decision.reserved)
+            return
+        index -= 1
 
 
 def _held(job: JobView) -> Wait:
@@ -301,8 +336,13 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
         return
     if placement is None and state.config.preemption and _preempt_for(state, job):
         return
-    if not state.config.reservations:
-        unblock = "starts when enough GPUs are free (no reservations in this policy)"
+    if not state.config.reservations or not _may_reserve(state, job):
+        unblock = (
+            "starts when enough GPUs are free (no reservations in this policy)"
+            if not state.config.reservations
+            else "starts when enough GPUs are free (having run before, it holds no reservation "
+            "until protected)"
+        )
         state.decisions.append(Wait(job.id, _explain_shortage(state, job.shape, unblock)))
         return
     start = earliest_start(job.shape, state.free, state.releases, state.now)
@@ -312,6 +352,13 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
     _set_reservation(state, job, start)
     explanation = _explain_blocked(state, job, start)
     state.decisions.append(Wait(job.id, explanation, start.at, reserved=True))
+
+
+def _may_reserve(state: _Pass, job: JobView) -> bool:
+    """A job that has run before (least attained service preempted it, it has GPU time
+    attained) holds no reservation until it is protected: GPUs left idle for it would
+    undo the preemption that made room for shorter work."""
+    return job.attained_gpu_s <= 0 or protected(job, state.now, state.config)
 
 
 def _set_reservation(state: _Pass, job: JobView, start: Start) -> None:
@@ -423,6 +470,10 @@ def _why_preempted(state: _Pass, job: JobView, victim: JobView) -> str:
     if victim.priority < job.priority:
         return f"priority {job.priority} > {victim.priority}"
     if rank(victim, state.now, state.config) < rank(job, state.now, state.config):
+        ratio = protection_ratio(job, state.now, state.config)
+        if ratio is not None:
+            note = protection_note(ratio, state.config)
+            return f"same priority {job.priority}; job {job.id} is {note}"
         if state.config.service_order == "srsf":
             return (
                 f"same priority {job.priority}; job {victim.id} has "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scheduler.core import PolicyConfig, Preempt, Wait, schedule
+from scheduler.core import Admit, PolicyConfig, Preempt, Wait, schedule
 from scheduler.core.ordering import queue_order, service_band
 from scheduler.model import JobState, JobView, Placement, RunInfo
 from tests.unit.builders import NOW, Cluster, at, pending, running
@@ -85,3 +85,90 @@ def test_a_starved_job_is_promoted_and_its_next_run_counts_service_afresh() -> N
     )
     assert service_band(promoted, NOW, config) == 1
     assert service_band(replace(promoted, queued_at=at(-1800)), NOW, config) == 0
+
+
+def predicted(job: JobView, remaining_s: float) -> JobView:
+    return replace(job, predicted_remaining_s=remaining_s)
+
+
+def test_protection_waits_for_the_jobs_predicted_run_time_past_starvation_s() -> None:
+    """Bounded by what the job costs: a job predicted to run 12 h (10 of them done) is not
+    protected after 4 h queued, as it was under an absolute starvation_s, but after 12 h."""
+    config = PolicyConfig(starvation_s=4 * HOUR)  # protect_after_runs 1.0
+    veteran = predicted(replace(pending(2, dp=4), attained_gpu_s=40 * HOUR), 2 * HOUR)
+    for queued, preempts in ((-4 * HOUR, False), (-11.9 * HOUR, False), (-12 * HOUR, True)):
+        waiting = replace(veteran, queued_at=at(queued))
+        decisions = schedule(ONE_NODE, [sunk(1, since_checkpoint=0), waiting], NOW, config)
+        assert any(isinstance(d, Preempt) for d in decisions) is preempts
+    # A short job (1.1 h run, 1 minute left) is protected at starvation_s.
+    short = predicted(replace(pending(3), attained_gpu_s=1.1 * HOUR), 60.0)
+    assert service_band(replace(short, queued_at=at(-3.9 * HOUR)), NOW, config) == 1
+    assert service_band(replace(short, queued_at=at(-4 * HOUR)), NOW, config) == 2
+
+
+def test_aging_is_paced_by_the_predicted_run_time() -> None:
+    """One point per max(aging_interval_s, age_per_runs x predicted run time) waited: a
+    job predicted to run 5 h does not overtake a newer higher-priority job after 32
+    minutes (it did when aging counted 10-minute intervals alone); a 1-minute one does,
+    and so does a job nothing predicts."""
+    config = PolicyConfig(aging_interval_s=600)  # age_per_runs 2.0
+    new = pending(2, priority=2, submitted=-10)
+    for old, overtakes in (
+        (predicted(pending(1, submitted=-1900), 5 * HOUR), False),
+        (predicted(pending(1, submitted=-1900), 60.0), True),
+        (pending(1, submitted=-1900), True),
+    ):
+        order = queue_order([new, old], NOW, config)
+        assert (order[0].id == 1) is overtakes
+
+
+def test_protected_jobs_go_first_within_their_priority_the_longest_queued_first() -> None:
+    """The reservation goes to the job that has waited longest past its bound, not to the
+    shortest prediction (which ordered them before). Aging is slowed here so that all
+    three share one aged priority."""
+    config = PolicyConfig(starvation_s=4 * HOUR, aging_interval_s=100 * HOUR)
+    longest = predicted(replace(pending(1), queued_at=at(-6 * HOUR)), 2 * HOUR)
+    later = predicted(replace(pending(2), queued_at=at(-5 * HOUR)), 1 * HOUR)
+    fresh = predicted(pending(3), 0.1 * HOUR)
+    above = pending(4, priority=1)
+    order = queue_order([fresh, later, longest, above], NOW, config)
+    assert [j.id for j in order] == [4, 1, 2, 3]
+
+
+def test_a_protected_jobs_decisions_say_why() -> None:
+    config = PolicyConfig(starvation_s=4 * HOUR)
+    veteran = predicted(replace(pending(2, dp=4), attained_gpu_s=40 * HOUR), 1 * HOUR)
+    waiting = replace(veteran, queued_at=at(-33 * HOUR))  # 3.0x its predicted 11 h
+    decisions = schedule(ONE_NODE, [sunk(1, since_checkpoint=0), waiting], NOW, config)
+    (preempt,) = [d for d in decisions if isinstance(d, Preempt)]
+    (wait,) = [d for d in decisions if isinstance(d, Wait)]
+    note = "protected: waited 3.0x its predicted run time"
+    assert note in preempt.reason and "job 2 is protected" in preempt.reason
+    assert wait.reason.startswith(note)
+    admit = schedule(Cluster().nodes(1, 4).snapshot(), [waiting], NOW, config)
+    assert admit[0].reason.startswith(note)  # type: ignore[union-attr]
+    assert "protected" not in schedule(ONE_NODE, [veteran], NOW, config)[0].reason  # type: ignore[union-attr]
+
+
+def test_a_job_that_ran_before_holds_no_reservation_until_protected() -> None:
+    """Job 2 was preempted after 40 GPU-hours; it needs the whole node, which frees in 1 h.
+    Holding GPUs idle for it would undo its preemption: job 3 (as sunk, queued later)
+    starts on the 2 free GPUs. Once job 2 is protected it holds the reservation, and job
+    3 (no time limit: it would run past it) waits."""
+    config = PolicyConfig(starvation_s=4 * HOUR)
+    holder = running(1, ["n0"] * 2, started=-HOUR, time_limit_s=2 * HOUR)
+    sunk_big = replace(pending(2, dp=4, submitted=-20 * HOUR), attained_gpu_s=40 * HOUR)
+    sunk_small = replace(pending(3, dp=2, submitted=-10 * HOUR), attained_gpu_s=40 * HOUR)
+    for queued, reserved in ((-HOUR, False), (-5 * HOUR, True)):
+        big = replace(sunk_big, queued_at=at(queued))
+        small = replace(sunk_small, queued_at=at(-0.5 * HOUR))
+        decisions = schedule(ONE_NODE, [holder, big, small], NOW, config)
+        (wait,) = [d for d in decisions if isinstance(d, Wait) and d.job_id == 2]
+        assert wait.reserved is reserved
+        assert any(isinstance(d, Admit) and d.job_id == 3 for d in decisions) is not reserved
+    assert (
+        "holds no reservation until protected"
+        in schedule(ONE_NODE, [holder, replace(sunk_big, queued_at=at(-HOUR))], NOW, config)[
+            0
+        ].reason
+    )  # type: ignore[union-attr]

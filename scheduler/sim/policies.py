@@ -51,6 +51,7 @@ POLICIES: dict[str, SimPolicy] = {
                 preemption=False,
                 elastic_resize=False,
                 aging_interval_s=NEVER_S,
+                starvation_s=NEVER_S,  # no protection: the order stays submit order
                 service_levels_gpu_s=(),
             ),
         ),
@@ -63,6 +64,7 @@ POLICIES: dict[str, SimPolicy] = {
                 preemption=False,
                 elastic_resize=False,
                 aging_interval_s=NEVER_S,
+                starvation_s=NEVER_S,  # no protection: the order stays submit order
                 service_levels_gpu_s=(),
             ),
         ),
@@ -74,6 +76,7 @@ POLICIES: dict[str, SimPolicy] = {
                 preemption=False,
                 elastic_resize=False,
                 aging_interval_s=NEVER_S,
+                starvation_s=NEVER_S,  # no protection: the order stays submit order
                 service_levels_gpu_s=(),
             ),
         ),

@@ -58,10 +58,21 @@ class Wait:
     explanation: Explanation
     estimated_start_at: datetime | None = None
     reserved: bool = False  # backfill may not delay this job's estimated start
+    # A protected job's wait over its predicted run time (`ordering.protection_ratio`;
+    # 0.0: nothing predicts it); None: not protected. Said first in its reason.
+    protected: float | None = None
 
     @property
     def reason(self) -> str:
-        return f"{self.explanation.message}; {self.explanation.unblock}"
+        why = f"{self.explanation.message}; {self.explanation.unblock}"
+        return why if self.protected is None else f"{protection_note(self.protected)}; {why}"
+
+
+def protection_note(ratio: float) -> str:
+    """Why a job is protected, from its `ordering.protection_ratio`."""
+    if ratio:
+        return f"protected: waited {ratio:.1f}x its predicted run time"
+    return "protected: queued past starvation_s, no predicted run time"
 
 
 @dataclass(frozen=True, slots=True)

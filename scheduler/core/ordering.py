@@ -79,13 +79,6 @@ def protection_ratio(job: JobView, now: datetime, config: PolicyConfig) -> float
     return waited_s / run_s if run_s else 0.0
 
 
-def protection_note(ratio: float, config: PolicyConfig) -> str:
-    """Why a job is protected (`protection_ratio`), for its decisions' reasons."""
-    if ratio:
-        return f"protected: waited {ratio:.1f}x its predicted run time"
-    return f"protected: queued over {config.starvation_s / 3600:g} h, no predicted run time"
-
-
 def service_band(job: JobView, now: datetime, config: PolicyConfig) -> float:
     """Least-attained-service band (Tiresias' discretised 2D-LAS): the top band,
     len(service_levels_gpu_s), until the job has consumed the first level of GPU-seconds,
@@ -146,22 +139,25 @@ def queue_order(
     age_per_runs = config.age_per_runs
     starvation_s = config.starvation_s
     protect_after_runs = config.protect_after_runs
+    soonest = min(interval, starvation_s)  # no aging and no protection before
     within_band = _within_band_key(config)
     levels = config.service_levels_gpu_s
     top = len(levels)
     las = config.service_order != "srsf"
 
     def key(job: JobView) -> tuple[int, float, float, float, int, int, datetime, int]:
-        waited_s = (now - _queued_at(job)).total_seconds()
+        waited_s = (now - (job.queued_at or job.submitted_at)).total_seconds()
         aged = job.priority
         first = 0.0  # protected jobs: minus their wait, the longest first
-        if waited_s > 0:
-            ahead = job.predicted_remaining_s
-            if ahead is None:
-                ahead = job.time_limit_s
-            run_s = (  # `predicted_run_s`, inlined; nothing predicts it: 0
-                0.0 if ahead is None else job.attained_gpu_s / max(1, job.shape.num_gpus) + ahead
-            )
+        if waited_s >= soonest:
+            # `predicted_run_s`, inlined; nothing predicts it: 0 (the absolute rules)
+            run_s = job.predicted_remaining_s
+            if run_s is None:
+                run_s = job.time_limit_s
+            if run_s is None:
+                run_s = 0.0
+            elif job.attained_gpu_s:
+                run_s += job.attained_gpu_s / max(1, job.shape.num_gpus)
             if waited_s >= interval:
                 aged += int(waited_s // max(interval, age_per_runs * run_s))
             if waited_s >= starvation_s and waited_s >= protect_after_runs * run_s:

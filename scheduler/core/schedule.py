@@ -30,13 +30,13 @@ from scheduler.core.decisions import (
     Preempt,
     Resize,
     Wait,
+    protection_note,
 )
 from scheduler.core.dependencies import Upstream, dependency_waits
 from scheduler.core.elastic import grown, replica_nodes, shrunk
 from scheduler.core.ordering import (
     attained_gpu_s,
     protected,
-    protection_note,
     protection_ratio,
     queue_order,
     rank,
@@ -116,6 +116,7 @@ class _Pass:
     # free capacity stayed as it is (cleared on admission, like `shortage_memo`).
     no_victims: set[tuple[object, ...]] = field(default_factory=set)
     leaving: list[JobView] | None = None  # holders already preempting (built once)
+    protected: float | None = None  # `protection_ratio` of the job being decided
 
 
 def schedule(
@@ -163,11 +164,9 @@ def schedule(
     protected: dict[int, float] = {}  # job id -> wait over predicted run time
     ordered = queue_order(pending, now, config, usage, weights, protected_out=protected)
     for position, job in enumerate(ordered, start=1):
-        _decide(state, job, position)
         if protected:
-            ratio = protected.get(job.id)
-            if ratio is not None:
-                _say_protected(state, job.id, protection_note(ratio, config))
+            state.protected = protected.get(job.id)
+        _decide(state, job, position)
     if config.elastic_resize:
         _grow_elastic(state)
     _fill_rough_etas(state)
@@ -176,26 +175,6 @@ def schedule(
         state.decisions += dependency_waits(held, by_id, state.decisions, now, config)
     state.decisions += [_held(job) for job in on_hold]
     return state.decisions
-
-
-def _say_protected(state: _Pass, job_id: int, note: str) -> None:
-    """Put why the job is protected first in the reason of its Admit or Wait (the last
-    decision about it: Preempt and Resize decisions for it come before)."""
-    decisions = state.decisions
-    index = len(decisions) - 1
-    while index >= 0:
-        decision = decisions[index]
-        if isinstance(decision, Admit) and decision.job_id == job_id:
-            decisions[index] = Admit(job_id, decision.placement, f"{note}; {decision.reason}")
-            return
-        if isinstance(decision, Wait) and decision.job_id == job_id:
-            why = decision.explanation
-            why = Explanation(
-                why.blocker, f"{note}; {why.message}", why.unblock, why.blocking_job_id
-            )
-            decisions[index] = Wait(job_id, why, decision.estimated_start_at, decision.reserved)
-            return
-        index -= 1
 
 
 def _held(job: JobView) -> Wait:
@@ -220,7 +199,8 @@ def _decide(state: _Pass, job: JobView, position: int) -> None:
     limit = over_limit(smallest, state.queue_used, state.queues) if capped else None
     if limit is not None:  # cannot start whatever the cluster looks like: holds no reservation
         unblock = f"starts when jobs of queue {job.queue!r} end"
-        state.decisions.append(Wait(job.id, Explanation(Blocker.QUOTA, limit, unblock)))
+        why = Explanation(Blocker.QUOTA, limit, unblock)
+        state.decisions.append(Wait(job.id, why, protected=state.protected))
         return
     if state.reservation is not None:
         room = max(state.free.total_gpus, state.spare.total_gpus if state.spare else 0)
@@ -302,6 +282,8 @@ def _admit(
             f"backfilled at queue position {position} on {len(used)} node(s) without "
             f"delaying job {reservation.job.id}'s reserved start"
         )
+    if state.protected is not None:
+        reason = f"{protection_note(state.protected)}; {reason}"
     state.decisions.append(Admit(job.id, placement, reason))
 
 
@@ -343,15 +325,17 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
             else "starts when enough GPUs are free (having run before, it holds no reservation "
             "until protected)"
         )
-        state.decisions.append(Wait(job.id, _explain_shortage(state, job.shape, unblock)))
+        why = _explain_shortage(state, job.shape, unblock)
+        state.decisions.append(Wait(job.id, why, protected=state.protected))
         return
     start = earliest_start(job.shape, state.free, state.releases, state.now)
     if start is None:
-        state.decisions.append(Wait(job.id, _never_on_alive_nodes(state, job)))
+        why = _never_on_alive_nodes(state, job)
+        state.decisions.append(Wait(job.id, why, protected=state.protected))
         return
     _set_reservation(state, job, start)
     explanation = _explain_blocked(state, job, start)
-    state.decisions.append(Wait(job.id, explanation, start.at, reserved=True))
+    state.decisions.append(Wait(job.id, explanation, start.at, True, state.protected))
 
 
 def _may_reserve(state: _Pass, job: JobView) -> bool:
@@ -408,7 +392,7 @@ def _hold_for(state: _Pass, job: JobView, start: Start, message: str, once: str)
     explanation = Explanation(
         Blocker.PREEMPTING, message, f"starts when {once} (by {start.at:%H:%M:%S} UTC)"
     )
-    state.decisions.append(Wait(job.id, explanation, start.at, reserved=True))
+    state.decisions.append(Wait(job.id, explanation, start.at, True, state.protected))
 
 
 def _ids(jobs: Sequence[JobView]) -> str:
@@ -472,8 +456,7 @@ def _why_preempted(state: _Pass, job: JobView, victim: JobView) -> str:
     if rank(victim, state.now, state.config) < rank(job, state.now, state.config):
         ratio = protection_ratio(job, state.now, state.config)
         if ratio is not None:
-            note = protection_note(ratio, state.config)
-            return f"same priority {job.priority}; job {job.id} is {note}"
+            return f"same priority {job.priority}; job {job.id} is {protection_note(ratio)}"
         if state.config.service_order == "srsf":
             return (
                 f"same priority {job.priority}; job {victim.id} has "
@@ -647,7 +630,9 @@ def _wait(state: _Pass, job: JobView, placement: Placement | None) -> None:
     else:
         explanation = _explain_blocked(state, job, eta)
     state.blocked_gpus += job.shape.num_gpus
-    state.decisions.append(Wait(job.id, explanation, eta.at if eta else None))
+    state.decisions.append(
+        Wait(job.id, explanation, eta.at if eta else None, False, state.protected)
+    )
 
 
 def _fill_rough_etas(state: _Pass) -> None:
@@ -665,7 +650,9 @@ def _fill_rough_etas(state: _Pass) -> None:
             wait = state.decisions[index]
             assert isinstance(wait, Wait)
             eta = max(state.releases[slot].at, state.reservation.at)
-            state.decisions[index] = Wait(wait.job_id, wait.explanation, eta, wait.reserved)
+            state.decisions[index] = Wait(
+                wait.job_id, wait.explanation, eta, wait.reserved, wait.protected
+            )
 
 
 def _estimate_start(state: _Pass, reservation: _Reservation, job: JobView) -> Start | None:

@@ -10,7 +10,7 @@ relative path once in the merged view, from the lowest rank that has it; `rank=N
 rank's files; sorted component by component and paged by the previous page's last path.
 
 Cost: a page lists the job's whole prefix (S3 returns 1,000 keys a request), unlike the
-folder's walk that stops at the page's end; a job's total is cached (`UsageCache`): a
+folder's walk that stops at the page's end; a job's total is cached (`StoreUsage`): a
 settled job's until it is deleted here, an active job's for `max_age_s`.
 """
 
@@ -66,7 +66,7 @@ class RemoteOutputs:
     """Every job's outputs under the root URL `url`."""
 
     def __init__(
-        self, url: str, fs: AbstractFileSystem | None = None, *, usage: UsageCache | None = None
+        self, url: str, fs: AbstractFileSystem | None = None, *, usage: StoreUsage | None = None
     ) -> None:
         folder = StoredFolder(url, fs)
         self.url, self.fs, self._path = folder.url, folder.fs, folder.path
@@ -165,7 +165,7 @@ class _Forgetting(StoredFolder):
             self._forget()
 
 
-class UsageCache:
+class StoreUsage:
     """Job id -> (bytes, when listed, settled then): a settled job's total trusted until
     `forget`, an active job's for `max_age_s`; least recently used out past `max_jobs`.
     Thread-safe. Totals asked for without waiting are listed by one daemon thread of its
@@ -244,14 +244,14 @@ class UsageCache:
                     self._pending.discard(job_id)
 
 
-_SHARED: dict[str, UsageCache] = {}
+_SHARED: dict[str, StoreUsage] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_usage(url: str) -> UsageCache:
+def shared_usage(url: str) -> StoreUsage:
     """The process's cache for the store at `url`."""
     with _SHARED_LOCK:
-        return _SHARED.setdefault(url, UsageCache())
+        return _SHARED.setdefault(url, StoreUsage())
 
 
 def _after(

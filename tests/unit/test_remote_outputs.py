@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from scheduler.store.remote_outputs import RemoteOutputs, UsageCache
+from scheduler.store.remote_outputs import RemoteOutputs, StoreUsage
 from workers.stored_files import CHUNK, PARTIAL_SUFFIX, filesystem, put_open_file
 from workers.supervisor import outputs as outputs_module
 from workers.supervisor.outputs import OutputsUpload, UploadIncomplete, fetch_inputs
@@ -32,7 +32,7 @@ class Clock:
 
 @pytest.fixture
 def store() -> RemoteOutputs:
-    cache = UsageCache(clock=Clock())
+    cache = StoreUsage(clock=Clock())
     return RemoteOutputs(f"memory://outputs-{uuid.uuid4().hex}/root", usage=cache)
 
 

@@ -321,9 +321,13 @@ class Settings(BaseSettings):
         """Where ranks write checkpoints: shared storage when ranks run on other hosts."""
         return self.storage() / "checkpoints"
 
+    def _under_storage_url(self, part: str) -> str | None:
+        """`<storage_url>/<part>` when `storage_url` names a store, else None."""
+        return f"{self.storage_url.rstrip('/')}/{part}" if self.storage_url else None
+
     def checkpoint_url(self) -> str | None:
         """Where checkpoints live when `storage_url` names a store."""
-        return f"{self.storage_url.rstrip('/')}/checkpoints" if self.storage_url else None
+        return self._under_storage_url("checkpoints")
 
     def checkpoint_store(self) -> CheckpointStore | None:
         url = self.checkpoint_url()
@@ -331,7 +335,7 @@ class Settings(BaseSettings):
 
     def outputs_url(self) -> str | None:
         """Where jobs' outputs live when `storage_url` names a store."""
-        return f"{self.storage_url.rstrip('/')}/outputs" if self.storage_url else None
+        return self._under_storage_url("outputs")
 
     def outputs_store(self) -> RemoteOutputs | None:
         url = self.outputs_url()
@@ -339,7 +343,7 @@ class Settings(BaseSettings):
 
     def models_url(self) -> str | None:
         """Where model versions' files live when `storage_url` names a store."""
-        return f"{self.storage_url.rstrip('/')}/models" if self.storage_url else None
+        return self._under_storage_url("models")
 
     def model_store(self) -> RemoteModelFiles | None:
         url = self.models_url()

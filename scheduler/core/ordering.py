@@ -66,7 +66,7 @@ def protected(job: JobView, now: datetime, config: PolicyConfig) -> bool:
         since = (job.run.started_at - queued_at).total_seconds()
     else:
         return False
-    return since >= config.starvation_s and since >= protected_after_s(job, now, config)
+    return since >= protected_after_s(job, now, config)  # at least starvation_s
 
 
 def protection_ratio(job: JobView, now: datetime, config: PolicyConfig) -> float | None:

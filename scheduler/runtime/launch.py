@@ -22,6 +22,7 @@ from scheduler.model import (
 )
 from scheduler.store.model_files import version_directory
 from scheduler.store.outputs import job_outputs_dir
+from scheduler.store.remote_models import model_version_url
 from scheduler.store.remote_outputs import job_outputs_url
 from workers import faults
 from workers.checkpoint_layout import checkpoint_path, completed, job_directory
@@ -168,7 +169,7 @@ def _model_url(spec: JobSpec, policy: LaunchPolicy) -> str | None:
     init = spec.init_from
     if not isinstance(init, ModelInit) or not policy.models_url:
         return None
-    return f"{policy.models_url.rstrip('/')}/{init.name}/v{init.version}"
+    return model_version_url(policy.models_url, init.name, init.version)
 
 
 def _model_checkpoints(spec: JobSpec, policy: LaunchPolicy) -> str | None:

@@ -75,13 +75,18 @@ class _Upload:
             raise StoreFailed(str(exc)) from exc
 
 
+def model_version_url(root_url: str, model: str, version: int) -> str:
+    """Where a version's files live in the store (the supervisors fetch from here)."""
+    return f"{root_url.rstrip('/')}/{model}/v{version}"
+
+
 class RemoteModelFiles:
     def __init__(self, url: str, fs: AbstractFileSystem | None = None) -> None:
         root = StoredFolder(url, fs)
         self.url, self.fs = root.url, root.fs
 
     def version_url(self, model: str, version: int) -> str:
-        return f"{self.url}/{model}/v{version}"
+        return model_version_url(self.url, model, version)
 
     def store(
         self, source: Path, model: str, version: int, *, max_bytes: int

@@ -120,7 +120,7 @@ def test_a_user_exception_fails_the_gang_with_its_traceback(gpu_node_ids: list[s
 
 
 def test_an_unmodified_torchrun_script_runs_as_two_ranks(gpu_node_ids: list[str]) -> None:
-    """PyTorch's DDP tutorial script, changed only from nccl to gloo."""
+    """PyTorch's DDP tutorial script on gloo (see its docstring for the one addition)."""
     script = Path(__file__).parents[2] / "examples" / "ddp_tutorial.py"
     status = run_to_end(spec(104, gpu_node_ids, ScriptRun(path=str(script))))
     assert status.phase is GroupPhase.SUCCEEDED, status.error

@@ -611,7 +611,8 @@ class RankSupervisor:
         if error_report:
             self._fail(headline, error_report)
         else:
-            self._fail(headline, "\n".join(self._logs.tail(TAIL_LINES)), output=True)
+            tail = "\n".join(self._logs.tail(TAIL_LINES))
+            self._fail(headline + exit_race_hint(code, sandboxed, tail), tail, output=True)
 
     def _fail(self, headline: str, detail: str, *, output: bool = False) -> None:
         last = next((line.strip() for line in reversed(detail.splitlines()) if line.strip()), "")
@@ -720,6 +721,23 @@ def describe_exit(code: int, sandboxed: bool) -> str:
     if sandboxed and 128 < code < 128 + 65:
         return f"was killed by {_signal_name(code - 128)} (exit code {code})"
     return f"exited with code {code}"
+
+
+GLOO_EXIT_RACE = "terminate called without an active exception"
+
+
+def exit_race_hint(code: int, sandboxed: bool, tail: str) -> str:
+    """What to do about a program aborted by C++'s `std::terminate` as it exits: on gloo,
+    torch 2.13 does so in about one exit in five when a worker thread drops the last
+    reference to a collective (DDP's last allreduce) while the interpreter is shutting
+    down (pytorch/pytorch#179291); '' for any other ending."""
+    aborted = code == -signal.SIGABRT or (sandboxed and code == 128 + signal.SIGABRT)
+    if not aborted or GLOO_EXIT_RACE not in tail:
+        return ""
+    return (
+        " (at exit: often torch's gloo teardown race; free the models that hold the"
+        " process group (del, gc.collect()) before destroy_process_group)"
+    )
 
 
 def _signal_name(number: int) -> str:

@@ -74,15 +74,19 @@ def test_a_stale_leaders_write_never_lands_on_the_new_leaders_attempt(
     requeues the job and admits attempt 2; B's own launch is slow too. A wakes while the
     job is ADMITTED at attempt 2: its ADMITTED -> STARTING must not land (on e1c70d8 the
     transition compares the state only, so A moves B's attempt to STARTING)."""
-    old_executor, new_executor = SlowLaunch(delay_s=3.0), SlowLaunch(delay_s=8.0)
+    old_executor, new_executor = SlowLaunch(delay_s=4.0), SlowLaunch(delay_s=8.0)
     old = loop_for(repo, "old", 1.0, old_executor)
     new = loop_for(repo, "new", 30.0, new_executor)
     assert old.lead()
     job = submit(repo)
     stalled, _ = in_thread(old.tick)
-    time.sleep(1.5)  # A's lease has expired; A is inside its launch
-    assert repo.get(job.id).state is JobState.ADMITTED
-    assert new.lead()  # takes over and reconciles: the job is requeued
+    time.sleep(1.0)
+    assert repo.get(job.id).state is JobState.ADMITTED  # A is inside its launch
+    deadline = time.monotonic() + 5.0  # A's launch guard may renew once, for a TTL
+    while not new.lead():  # takes over once A's lease expires, and reconciles
+        assert time.monotonic() < deadline, "A's lease never expired"
+        time.sleep(0.1)
+    assert stalled.is_alive(), "A's launch ended before B took over: nothing to prove"
     launching, new_errors = in_thread(new.tick)
     stalled.join(timeout=20)
     assert not stalled.is_alive()

@@ -411,10 +411,10 @@ def test_only_the_lease_holder_schedules_and_a_standby_takes_over(
 ) -> None:
     leader_executor, standby_executor = FakeExecutor(), FakeExecutor()
     leader = make_loop(
-        repo, leader_executor, clock, lease=LeaderLease(repo, ttl_s=1, holder="leader")
+        repo, leader_executor, clock, lease=LeaderLease(repo, ttl_s=3, holder="leader")
     )
     standby = make_loop(
-        repo, standby_executor, clock, lease=LeaderLease(repo, ttl_s=1, holder="standby")
+        repo, standby_executor, clock, lease=LeaderLease(repo, ttl_s=3, holder="standby")
     )
     assert leader.lead() and not standby.lead()
     job = submit(repo)
@@ -424,7 +424,7 @@ def test_only_the_lease_holder_schedules_and_a_standby_takes_over(
     assert repo.get(job.id).state is JobState.RUNNING
     assert not standby.lead() and standby_executor.launched == []
 
-    time.sleep(1.1)  # the leader stopped renewing (expiry is by the database's clock)
+    time.sleep(3.1)  # the leader stopped renewing (expiry is by the database's clock)
     standby_executor.attachable.add(job.id)
     assert standby.lead()  # took over: reconciled, so the running gang is reattached
     assert standby_executor.job_ids() == {job.id}

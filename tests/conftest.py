@@ -79,6 +79,14 @@ def database_url(request: pytest.FixtureRequest, tmp_path: object) -> str:
     return url
 
 
+# An end-to-end test whose database only stores what the integration tests already check
+# on both: run once, on one of them (the suite's time goes to Ray and processes there).
+on_sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+on_postgresql_only = pytest.mark.parametrize(
+    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+
+
 @pytest.fixture
 def repo(database_url: str) -> Iterator[JobRepository]:
     upgrade_to_head(database_url)

@@ -26,6 +26,7 @@ import torch
 from bench.harness.service import ADMIN_KEY, Service, wait_for
 from gangway import Builtin, Client, Command, Function, JobState, Parallelism, Resources
 from scheduler.runtime.cluster import NODE_NAME_LABEL
+from tests.conftest import on_postgresql_only, on_sqlite_only
 
 pytestmark = pytest.mark.ray
 
@@ -131,6 +132,7 @@ def test_a_command_job_reports_metrics_with_the_helper(service: Service, tmp_pat
     assert "best val_acc (highest): 1 at step 40, attempt 1" in shown
 
 
+@on_postgresql_only
 def test_train_register_export_and_start_from_a_version(service: Service, tmp_path: Path) -> None:
     """What issue 27 asks a user to be able to do: train, register the result as a
     version, download one verified file (full precision and int8) that loads without
@@ -169,6 +171,7 @@ def test_train_register_export_and_start_from_a_version(service: Service, tmp_pa
     assert any("started from the weights" in e.reason for e in client.events(finetune.id))
 
 
+@on_sqlite_only
 def test_a_pipeline_runs_unattended_each_step_from_the_last_ones_weights(
     service: Service,
 ) -> None:
@@ -238,6 +241,7 @@ def test_a_pipeline_runs_unattended_each_step_from_the_last_ones_weights(
         assert ended is not None and started is not None and started >= ended
 
 
+@on_postgresql_only
 def test_an_asha_sweep_pauses_and_promotes_real_trials_from_their_checkpoints(
     service: Service,
 ) -> None:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from scheduler.store.outputs import RANK_PREFIX, job_bytes, job_outputs_dir
 
@@ -94,6 +94,19 @@ def stamp(root: Path, job_id: int) -> Stamp | None:
     return (own.st_ino, own.st_mtime_ns), tuple(sorted(ranks))
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def keep_recent(entries: OrderedDict[K, V], key: K, value: V, max_entries: int) -> None:
+    """Store `value` as the most recently used entry; the least recently used go past
+    `max_entries` (the usage caches' bound on memory)."""
+    entries[key] = value
+    entries.move_to_end(key)
+    while len(entries) > max_entries:
+        entries.popitem(last=False)
+
+
 class UsageCache:
     """Job id -> (stamp, bytes, when walked, settled then); least recently used first
     out past `max_jobs`. Thread-safe: the API's threads and the loop share one."""
@@ -124,10 +137,7 @@ class UsageCache:
                 return cached[1]
         total = job_bytes(root, job_id)
         with self._lock:
-            self._entries[key] = (current, total, now, settled)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._max_jobs:
-                self._entries.popitem(last=False)
+            keep_recent(self._entries, key, (current, total, now, settled), self._max_jobs)
         return total
 
     def _still_valid(

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 
 from fsspec import AbstractFileSystem
 
+from scheduler.store.output_usage import keep_recent
 from scheduler.store.outputs import (
     PARTIAL_SUFFIX,
     RANK_PREFIX,
@@ -214,10 +215,7 @@ class StoreUsage:
         with self._lock:
             if self._forgotten.get(job_id, 0) != generation:
                 return value  # deleted meanwhile: the next ask lists it again
-            self._entries[job_id] = (value, now, settled)
-            self._entries.move_to_end(job_id)
-            while len(self._entries) > self._max_jobs:
-                self._entries.popitem(last=False)
+            keep_recent(self._entries, job_id, (value, now, settled), self._max_jobs)
         return value
 
     def _list_later(self, job_id: int, settled: bool, total: Callable[[], int]) -> None:

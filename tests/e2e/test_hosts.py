@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -38,7 +39,7 @@ from sqlalchemy.engine import make_url
 
 from bench.harness.link import CuttableLink
 from bench.harness.service import ADMIN_KEY
-from gangway import Builtin, Client, Function, JobState, Parallelism, Resources
+from gangway import Builtin, Client, Function, Job, JobInfo, JobState, Parallelism, Resources
 from tests.e2e.test_cluster import SCRIPT, cluster_command, cluster_env, running_in, workdir
 
 pytestmark = pytest.mark.cluster
@@ -189,16 +190,7 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
     hosts: Hosts, tmp_path: Path
 ) -> None:
     client, env, state, _ = hosts
-    job = client.submit(
-        name="across-hosts",
-        entrypoint=Function(
-            target="train:main", kwargs={"steps": STEPS, "interval": INTERVAL, "step_s": 0.3}
-        ),
-        parallelism=Parallelism(dp=4),
-        resources=Resources(gpus_per_rank=1, cpus_per_rank=0.5),
-        working_dir=workdir(tmp_path / "work"),
-        max_restarts=2,
-    )
+    job = submit_training(client, "across-hosts", tmp_path / "work", STEPS, dp=4, max_restarts=2)
     # each host sees its own filesystem: not the service's data dir (database, packages),
     # nor this machine's storage dir (with a store named, each host's is its own)
     (state / "storage" / "on-this-machine").write_text("not shared")
@@ -210,10 +202,7 @@ def test_a_job_survives_a_host_cut_off_mid_step_on_hosts_that_share_no_disk(
         )  # fmt: skip
         assert hidden.stdout == "", (folder, hidden.stdout)
     assert any((state / "service" / "packages").iterdir())
-    deadline = time.monotonic() + 300
-    while (info := client.get(job.id)).progress.step < INTERVAL + 3:
-        assert not info.state.is_terminal and time.monotonic() < deadline, info.status_reason
-        time.sleep(0.3)
+    info = running_past(client, job.id, INTERVAL + 3, timeout_s=300)
     first = {p.node_name for p in info.placement}
     assert len(first) == 2, first  # two hosts of two GPUs
     victim = info.placement[-1].node_name
@@ -277,22 +266,16 @@ def the_service_survives_a_cut_from_the_ray_head(
     that job's outputs: both in the store, fetched onto each of its hosts."""
     version = client.register_model("across-hosts", earlier)
     assert version.step == STEPS and not (state / "storage" / "models").exists()
-    through = client.submit(
-        name="through-a-service-cut",
-        entrypoint=Function(
-            target="train:main", kwargs={"steps": 60, "interval": INTERVAL, "step_s": 0.3}
-        ),
-        parallelism=Parallelism(dp=2),
-        resources=Resources(gpus_per_rank=1, cpus_per_rank=0.5),
-        working_dir=workdir(tmp_path / "again"),
+    through = submit_training(
+        client,
+        "through-a-service-cut",
+        tmp_path / "again",
+        60,
         max_restarts=2,
         inputs_from=[earlier],  # its outputs, fetched from the store onto each host
         init_from={"model": "across-hosts", "version": version.version},  # the same way
     )
-    deadline = time.monotonic() + 120
-    while (info := client.get(through.id)).progress.step < 3:
-        assert not info.state.is_terminal and time.monotonic() < deadline, info.status_reason
-        time.sleep(0.3)
+    running_past(client, through.id, 3, timeout_s=120)
     print(on("partition", "service", env))
     time.sleep(15)
     healed = on("heal", "service", env)
@@ -317,20 +300,9 @@ def the_service_survives_a_cut_from_its_database(
     500; the loop loses its lease, the ranks go on; once the link is back the service
     takes the lease again, reattaches the gang, and the job succeeds in its first
     attempt."""
-    job = client.submit(
-        name="through-a-database-cut",
-        entrypoint=Function(
-            target="train:main", kwargs={"steps": 80, "interval": INTERVAL, "step_s": 0.3}
-        ),
-        parallelism=Parallelism(dp=2),
-        resources=Resources(gpus_per_rank=1, cpus_per_rank=0.5),
-        working_dir=workdir(work),
-    )
+    job = submit_training(client, "through-a-database-cut", work, 80)
     _, env, state, link = hosts
-    deadline = time.monotonic() + 120
-    while (info := client.get(job.id)).progress.step < 3:
-        assert not info.state.is_terminal and time.monotonic() < deadline, info.status_reason
-        time.sleep(0.3)
+    running_past(client, job.id, 3, timeout_s=120)
     link.cut()
     cut_at, url, answers = time.monotonic(), (state / "url").read_text().strip(), set()
     while time.monotonic() - cut_at < 15:
@@ -347,6 +319,32 @@ def the_service_survives_a_cut_from_its_database(
     done = client.wait(job.id, timeout_s=300, poll_s=0.5)
     assert done.state is JobState.SUCCEEDED and done.attempt == 1, done.error
     assert_invariants([*earlier, job.id], env, state)
+
+
+def submit_training(
+    client: Client, name: str, work: Path, steps: int, *, dp: int = 2, **more: Any
+) -> Job:
+    """The shipped `train:main` at dp ranks of one logical GPU each, checkpointing every
+    INTERVAL steps of 0.3 s."""
+    return client.submit(
+        name=name,
+        entrypoint=Function(
+            target="train:main", kwargs={"steps": steps, "interval": INTERVAL, "step_s": 0.3}
+        ),
+        parallelism=Parallelism(dp=dp),
+        resources=Resources(gpus_per_rank=1, cpus_per_rank=0.5),
+        working_dir=workdir(work),
+        **more,
+    )
+
+
+def running_past(client: Client, job_id: int, step: int, *, timeout_s: float) -> JobInfo:
+    """The job once it has reported `step` (it must not end first)."""
+    deadline = time.monotonic() + timeout_s
+    while (info := client.get(job_id)).progress.step < step:
+        assert not info.state.is_terminal and time.monotonic() < deadline, info.status_reason
+        time.sleep(0.3)
+    return info
 
 
 def trainer_comm_s(client: Client, name: str) -> float:

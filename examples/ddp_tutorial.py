@@ -7,7 +7,9 @@ model is freed before `destroy_process_group`. On gloo, torch 2.13 aborts about 
 five otherwise ("terminate called without an active exception", under torchrun as under
 Gangway: 8 of 40 runs here): a gloo worker thread drops the last reference to DDP's final
 allreduce while the interpreter is already shutting down (pytorch/pytorch#179291). Freeing
-the model frees the process group, whose destructor joins those threads first (0 of 30).
+the model (and collecting DDP's reference cycles) drops DDP's hold on the process group, so
+`destroy_process_group` destroys it, joining those threads while the interpreter is still
+alive (0 of 30).
 Gangway runs it with `{"kind": "script", "path": "examples/ddp_tutorial.py"}`.
 """
 

@@ -80,14 +80,20 @@ def test_a_stale_leaders_write_never_lands_on_the_new_leaders_attempt(
     assert old.lead()
     job = submit(repo)
     stalled, _ = in_thread(old.tick)
-    time.sleep(1.0)
-    assert repo.get(job.id).state is JobState.ADMITTED  # A is inside its launch
+    deadline = time.monotonic() + 5.0
+    while repo.get(job.id).state is not JobState.ADMITTED:  # A admitted it: in its launch
+        assert time.monotonic() < deadline, "A never admitted the job"
+        time.sleep(0.05)
     deadline = time.monotonic() + 5.0  # A's launch guard may renew once, for a TTL
     while not new.lead():  # takes over once A's lease expires, and reconciles
         assert time.monotonic() < deadline, "A's lease never expired"
         time.sleep(0.1)
-    assert stalled.is_alive(), "A's launch ended before B took over: nothing to prove"
     launching, new_errors = in_thread(new.tick)
+    deadline = time.monotonic() + 5.0
+    while ((got := repo.get(job.id)).state, got.attempt) != (JobState.ADMITTED, 2):
+        assert time.monotonic() < deadline, "B never admitted attempt 2"
+        time.sleep(0.05)
+    assert stalled.is_alive(), "A woke before B admitted attempt 2: nothing to prove"
     stalled.join(timeout=20)
     assert not stalled.is_alive()
     assert launching.is_alive(), "B's launch ended early: the check below would prove nothing"

@@ -25,7 +25,8 @@ class PolicyConfig:
         climbs quickly; a long one does not turn least-attained-service back into FIFO
         by waiting (absolute aging did: every long job waiting a few hours outranked the
         newcomers of its priority). Predicted run time: the time run so far plus the
-        predicted remaining run time (else the time limit, else `default_runtime_s`).
+        predicted remaining run time (else the time limit); a job with neither ages and
+        is protected by `aging_interval_s` and `starvation_s` alone.
     min_runtime_s: a job that has run for less than this is never a preemption victim
         (no thrashing).
     checkpoint_grace_s: how long a victim has to checkpoint and exit before its

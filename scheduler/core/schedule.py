@@ -650,9 +650,7 @@ def _fill_rough_etas(state: _Pass) -> None:
             wait = state.decisions[index]
             assert isinstance(wait, Wait)
             eta = max(state.releases[slot].at, state.reservation.at)
-            state.decisions[index] = Wait(
-                wait.job_id, wait.explanation, eta, wait.reserved, wait.protected
-            )
+            state.decisions[index] = replace(wait, estimated_start_at=eta)
 
 
 def _estimate_start(state: _Pass, reservation: _Reservation, job: JobView) -> Start | None:

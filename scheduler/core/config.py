@@ -46,6 +46,10 @@ class PolicyConfig:
         and the next blocked job may hold the reservation. Off, any later job that fits
         starts (greedy backfill), and every blocked job may preempt for itself (as in
         Tiresias).
+    preemption_tries: how many blocked jobs behind the reservation (the first ones in
+        queue order) may make room per pass, by preemption or by waiting for gangs
+        already preempting; each search is O(running gangs). The first blocked job always
+        may; a later one only where the room it takes leaves the reserved start intact.
     service_levels_gpu_s: least-attained-service levels, ascending GPU-seconds. Within
         one priority, a job that has consumed fewer GPU-seconds ranks first and may
         preempt jobs that have passed more levels (Tiresias' discretised 2D-LAS: short
@@ -93,6 +97,7 @@ class PolicyConfig:
     preemption: bool = True
     elastic_resize: bool = True
     reservations: bool = True
+    preemption_tries: int = 16
     service_levels_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
     starvation_s: float = 4 * 3600.0
     protect_after_runs: float = 1.0
@@ -114,6 +119,7 @@ class PolicyConfig:
             "min_runtime_s",
             "checkpoint_grace_s",
             "eta_jobs",
+            "preemption_tries",
             "service_preemption_loss_s",
             "protect_after_runs",
             "age_per_runs",

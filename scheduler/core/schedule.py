@@ -8,9 +8,12 @@
 3. The release timeline: when each holder is expected to give its resources back.
 4. Walk the queue. A job that fits and does not delay the reservation is admitted. The
    first job that cannot start gets the reservation: it preempts lower-priority gangs if
-   that makes it fit, else it is reserved its earliest start on the timeline. Later jobs
-   start now only if they leave that start intact (EASY backfill); the others wait with a
-   structured explanation and an estimated start (exact for the first `eta_jobs`).
+   that makes it fit, else it is reserved its earliest start on the timeline, on GPUs
+   that running gangs release by then where they hold it (the GPUs free now stay for the
+   jobs behind it). Later jobs start now only if they leave that start intact (EASY
+   backfill), or preempt lower-ranked gangs where the room they take leaves it intact
+   (the first `preemption_tries` of them); the others wait with a structured
+   explanation and an estimated start (exact for the first `eta_jobs`).
 """
 
 from __future__ import annotations
@@ -116,6 +119,8 @@ class _Pass:
     # free capacity stayed as it is (cleared on admission, like `shortage_memo`).
     no_victims: set[tuple[object, ...]] = field(default_factory=set)
     leaving: list[JobView] | None = None  # holders already preempting (built once)
+    tries_left: int = 0  # blocked jobs behind the reservation that may still make room
+    leaving_room: FreePool | None = None  # free plus what `leaving` holds (built once)
     protected: float | None = None  # `protection_ratio` of the job being decided
 
 
@@ -150,6 +155,7 @@ def schedule(
         holders=holders,
         releases=releases,
         etas_left=config.eta_jobs,
+        tries_left=config.preemption_tries,
         queues=quotas,
         limits={q: quota.max_gpus for q, quota in quotas.items() if quota.max_gpus is not None},
         queue_used=gpus_by_queue(holders),
@@ -204,8 +210,8 @@ def _decide(state: _Pass, job: JobView, position: int) -> None:
         return
     if state.reservation is not None:
         room = max(state.free.total_gpus, state.spare.total_gpus if state.spare else 0)
-        if smallest.shape.num_gpus > room:
-            _wait(state, smallest, None)  # fast path: a long queue behind a full cluster
+        if smallest.shape.num_gpus > room:  # fast path: a long queue behind a full cluster
+            _blocked(state, smallest, None)
             return
     sizes = _sizes_to_try(state, job)
     placement = None
@@ -228,10 +234,16 @@ def _decide(state: _Pass, job: JobView, position: int) -> None:
     tried_smallest = sizes and sizes[-1].shape.parallelism.dp == smallest.shape.parallelism.dp
     if not tried_smallest:  # an elastic job whose small sizes were skipped unplaced
         placement = place_gang(smallest.shape, state.free)
+    _blocked(state, smallest, placement)
+
+
+def _blocked(state: _Pass, job: JobView, placement: Placement | None) -> None:
+    """`job` cannot start now (`placement`: where it would fit but for the reservation).
+    The first such job takes the reservation; a later one may make room beside it."""
     if state.reservation is None:
-        _reserve(state, smallest, placement)
-    else:
-        _wait(state, smallest, placement)
+        _reserve(state, job, placement)
+    elif placement is not None or not _make_room_beside(state, job):
+        _wait(state, job, placement)
 
 
 def _at_dp(job: JobView, dp: int) -> JobView:
@@ -266,6 +278,7 @@ def _admit(
         state.free.take_all(used)
     state.shortage_memo.clear()  # the free capacity it describes has changed
     state.no_victims.clear()
+    state.leaving_room = None
     state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + job.shape.num_gpus
     ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
     reservation = state.reservation
@@ -287,10 +300,14 @@ def _admit(
     state.decisions.append(Admit(job.id, placement, reason))
 
 
-def _harmless(state: _Pass, job: JobView, placement: Placement) -> bool:
+def _harmless(
+    state: _Pass, job: JobView, placement: Placement, gone: Sequence[JobView] = ()
+) -> bool:
     """Does starting `job` now leave the reserved job's planned placement intact? True if
     it ends before the reserved time, or if every node it uses keeps what the reserved
-    placement needs there (a sufficient check, O(nodes used))."""
+    placement needs there (a sufficient check, O(nodes used)). `gone`: gangs that will
+    have left by then although the timeline expected them past the reserved time (they
+    are being preempted): what they hold counts as free at it."""
     reservation = state.reservation
     if reservation is None:
         return True
@@ -299,8 +316,18 @@ def _harmless(state: _Pass, job: JobView, placement: Placement) -> bool:
     ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
     if ends <= reservation.at:
         return True
+    returned: dict[str, Capacity] = {}
+    for gang in gone:
+        if (
+            gang.placement is not None
+            and expected_end(gang, state.now, state.config) > reservation.at
+        ):
+            for node_id, cap in usage(gang.shape, gang.placement).items():
+                returned[node_id] = returned.get(node_id, NOTHING).plus(cap)
     for node_id, cap in usage(job.shape, placement).items():
         left = reservation.future[node_id].minus(cap.gpus, cap.cpus)
+        if node_id in returned:
+            left = left.plus(returned[node_id])
         need = reservation.needed.get(node_id, NOTHING)
         if not left.fits(need.gpus, need.cpus):
             return False
@@ -329,6 +356,8 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
         state.decisions.append(Wait(job.id, why, protected=state.protected))
         return
     start = earliest_start(job.shape, state.free, state.releases, state.now)
+    if start is not None and start.at > state.now:
+        start = _sparing_the_free(state, job, start)
     if start is None:
         why = _never_on_alive_nodes(state, job)
         state.decisions.append(Wait(job.id, why, protected=state.protected))
@@ -336,6 +365,22 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
     _set_reservation(state, job, start)
     explanation = _explain_blocked(state, job, start)
     state.decisions.append(Wait(job.id, explanation, start.at, True, state.protected))
+
+
+def _sparing_the_free(state: _Pass, job: JobView, start: Start) -> Start:
+    """The same reserved time on GPUs that running gangs release by then, where they hold
+    the job: the GPUs free now and those that preempted gangs are freeing stay usable by
+    the jobs behind the reservation (backfill, and a job that preempted beside it: had
+    the reservation taken the room its victims left, that preemption would be wasted)."""
+    leaving = {gang.id for gang in _leaving(state)}
+    released = state.free.without(state.free.as_dict())  # every node, nothing free
+    for release in state.releases:
+        if release.at > start.at:
+            break
+        if release.job_id not in leaving:
+            released.give_all(release.capacity)
+    placement = place_gang(job.shape, released)
+    return start if placement is None else Start(start.at, placement, start.free)
 
 
 def _may_reserve(state: _Pass, job: JobView) -> bool:
@@ -366,9 +411,7 @@ def _refresh_spare(state: _Pass, reservation: _Reservation, used: dict[str, Capa
 
 def _room_is_coming(state: _Pass, job: JobView) -> bool:
     """Gangs already preempting free enough for this job: wait for them, take no more."""
-    if state.leaving is None:
-        state.leaving = [h for h in state.holders if h.state is JobState.PREEMPTING]
-    leaving = state.leaving
+    leaving = _leaving(state)
     if not leaving:
         return False
     capacity = freed_by(state.free, leaving)
@@ -400,14 +443,98 @@ def _ids(jobs: Sequence[JobView]) -> str:
 
 
 def _preempt_for(state: _Pass, job: JobView) -> bool:
+    """The first blocked job: make it fit by preempting lower-ranked gangs, and hold the
+    room they leave as the pass's reservation."""
+    victims = _victims_for(state, job)
+    if not victims:
+        return False
+    deadline = _preempt(state, job, victims)
+    capacity = freed_by(state.free, victims)
+    placement = place_gang(job.shape, capacity)
+    assert placement is not None  # choose_victims guarantees the fit
+    _hold_for(
+        state,
+        job,
+        Start(deadline, placement, capacity.as_dict()),
+        f"preempting lower-priority job(s) {_ids(victims)} to make room",
+        "they have checkpointed",
+    )
+    return True
+
+
+def _make_room_beside(state: _Pass, job: JobView) -> bool:
+    """A blocked job behind the reservation that outranks running gangs preempts them
+    too, where the room they leave holds it without delaying the reserved start
+    (`_harmless`). Without this only one blocked job per pass could preempt: short jobs
+    queued behind a large reserved one waited for it while lower-ranked gangs held GPUs
+    the reserved job would never use. First, gangs already preempting whose room would
+    hold it: it waits for them and takes no more. A search costs O(running gangs): only
+    the first `preemption_tries` blocked jobs behind the reservation make one per pass."""
+    if not state.config.preemption or state.tries_left <= 0:
+        return False
+    state.tries_left -= 1
+    if _room_leaving(state, job):
+        return True
+    victims = _victims_for(state, job)
+    if not victims:
+        return False
+    placement = place_gang(job.shape, freed_by(state.free, victims))
+    if placement is None or not _harmless(state, job, placement, victims):
+        return False
+    deadline = _preempt(state, job, victims)
+    _wait_beside(state, job, victims, deadline, "preempting lower-priority job(s) {} to make room")
+    return True
+
+
+def _room_leaving(state: _Pass, job: JobView) -> bool:
+    """Gangs already preempting leave room that holds `job` beside the reservation: it
+    waits for them and takes no more (and that room is no longer counted for the jobs
+    after it in the pass)."""
+    leaving = _leaving(state)
+    if not leaving:
+        return False
+    if state.leaving_room is None:
+        state.leaving_room = freed_by(state.free, leaving)
+    if job.shape.num_gpus > state.leaving_room.total_gpus:
+        return False
+    placement = place_gang(job.shape, state.leaving_room)
+    if placement is None or not _harmless(state, job, placement, leaving):
+        return False
+    state.leaving_room.take_all(usage(job.shape, placement))  # not for the next job too
+    deadline = max(expected_end(h, state.now, state.config) for h in leaving)
+    _wait_beside(state, job, leaving, deadline, "preempted job(s) {} to checkpoint and exit")
+    return True
+
+
+def _wait_beside(
+    state: _Pass, job: JobView, gangs: Sequence[JobView], deadline: datetime, doing: str
+) -> None:
+    reserved = state.reservation
+    assert reserved is not None
+    message = f"{doing.format(_ids(gangs))}, beside job {reserved.job.id}'s reserved start"
+    unblock = f"starts when they have gone (by {deadline:%H:%M:%S} UTC)"
+    explanation = Explanation(Blocker.PREEMPTING, message, unblock)
+    state.decisions.append(Wait(job.id, explanation, deadline, False, state.protected))
+
+
+def _leaving(state: _Pass) -> list[JobView]:
+    if state.leaving is None:
+        state.leaving = [h for h in state.holders if h.state is JobState.PREEMPTING]
+    return state.leaving
+
+
+def _victims_for(state: _Pass, job: JobView) -> list[JobView] | None:
+    """The gangs `choose_victims` would stop for `job` (None: none would do)."""
     if state.victim_pool is None:
         now, config = state.now, state.config
         state.victim_pool = [h for h in state.holders if could_be_victim(h, now, config)]
         state.ranks = {h.id: rank(h, now, config) for h in state.victim_pool}
+    if not state.victim_pool:
+        return None
     reclaim = within_guarantee(job, state.queue_used, state.queues)
     # Everything choose_victims reads of the job (its queue only to reclaim, its
     # prediction only for the payoff rule): another blocked job that matches it in these,
-    # with the free capacity unchanged, gets the same answer.
+    # with the free capacity and the victim pool unchanged, gets the same answer.
     reads = (
         job.priority,
         rank(job, state.now, state.config),
@@ -416,7 +543,7 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
         job.predicted_remaining_s if state.config.preemption_payoff else None,
     )
     if reads in state.no_victims:
-        return False
+        return None
     victims = choose_victims(
         job,
         state.free,
@@ -429,7 +556,12 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
     )
     if not victims:
         state.no_victims.add(reads)
-        return False
+    return victims
+
+
+def _preempt(state: _Pass, job: JobView, victims: Sequence[JobView]) -> datetime:
+    """Preempt `victims` for `job`; they leave the pass's victim pool (no later job of
+    the pass counts on them again). Returns their deadline to checkpoint and exit."""
     deadline = state.now + timedelta(seconds=state.config.checkpoint_grace_s)
     for victim in victims:
         why = _why_preempted(state, job, victim)
@@ -437,17 +569,10 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
             f"preempted for job {job.id} ({why}); checkpoint and exit by {deadline:%H:%M:%S} UTC"
         )
         state.decisions.append(Preempt(victim.id, job.id, deadline, reason))
-    capacity = freed_by(state.free, victims)
-    placement = place_gang(job.shape, capacity)
-    assert placement is not None  # choose_victims guarantees the fit
-    _hold_for(
-        state,
-        job,
-        Start(deadline, placement, capacity.as_dict()),
-        f"preempting lower-priority job(s) {_ids(victims)} to make room",
-        "they have checkpointed",
-    )
-    return True
+    gone = {victim.id for victim in victims}
+    assert state.victim_pool is not None
+    state.victim_pool = [h for h in state.victim_pool if h.id not in gone]
+    return deadline
 
 
 def _why_preempted(state: _Pass, job: JobView, victim: JobView) -> str:

@@ -184,6 +184,69 @@ def test_waits_for_gangs_already_preempting_instead_of_taking_more() -> None:
     assert isinstance(wait, Wait) and wait.explanation.blocker is Blocker.PREEMPTING
 
 
+def behind_a_reservation(victim_state: JobState = JobState.RUNNING) -> list[JobView]:
+    """Three 4-GPU nodes: n0 and n1 free at +3000 (priority-5 jobs), n2 held by a
+    priority-0 job. Job 3 (8 GPUs) cannot make room and is reserved n0 + n1 at +3000;
+    jobs 4 and 6 (4 GPUs each) queue behind it."""
+    return [
+        running(1, ["n0"] * 4, priority=5, time_limit_s=3600, started=-600),
+        running(2, ["n1"] * 4, priority=5, time_limit_s=3600, started=-600),
+        running(5, ["n2"] * 4, priority=0, state=victim_state),
+        pending(3, dp=8, priority=5, submitted=-300),
+        pending(4, dp=4, priority=5, submitted=-200),
+        pending(6, dp=4, priority=5, submitted=-100),
+    ]
+
+
+def test_a_job_behind_the_reservation_preempts_gangs_the_reserved_job_never_needs() -> None:
+    three_nodes = Cluster().nodes(3, 4).snapshot()
+    decisions = schedule(three_nodes, behind_a_reservation(), NOW)
+    preempts = [(d.job_id, d.for_job_id) for d in decisions if isinstance(d, Preempt)]
+    assert preempts == [(5, 4)]  # once: job 6 does not count on job 5 again
+    waits = by_id(decisions)
+    head, beside, last = waits[3], waits[4], waits[6]
+    assert isinstance(head, Wait) and head.reserved and head.estimated_start_at == at(3000)
+    assert isinstance(beside, Wait) and beside.explanation.blocker is Blocker.PREEMPTING
+    assert "beside job 3's reserved start" in beside.explanation.message
+    assert isinstance(last, Wait) and last.explanation.blocker is not Blocker.PREEMPTING
+
+    # The next pass, job 5 still checkpointing: job 4 waits for it and takes no more.
+    decisions = schedule(three_nodes, behind_a_reservation(JobState.PREEMPTING), NOW)
+    assert not any(isinstance(d, Preempt) for d in decisions)
+    beside = by_id(decisions)[4]
+    assert isinstance(beside, Wait) and "preempted job(s) 5 to checkpoint" in beside.reason
+
+    # No victim searches left in the pass: job 4 waits.
+    decisions = schedule(three_nodes, behind_a_reservation(), NOW, PolicyConfig(preemption_tries=0))
+    assert not any(isinstance(d, Preempt) for d in decisions)
+
+
+def test_a_job_behind_the_reservation_does_not_preempt_into_the_reserved_room() -> None:
+    jobs = [
+        running(1, ["n0"] * 4, priority=5, time_limit_s=3600, started=-600),
+        running(5, ["n1"] * 4, priority=0),  # no limit: n1 is free only when it ends
+        pending(3, dp=8, priority=5, submitted=-300),  # reserved n0 + n1 at job 5's end
+        pending(4, dp=4, priority=5, submitted=-200),  # on n1 it would outlast that start
+    ]
+    decisions = schedule(TWO_BY_FOUR, jobs, NOW)
+    assert not any(isinstance(d, Preempt) for d in decisions)
+    head = by_id(decisions)[3]
+    assert isinstance(head, Wait) and head.reserved
+
+
+def test_the_reservation_leaves_the_gpus_free_now_to_the_jobs_behind_it() -> None:
+    jobs = [
+        running(1, ["n1"] * 4, started=-600, time_limit_s=3600),  # n1 free at +3000
+        running(2, ["n2"] * 4, started=-600, time_limit_s=3600),  # n2 free at +3000
+        pending(3, dp=8, priority=5),  # reserved +3000: on n1 + n2, not on the free n0
+        pending(4, dp=4),  # no limit: runs past +3000, so only n0 can take it now
+    ]
+    decisions = by_id(schedule(Cluster().nodes(3, 4).snapshot(), jobs, NOW, NO_PREEMPTION))
+    head, backfilled = decisions[3], decisions[4]
+    assert isinstance(head, Wait) and head.reserved and head.estimated_start_at == at(3000)
+    assert isinstance(backfilled, Admit) and backfilled.placement.node_ids == ("n0",) * 4
+
+
 def test_node_shape_explanation() -> None:
     jobs = [running(1, ["n0"] * 2), running(2, ["n1"] * 2), pending(3, tp=4, priority=0)]
     (wait,) = schedule(TWO_BY_FOUR, jobs, NOW, PolicyConfig(preemption=False))

@@ -29,7 +29,7 @@ from scheduler.model import JobState, JobView
 def choose_victims(
     job: JobView,
     free: FreePool,
-    holders: Sequence[JobView],
+    pool: Sequence[JobView],
     now: datetime,
     config: PolicyConfig,
     *,
@@ -37,24 +37,22 @@ def choose_victims(
     reclaim: bool = False,
     ranks: Mapping[int, tuple[int, float]] | None = None,
 ) -> list[JobView] | None:
-    """The cheapest set of gangs (in `victim_order`) whose removal lets `job` fit, pruned
-    so that no victim could be spared; None when no such set exists. `reclaim`: the job's
-    queue is within its guarantee, so `borrowed` jobs of other queues are fair game.
-    `ranks`: holder id -> `rank` at `now`, where the caller already has them (a pass that
-    tries preemption for many blocked jobs computes them once)."""
+    """The cheapest set of gangs whose removal lets `job` fit, pruned so that no victim
+    could be spared; None when no such set exists. `pool`: the pass's candidates
+    (`victim_pool`: past `could_be_victim`, in `victim_order`), so the walk stops at the
+    first set that makes room instead of sorting every holder for every blocked job.
+    `reclaim`: the job's queue is within its guarantee, so `borrowed` jobs of other queues
+    are fair game. `ranks`: holder id -> `rank` at `now`, where the caller has them."""
     reclaimable = borrowed if reclaim else frozenset()
     ranks = ranks if ranks is not None else {}
     job_rank = rank(job, now, config)
-    candidates = [
-        v
-        for v in holders
-        if _eligible(v, job, job_rank, now=now, config=config, reclaimable=reclaimable, ranks=ranks)
-    ]
-    if not candidates:
-        return None
     chosen: list[JobView] = []
     capacity = free.copy()
-    for victim in victim_order(candidates, now, config, borrowed, ranks):
+    for victim in pool:
+        if not _eligible(
+            victim, job, job_rank, now=now, config=config, reclaimable=reclaimable, ranks=ranks
+        ):
+            continue
         chosen.append(victim)
         capacity.give_all(_held(victim))
         if place_gang(job.shape, capacity) is not None:
@@ -66,6 +64,19 @@ def choose_victims(
         if place_gang(job.shape, freed_by(free, rest)) is not None:
             chosen = rest
     return chosen
+
+
+def victim_pool(
+    holders: Sequence[JobView],
+    now: datetime,
+    config: PolicyConfig,
+    borrowed: Set[int],
+    ranks: Mapping[int, tuple[int, float]],
+) -> list[JobView]:
+    """The holders that could be preempted at all (`could_be_victim`), cheapest first
+    (`victim_order`: the order does not depend on the job to make room for)."""
+    candidates = [h for h in holders if could_be_victim(h, now, config)]
+    return list(victim_order(candidates, now, config, borrowed, ranks))
 
 
 def freed_by(free: FreePool, jobs: Sequence[JobView]) -> FreePool:
@@ -98,8 +109,6 @@ def _eligible(
     reclaimable: Set[int],
     ranks: Mapping[int, tuple[int, float]],
 ) -> bool:
-    if not could_be_victim(victim, now, config):
-        return False
     reclaiming = victim.id in reclaimable and victim.queue != job.queue
     if reclaiming or victim.priority < job.priority:
         return True

@@ -54,7 +54,7 @@ from scheduler.core.placement import (
     total_capacity,
     usage,
 )
-from scheduler.core.preemption import choose_victims, could_be_victim, freed_by
+from scheduler.core.preemption import choose_victims, could_be_victim, freed_by, victim_pool
 from scheduler.core.quotas import (
     borrowing_jobs,
     gpus_by_queue,
@@ -527,8 +527,9 @@ def _victims_for(state: _Pass, job: JobView) -> list[JobView] | None:
     """The gangs `choose_victims` would stop for `job` (None: none would do)."""
     if state.victim_pool is None:
         now, config = state.now, state.config
-        state.victim_pool = [h for h in state.holders if could_be_victim(h, now, config)]
-        state.ranks = {h.id: rank(h, now, config) for h in state.victim_pool}
+        candidates = [h for h in state.holders if could_be_victim(h, now, config)]
+        state.ranks = {h.id: rank(h, now, config) for h in candidates}
+        state.victim_pool = victim_pool(candidates, now, config, state.borrowed, state.ranks)
     if not state.victim_pool:
         return None
     reclaim = within_guarantee(job, state.queue_used, state.queues)

@@ -66,7 +66,9 @@ def protected(job: JobView, now: datetime, config: PolicyConfig) -> bool:
         since = (job.run.started_at - queued_at).total_seconds()
     else:
         return False
-    return since >= protected_after_s(job, now, config)  # at least starvation_s
+    if since < config.starvation_s:  # the common case, without predicting the run
+        return False
+    return since >= protected_after_s(job, now, config)
 
 
 def protection_ratio(job: JobView, now: datetime, config: PolicyConfig) -> float | None:

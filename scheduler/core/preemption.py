@@ -39,16 +39,19 @@ def choose_victims(
 ) -> list[JobView] | None:
     """The cheapest set of gangs whose removal lets `job` fit, pruned so that no victim
     could be spared; None when no such set exists. `pool`: the pass's candidates
-    (`victim_pool`: past `could_be_victim`, in `victim_order`), so the walk stops at the
-    first set that makes room instead of sorting every holder for every blocked job.
-    `reclaim`: the job's queue is within its guarantee, so `borrowed` jobs of other queues
-    are fair game. `ranks`: holder id -> `rank` at `now`, where the caller has them."""
+    (`victim_pool`: past `could_be_victim`, in `victim_order` under the same `borrowed`),
+    so the walk stops at the first set that makes room, or at the first gang that is not
+    borrowed and ranks no lower than the job, instead of sorting every holder for every
+    blocked job. `reclaim`: the job's queue is within its guarantee, so `borrowed` jobs of
+    other queues are fair game. `ranks`: holder id -> `rank` at `now`, where known."""
     reclaimable = borrowed if reclaim else frozenset()
     ranks = ranks if ranks is not None else {}
     job_rank = rank(job, now, config)
     chosen: list[JobView] = []
     capacity = free.copy()
     for victim in pool:
+        if victim.id not in borrowed and _rank_of(victim, now, config, ranks) >= job_rank:
+            return None  # the rest rank no lower, and no borrowed gang comes after
         if not _eligible(
             victim, job, job_rank, now=now, config=config, reclaimable=reclaimable, ranks=ranks
         ):
@@ -67,16 +70,14 @@ def choose_victims(
 
 
 def victim_pool(
-    holders: Sequence[JobView],
-    now: datetime,
-    config: PolicyConfig,
-    borrowed: Set[int],
-    ranks: Mapping[int, tuple[int, float]],
-) -> list[JobView]:
+    holders: Sequence[JobView], now: datetime, config: PolicyConfig, borrowed: Set[int]
+) -> tuple[list[JobView], dict[int, tuple[int, float]]]:
     """The holders that could be preempted at all (`could_be_victim`), cheapest first
-    (`victim_order`: the order does not depend on the job to make room for)."""
+    (`victim_order`: the order does not depend on the job to make room for), and their
+    ranks by job id."""
     candidates = [h for h in holders if could_be_victim(h, now, config)]
-    return list(victim_order(candidates, now, config, borrowed, ranks))
+    ranks = {h.id: rank(h, now, config) for h in candidates}
+    return list(victim_order(candidates, now, config, borrowed, ranks)), ranks
 
 
 def freed_by(free: FreePool, jobs: Sequence[JobView]) -> FreePool:
@@ -114,14 +115,18 @@ def _eligible(
         return True
     if victim.priority != job.priority:
         return False
-    victim_rank = ranks.get(victim.id)
-    if victim_rank is None:
-        victim_rank = rank(victim, now, config)
     return (
-        victim_rank < job_rank
+        _rank_of(victim, now, config, ranks) < job_rank
         and work_lost_s(victim, now) <= config.service_preemption_loss_s
         and (not config.preemption_payoff or _pays_off(victim, job, now, config))
     )
+
+
+def _rank_of(
+    victim: JobView, now: datetime, config: PolicyConfig, ranks: Mapping[int, tuple[int, float]]
+) -> tuple[int, float]:
+    known = ranks.get(victim.id)
+    return known if known is not None else rank(victim, now, config)
 
 
 def _pays_off(victim: JobView, job: JobView, now: datetime, config: PolicyConfig) -> bool:

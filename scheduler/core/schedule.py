@@ -54,7 +54,7 @@ from scheduler.core.placement import (
     total_capacity,
     usage,
 )
-from scheduler.core.preemption import choose_victims, could_be_victim, freed_by, victim_pool
+from scheduler.core.preemption import choose_victims, freed_by, victim_pool
 from scheduler.core.quotas import (
     borrowing_jobs,
     gpus_by_queue,
@@ -526,10 +526,9 @@ def _leaving(state: _Pass) -> list[JobView]:
 def _victims_for(state: _Pass, job: JobView) -> list[JobView] | None:
     """The gangs `choose_victims` would stop for `job` (None: none would do)."""
     if state.victim_pool is None:
-        now, config = state.now, state.config
-        candidates = [h for h in state.holders if could_be_victim(h, now, config)]
-        state.ranks = {h.id: rank(h, now, config) for h in candidates}
-        state.victim_pool = victim_pool(candidates, now, config, state.borrowed, state.ranks)
+        state.victim_pool, state.ranks = victim_pool(
+            state.holders, state.now, state.config, state.borrowed
+        )
     if not state.victim_pool:
         return None
     reclaim = within_guarantee(job, state.queue_used, state.queues)

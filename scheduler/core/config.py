@@ -44,12 +44,16 @@ class PolicyConfig:
         attained service preempted it) and is not protected (see `starvation_s`): GPUs
         left idle for it would undo that preemption, so it waits as under greedy backfill
         and the next blocked job may hold the reservation. Off, any later job that fits
-        starts (greedy backfill), and every blocked job may preempt for itself (as in
-        Tiresias).
+        starts (greedy backfill), and blocked jobs preempt for themselves as in Tiresias
+        (each in turn until one holds the room it made, then `preemption_tries` more
+        beside that room).
     preemption_tries: how many blocked jobs behind the reservation (the first ones in
         queue order) may make room per pass, by preemption or by waiting for gangs
-        already preempting; each search is O(running gangs). The first blocked job always
-        may; a later one only where the room it takes leaves the reserved start intact.
+        already preempting (a search walks the pass's victim pool, cheapest first, up to
+        the first gang that ranks no lower). The first blocked job always may; a later
+        one only where the room it takes, from the victims' deadline on, leaves the
+        reserved start intact; what it counts on is then no longer free to the jobs
+        after it in the pass.
     service_levels_gpu_s: least-attained-service levels, ascending GPU-seconds. Within
         one priority, a job that has consumed fewer GPU-seconds ranks first and may
         preempt jobs that have passed more levels (Tiresias' discretised 2D-LAS: short

@@ -111,8 +111,9 @@ class _Pass:
     blocked_gpus: int = 0  # GPUs asked by the reserved and blocked jobs so far
     # Waits beyond the ETA horizon: (index in decisions, blocked GPUs up to that job)
     rough_etas: list[tuple[int, int]] = field(default_factory=list)
-    # Holders that could be preempted at all, with their ranks: built by the first
-    # preemption attempt of the pass (without a reservation every blocked job tries one).
+    # Holders that could be preempted at all, cheapest first (`victim_order`), with their
+    # ranks: built by the first preemption attempt of the pass; a gang preempted or
+    # resized in the pass leaves it.
     victim_pool: list[JobView] | None = None
     ranks: dict[int, tuple[int, float]] = field(default_factory=dict)
     # What `choose_victims` reads of a job, for those it found no victims for while the
@@ -120,7 +121,11 @@ class _Pass:
     no_victims: set[tuple[object, ...]] = field(default_factory=set)
     leaving: list[JobView] | None = None  # holders already preempting (built once)
     tries_left: int = 0  # blocked jobs behind the reservation that may still make room
-    leaving_room: FreePool | None = None  # free plus what `leaving` holds (built once)
+    # Free plus what `leaving` holds, less what admissions and jobs waiting for it took;
+    # and by node, what `leaving` holds that no job has claimed yet
+    leaving_room: FreePool | None = None
+    leaving_left: dict[str, Capacity] = field(default_factory=dict)
+    touched: set[int] = field(default_factory=set)  # holders preempted or resized this pass
     protected: float | None = None  # `protection_ratio` of the job being decided
 
 
@@ -278,7 +283,8 @@ def _admit(
         state.free.take_all(used)
     state.shortage_memo.clear()  # the free capacity it describes has changed
     state.no_victims.clear()
-    state.leaving_room = None
+    if state.leaving_room is not None:
+        state.leaving_room.take_all(used)
     state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + job.shape.num_gpus
     ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
     reservation = state.reservation
@@ -301,19 +307,23 @@ def _admit(
 
 
 def _harmless(
-    state: _Pass, job: JobView, placement: Placement, gone: Sequence[JobView] = ()
+    state: _Pass,
+    job: JobView,
+    placement: Placement,
+    gone: Sequence[JobView] = (),
+    starts: datetime | None = None,
 ) -> bool:
-    """Does starting `job` now leave the reserved job's planned placement intact? True if
-    it ends before the reserved time, or if every node it uses keeps what the reserved
-    placement needs there (a sufficient check, O(nodes used)). `gone`: gangs that will
-    have left by then although the timeline expected them past the reserved time (they
-    are being preempted): what they hold counts as free at it."""
+    """Does starting `job` (now, or at `starts`) leave the reserved job's planned
+    placement intact? True if it ends before the reserved time, or if every node it uses
+    keeps what the reserved placement needs there (a sufficient check, O(nodes used)).
+    `gone`: gangs that will have left by then although the timeline expected them past
+    the reserved time (they are being preempted): what they hold counts as free at it."""
     reservation = state.reservation
     if reservation is None:
         return True
     if not state.config.backfill:
         return False
-    ends = state.now + timedelta(seconds=expected_runtime_s(job, state.config))
+    ends = (starts or state.now) + timedelta(seconds=expected_runtime_s(job, state.config))
     if ends <= reservation.at:
         return True
     returned: dict[str, Capacity] = {}
@@ -369,18 +379,30 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
 
 def _sparing_the_free(state: _Pass, job: JobView, start: Start) -> Start:
     """The same reserved time on GPUs that running gangs release by then, where they hold
-    the job: the GPUs free now and those that preempted gangs are freeing stay usable by
-    the jobs behind the reservation (backfill, and a job that preempted beside it: had
-    the reservation taken the room its victims left, that preemption would be wasted)."""
+    the job on no more racks: the GPUs free now and those that preempted gangs are
+    freeing stay usable by the jobs behind the reservation (backfill, and a job that
+    preempted beside it: had the reservation taken the room its victims left, that
+    preemption would be wasted). On a cluster of several GPU types the placement stays
+    as found (it chose the type)."""
+    if state.free.mixed:
+        return start
     leaving = {gang.id for gang in _leaving(state)}
     released = state.free.without(state.free.as_dict())  # every node, nothing free
+    future = state.free.copy()  # at the reserved time: every release up to it, ties too
     for release in state.releases:
         if release.at > start.at:
             break
+        future.give_all(release.capacity)
         if release.job_id not in leaving:
             released.give_all(release.capacity)
     placement = place_gang(job.shape, released)
-    return start if placement is None else Start(start.at, placement, start.free)
+    if placement is None or _racks(state, placement) > _racks(state, start.placement):
+        return start
+    return Start(start.at, placement, future.as_dict())
+
+
+def _racks(state: _Pass, placement: Placement) -> int:
+    return len({state.free.rack_of(node_id) for node_id in placement.node_ids})
 
 
 def _may_reserve(state: _Pass, job: JobView) -> bool:
@@ -465,55 +487,94 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
 def _make_room_beside(state: _Pass, job: JobView) -> bool:
     """A blocked job behind the reservation that outranks running gangs preempts them
     too, where the room they leave holds it without delaying the reserved start
-    (`_harmless`). Without this only one blocked job per pass could preempt: short jobs
-    queued behind a large reserved one waited for it while lower-ranked gangs held GPUs
-    the reserved job would never use. First, gangs already preempting whose room would
-    hold it: it waits for them and takes no more. A search costs O(running gangs): only
-    the first `preemption_tries` blocked jobs behind the reservation make one per pass."""
-    if not state.config.preemption or state.tries_left <= 0:
-        return False
+    (`_harmless`, from the victims' deadline on). Without this only one blocked job per
+    pass could preempt: short jobs queued behind a large reserved one waited for it while
+    lower-ranked gangs held GPUs the reserved job would never use. First, gangs already
+    preempting whose room would hold it: it waits for them and takes no more. A victim
+    search walks the pass's victim pool up to the first gang that ranks no lower than
+    the job: only the first `preemption_tries` blocked jobs behind the reservation make
+    one per pass."""
+    config = state.config
+    if not (config.preemption and config.backfill) or state.tries_left <= 0:
+        return False  # without backfill nothing may start beside the reservation
     state.tries_left -= 1
     if _room_leaving(state, job):
         return True
     victims = _victims_for(state, job)
     if not victims:
         return False
+    deadline = state.now + timedelta(seconds=config.checkpoint_grace_s)
     placement = place_gang(job.shape, freed_by(state.free, victims))
-    if placement is None or not _harmless(state, job, placement, victims):
+    if placement is None or not _harmless(state, job, placement, victims, deadline):
         return False
-    deadline = _preempt(state, job, victims)
+    _preempt(state, job, victims)
+    _claim(state, job, placement, _held_by(victims))
     _wait_beside(state, job, victims, deadline, "preempting lower-priority job(s) {} to make room")
     return True
 
 
 def _room_leaving(state: _Pass, job: JobView) -> bool:
     """Gangs already preempting leave room that holds `job` beside the reservation: it
-    waits for them and takes no more (and that room is no longer counted for the jobs
-    after it in the pass)."""
+    waits for them and takes no more (and the room it takes is not counted again for the
+    jobs after it in the pass)."""
     leaving = _leaving(state)
     if not leaving:
         return False
     if state.leaving_room is None:
         state.leaving_room = freed_by(state.free, leaving)
+        state.leaving_left = _held_by(leaving)
     if job.shape.num_gpus > state.leaving_room.total_gpus:
         return False
     placement = place_gang(job.shape, state.leaving_room)
-    if placement is None or not _harmless(state, job, placement, leaving):
+    if placement is None:
         return False
-    state.leaving_room.take_all(usage(job.shape, placement))  # not for the next job too
     deadline = max(expected_end(h, state.now, state.config) for h in leaving)
+    if not _harmless(state, job, placement, leaving, deadline):
+        return False
+    state.leaving_room.take_all(usage(job.shape, placement))
+    _claim(state, job, placement, state.leaving_left)
     _wait_beside(state, job, leaving, deadline, "preempted job(s) {} to checkpoint and exit")
     return True
+
+
+def _held_by(gangs: Iterable[JobView]) -> dict[str, Capacity]:
+    held: dict[str, Capacity] = {}
+    for gang in gangs:
+        if gang.placement is not None:
+            for node_id, cap in usage(gang.shape, gang.placement).items():
+                held[node_id] = held.get(node_id, NOTHING).plus(cap)
+    return held
+
+
+def _claim(state: _Pass, job: JobView, placement: Placement, leaving: dict[str, Capacity]) -> None:
+    """`job` will start on `placement` once gangs holding `leaving` (by node, what no
+    other job has claimed) have gone: it takes what it needs of that first (updated in
+    place), and the rest from the GPUs free now, at once, so no later job of the pass is
+    admitted onto them; its GPUs count for its queue (limits and reclaim see them)."""
+    from_free: dict[str, Capacity] = {}
+    for node_id, cap in usage(job.shape, placement).items():
+        left = leaving.get(node_id, NOTHING)
+        gpus, cpus = min(cap.gpus, left.gpus), min(cap.cpus, left.cpus)
+        leaving[node_id] = left.minus(gpus, cpus)
+        if cap.gpus > gpus or cap.cpus > cpus:
+            from_free[node_id] = cap.minus(gpus, cpus)
+    if from_free:
+        state.free.take_all(from_free)
+        state.shortage_memo.clear()  # the free capacity it describes has changed
+        if state.reservation is not None:
+            _refresh_spare(state, state.reservation, from_free)
+    state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + job.shape.num_gpus
 
 
 def _wait_beside(
     state: _Pass, job: JobView, gangs: Sequence[JobView], deadline: datetime, doing: str
 ) -> None:
-    reserved = state.reservation
-    assert reserved is not None
-    message = f"{doing.format(_ids(gangs))}, beside job {reserved.job.id}'s reserved start"
+    held = state.reservation
+    assert held is not None
+    message = f"{doing.format(_ids(gangs))}, beside the room held for job {held.job.id}"
     unblock = f"starts when they have gone (by {deadline:%H:%M:%S} UTC)"
     explanation = Explanation(Blocker.PREEMPTING, message, unblock)
+    state.blocked_gpus += job.shape.num_gpus
     state.decisions.append(Wait(job.id, explanation, deadline, False, state.protected))
 
 
@@ -526,8 +587,9 @@ def _leaving(state: _Pass) -> list[JobView]:
 def _victims_for(state: _Pass, job: JobView) -> list[JobView] | None:
     """The gangs `choose_victims` would stop for `job` (None: none would do)."""
     if state.victim_pool is None:
+        holders = [h for h in state.holders if h.id not in state.touched]
         state.victim_pool, state.ranks = victim_pool(
-            state.holders, state.now, state.config, state.borrowed
+            holders, state.now, state.config, state.borrowed
         )
     if not state.victim_pool:
         return None
@@ -569,10 +631,16 @@ def _preempt(state: _Pass, job: JobView, victims: Sequence[JobView]) -> datetime
             f"preempted for job {job.id} ({why}); checkpoint and exit by {deadline:%H:%M:%S} UTC"
         )
         state.decisions.append(Preempt(victim.id, job.id, deadline, reason))
-    gone = {victim.id for victim in victims}
-    assert state.victim_pool is not None
-    state.victim_pool = [h for h in state.victim_pool if h.id not in gone]
+    _touch(state, victims)
     return deadline
+
+
+def _touch(state: _Pass, gangs: Iterable[JobView]) -> None:
+    """`gangs` are preempted or resized in this pass: no later job counts on them again."""
+    ids = {gang.id for gang in gangs}
+    state.touched |= ids
+    if state.victim_pool is not None:
+        state.victim_pool = [h for h in state.victim_pool if h.id not in ids]
 
 
 def _why_preempted(state: _Pass, job: JobView, victim: JobView) -> str:
@@ -655,6 +723,7 @@ def _shrink_for(state: _Pass, job: JobView) -> bool:
         state.decisions.append(
             Resize(victim.id, shrunk(victim.shape, victim.placement, dp), dp, reason)
         )
+    _touch(state, [victim for victim, _ in plan.values()])
     _hold_for(
         state,
         job,

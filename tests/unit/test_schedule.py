@@ -207,18 +207,47 @@ def test_a_job_behind_the_reservation_preempts_gangs_the_reserved_job_never_need
     head, beside, last = waits[3], waits[4], waits[6]
     assert isinstance(head, Wait) and head.reserved and head.estimated_start_at == at(3000)
     assert isinstance(beside, Wait) and beside.explanation.blocker is Blocker.PREEMPTING
-    assert "beside job 3's reserved start" in beside.explanation.message
+    assert "beside the room held for job 3" in beside.explanation.message
     assert isinstance(last, Wait) and last.explanation.blocker is not Blocker.PREEMPTING
 
     # The next pass, job 5 still checkpointing: job 4 waits for it and takes no more.
     decisions = schedule(three_nodes, behind_a_reservation(JobState.PREEMPTING), NOW)
     assert not any(isinstance(d, Preempt) for d in decisions)
-    beside = by_id(decisions)[4]
+    beside, last = by_id(decisions)[4], by_id(decisions)[6]
     assert isinstance(beside, Wait) and "preempted job(s) 5 to checkpoint" in beside.reason
+    assert isinstance(last, Wait) and last.explanation.blocker is not Blocker.PREEMPTING
 
     # No victim searches left in the pass: job 4 waits.
     decisions = schedule(three_nodes, behind_a_reservation(), NOW, PolicyConfig(preemption_tries=0))
     assert not any(isinstance(d, Preempt) for d in decisions)
+
+
+def test_a_job_behind_the_reservation_counts_its_run_from_the_victims_deadline() -> None:
+    jobs = [
+        running(1, ["n0"] * 4, priority=5, time_limit_s=3600, started=-600),
+        running(5, ["n1"] * 4, priority=0, time_limit_s=3600, started=-600),
+        pending(3, dp=8, priority=5, submitted=-300),  # reserved n0 + n1 at +3000
+        # from now it would end at +2950, before the reserved start; it can start only
+        # once job 5 has checkpointed (+120), and would then end past it
+        pending(4, dp=4, priority=5, submitted=-200, time_limit_s=2950),
+    ]
+    decisions = schedule(TWO_BY_FOUR, jobs, NOW, PolicyConfig(checkpoint_grace_s=120))
+    assert not any(isinstance(d, Preempt) for d in decisions)
+
+
+def test_free_gpus_a_job_behind_the_reservation_counts_on_are_not_given_away() -> None:
+    jobs = [
+        running(1, ["n0"] * 4, priority=5, time_limit_s=3600, started=-600),
+        running(2, ["n1"] * 4, priority=5, time_limit_s=3600, started=-600),
+        running(6, ["n2"] * 4, priority=5, time_limit_s=3600, started=-600),
+        running(5, ["n4"] * 4, priority=0),
+        pending(3, dp=12, priority=5, submitted=-300),  # reserved n0 + n1 + n2 at +3000
+        pending(4, dp=8, priority=5, submitted=-200),  # free n3 + job 5's n4
+        pending(7, dp=4, priority=5, submitted=-100),  # n3 fits it, but job 4 counts on it
+    ]
+    decisions = schedule(Cluster().nodes(5, 4).snapshot(), jobs, NOW)
+    assert [(d.job_id, d.for_job_id) for d in decisions if isinstance(d, Preempt)] == [(5, 4)]
+    assert not any(isinstance(d, Admit) for d in decisions)
 
 
 def test_a_job_behind_the_reservation_does_not_preempt_into_the_reserved_room() -> None:
@@ -360,6 +389,9 @@ def test_properties_of_every_pass(scenario: tuple[ClusterSnapshot, list[JobView]
     # a job is only preempted for a job of strictly higher priority, or of the same
     # priority and less attained service when little work since its checkpoint is lost
     config = PolicyConfig()
+    # ... each holder at most once in a pass, by one preemption or one resize
+    touched = [d.job_id for d in decisions if isinstance(d, Preempt | Resize)]
+    assert len(touched) == len(set(touched))
     for decision in decisions:
         if isinstance(decision, Preempt):
             victim, job = views[decision.job_id], views[decision.for_job_id]

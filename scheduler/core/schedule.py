@@ -121,10 +121,11 @@ class _Pass:
     no_victims: set[tuple[object, ...]] = field(default_factory=set)
     leaving: list[JobView] | None = None  # holders already preempting (built once)
     tries_left: int = 0  # blocked jobs behind the reservation that may still make room
-    # Free plus what `leaving` holds, less what admissions and jobs waiting for it took;
-    # and by node, what `leaving` holds that no job has claimed yet
+    # Free plus what `leaving` holds that no job has claimed (built at the first look)
     leaving_room: FreePool | None = None
-    leaving_left: dict[str, Capacity] = field(default_factory=dict)
+    leaving_left: dict[str, Capacity] = field(default_factory=dict)  # that part, by node
+    # Gangs preempted beside the reservation whose early exit its future capacity counts
+    returned: set[int] = field(default_factory=set)
     touched: set[int] = field(default_factory=set)  # holders preempted or resized this pass
     protected: float | None = None  # `protection_ratio` of the job being decided
 
@@ -316,8 +317,8 @@ def _harmless(
     """Does starting `job` (now, or at `starts`) leave the reserved job's planned
     placement intact? True if it ends before the reserved time, or if every node it uses
     keeps what the reserved placement needs there (a sufficient check, O(nodes used)).
-    `gone`: gangs that will have left by then although the timeline expected them past
-    the reserved time (they are being preempted): what they hold counts as free at it."""
+    `gone`: gangs that will have left by then (they are being preempted): what they hold
+    counts as free at the reserved time where the timeline expected them past it."""
     reservation = state.reservation
     if reservation is None:
         return True
@@ -326,14 +327,7 @@ def _harmless(
     ends = (starts or state.now) + timedelta(seconds=expected_runtime_s(job, state.config))
     if ends <= reservation.at:
         return True
-    returned: dict[str, Capacity] = {}
-    for gang in gone:
-        if (
-            gang.placement is not None
-            and expected_end(gang, state.now, state.config) > reservation.at
-        ):
-            for node_id, cap in usage(gang.shape, gang.placement).items():
-                returned[node_id] = returned.get(node_id, NOTHING).plus(cap)
+    returned = _held_by(_returning_early(state, gone))
     for node_id, cap in usage(job.shape, placement).items():
         left = reservation.future[node_id].minus(cap.gpus, cap.cpus)
         if node_id in returned:
@@ -452,8 +446,10 @@ def _room_is_coming(state: _Pass, job: JobView) -> bool:
 
 
 def _hold_for(state: _Pass, job: JobView, start: Start, message: str, once: str) -> None:
-    """Reserve `start` for `job` while other gangs make room for it, and say so."""
+    """Reserve `start` for `job` while other gangs make room for it, and say so; its GPUs
+    count for its queue from now (limits and reclaim for the jobs after it see them)."""
     _set_reservation(state, job, start)
+    state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + job.shape.num_gpus
     explanation = Explanation(
         Blocker.PREEMPTING, message, f"starts when {once} (by {start.at:%H:%M:%S} UTC)"
     )
@@ -508,7 +504,7 @@ def _make_room_beside(state: _Pass, job: JobView) -> bool:
     if placement is None or not _harmless(state, job, placement, victims, deadline):
         return False
     _preempt(state, job, victims)
-    _claim(state, job, placement, _held_by(victims))
+    _claim(state, job, placement, victims, deadline)
     _wait_beside(state, job, victims, deadline, "preempting lower-priority job(s) {} to make room")
     return True
 
@@ -531,8 +527,7 @@ def _room_leaving(state: _Pass, job: JobView) -> bool:
     deadline = max(expected_end(h, state.now, state.config) for h in leaving)
     if not _harmless(state, job, placement, leaving, deadline):
         return False
-    state.leaving_room.take_all(usage(job.shape, placement))
-    _claim(state, job, placement, state.leaving_left)
+    _claim(state, job, placement, leaving, deadline, in_room=True)
     _wait_beside(state, job, leaving, deadline, "preempted job(s) {} to checkpoint and exit")
     return True
 
@@ -546,24 +541,67 @@ def _held_by(gangs: Iterable[JobView]) -> dict[str, Capacity]:
     return held
 
 
-def _claim(state: _Pass, job: JobView, placement: Placement, leaving: dict[str, Capacity]) -> None:
-    """`job` will start on `placement` once gangs holding `leaving` (by node, what no
-    other job has claimed) have gone: it takes what it needs of that first (updated in
-    place), and the rest from the GPUs free now, at once, so no later job of the pass is
-    admitted onto them; its GPUs count for its queue (limits and reclaim see them)."""
+def _claim(
+    state: _Pass,
+    job: JobView,
+    placement: Placement,
+    gangs: Sequence[JobView],
+    starts: datetime,
+    *,
+    in_room: bool = False,
+) -> None:
+    """`job` will start on `placement` at `starts`, once `gangs` have gone. It takes what
+    it needs of their GPUs first (`in_room`: gangs already preempting, shared by the jobs
+    waiting for them: only what no one has claimed), the rest from the GPUs free now, at
+    once, so no later job of the pass counts on them; the reservation's future capacity
+    gains what the gangs held past its time and loses what the job will hold past it;
+    its GPUs count for its queue (limits and reclaim see them)."""
+    left = state.leaving_left if in_room else _held_by(gangs)
+    taken: dict[str, Capacity] = {}
     from_free: dict[str, Capacity] = {}
-    for node_id, cap in usage(job.shape, placement).items():
-        left = leaving.get(node_id, NOTHING)
-        gpus, cpus = min(cap.gpus, left.gpus), min(cap.cpus, left.cpus)
-        leaving[node_id] = left.minus(gpus, cpus)
+    used = usage(job.shape, placement)
+    for node_id, cap in used.items():
+        there = left.get(node_id, NOTHING)
+        gpus, cpus = min(cap.gpus, there.gpus), min(cap.cpus, there.cpus)
+        left[node_id] = there.minus(gpus, cpus)
+        taken[node_id] = Capacity(gpus, cpus)
         if cap.gpus > gpus or cap.cpus > cpus:
             from_free[node_id] = cap.minus(gpus, cpus)
+    if state.leaving_room is not None:  # free plus unclaimed leaving room: keep it so
+        state.leaving_room.take_all(from_free)
+        if in_room:
+            state.leaving_room.take_all(taken)
     if from_free:
         state.free.take_all(from_free)
         state.shortage_memo.clear()  # the free capacity it describes has changed
-        if state.reservation is not None:
-            _refresh_spare(state, state.reservation, from_free)
+    reservation = state.reservation
+    if reservation is not None:
+        if from_free:
+            _refresh_spare(state, reservation, from_free)
+        future = reservation.future
+        for gang in _returning_early(state, gangs):
+            state.returned.add(gang.id)
+            for node_id, cap in usage(gang.shape, gang.placement or Placement(())).items():
+                future[node_id] = future[node_id].plus(cap)
+        if starts + timedelta(seconds=expected_runtime_s(job, state.config)) > reservation.at:
+            for node_id, cap in used.items():
+                future[node_id] = future[node_id].minus(cap.gpus, cap.cpus)
     state.queue_used[job.queue] = state.queue_used.get(job.queue, 0) + job.shape.num_gpus
+
+
+def _returning_early(state: _Pass, gangs: Sequence[JobView]) -> list[JobView]:
+    """Those of `gangs` (being preempted) that the timeline expected to hold their GPUs
+    past the reserved time, and whose exit the reservation does not count yet."""
+    reservation = state.reservation
+    if reservation is None:
+        return []
+    return [
+        gang
+        for gang in gangs
+        if gang.placement is not None
+        and gang.id not in state.returned
+        and expected_end(gang, state.now, state.config) > reservation.at
+    ]
 
 
 def _wait_beside(
@@ -574,7 +612,6 @@ def _wait_beside(
     message = f"{doing.format(_ids(gangs))}, beside the room held for job {held.job.id}"
     unblock = f"starts when they have gone (by {deadline:%H:%M:%S} UTC)"
     explanation = Explanation(Blocker.PREEMPTING, message, unblock)
-    state.blocked_gpus += job.shape.num_gpus
     state.decisions.append(Wait(job.id, explanation, deadline, False, state.protected))
 
 

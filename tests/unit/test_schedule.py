@@ -250,6 +250,35 @@ def test_free_gpus_a_job_behind_the_reservation_counts_on_are_not_given_away() -
     assert not any(isinstance(d, Admit) for d in decisions)
 
 
+def test_jobs_behind_the_reservation_do_not_share_its_room_at_the_reserved_time() -> None:
+    one_node = Cluster().nodes(1, 8).snapshot()
+    jobs = [
+        running(11, ["n0"] * 4, priority=9, time_limit_s=3600, started=-600),  # to +3000
+        running(12, ["n0"] * 2, priority=0, time_limit_s=3600, started=-1600),  # to +2000
+        running(13, ["n0"] * 2, priority=0, time_limit_s=3600, started=-1600),  # to +2000
+        pending(1, dp=6, priority=5, submitted=-300),  # reserved 6 of n0's 8 at +3000
+        pending(2, dp=2, priority=5, submitted=-200),  # runs past +3000 on 2 of the 8
+        pending(3, dp=2, priority=5, submitted=-100),  # would too: 6 + 2 + 2 > 8
+    ]
+    decisions = schedule(one_node, jobs, NOW)
+    assert [(d.job_id, d.for_job_id) for d in decisions if isinstance(d, Preempt)] == [(12, 2)]
+
+    # Two jobs waiting for one preempting gang's room: only one gets it.
+    four = Cluster().nodes(1, 4).snapshot()
+    jobs = [
+        running(10, ["n0"] * 4, state=JobState.PREEMPTING),
+        pending(1, dp=2, priority=5, submitted=-300),  # holds 2 of its 4
+        pending(2, dp=2, priority=5, submitted=-200),  # waits for the other 2
+        pending(3, dp=2, priority=5, submitted=-100),  # nothing left for it
+    ]
+    waits = by_id(schedule(four, jobs, NOW))
+    assert [waits[i].explanation.blocker for i in (1, 2, 3)] == [
+        Blocker.PREEMPTING,
+        Blocker.PREEMPTING,
+        Blocker.CLUSTER_FULL,
+    ]
+
+
 def test_a_job_behind_the_reservation_does_not_preempt_into_the_reserved_room() -> None:
     jobs = [
         running(1, ["n0"] * 4, priority=5, time_limit_s=3600, started=-600),

@@ -430,18 +430,32 @@ def _room_is_coming(state: _Pass, job: JobView) -> bool:
     leaving = _leaving(state)
     if not leaving:
         return False
-    capacity = freed_by(state.free, leaving)
+    deadline = max(expected_end(h, state.now, state.config) for h in leaving)
+    return _hold_room(
+        state,
+        job,
+        leaving,
+        deadline,
+        message=f"waiting for preempted job(s) {_ids(leaving)} to checkpoint and exit",
+        once="they have gone",
+    )
+
+
+def _hold_room(
+    state: _Pass,
+    job: JobView,
+    gangs: Sequence[JobView],
+    deadline: datetime,
+    *,
+    message: str,
+    once: str,
+) -> bool:
+    """Hold for `job` the room that `gangs` leave by `deadline`, if it holds the job."""
+    capacity = freed_by(state.free, gangs)
     placement = place_gang(job.shape, capacity)
     if placement is None:
         return False
-    deadline = max(expected_end(h, state.now, state.config) for h in leaving)
-    _hold_for(
-        state,
-        job,
-        Start(deadline, placement, capacity.as_dict()),
-        f"waiting for preempted job(s) {_ids(leaving)} to checkpoint and exit",
-        "they have gone",
-    )
+    _hold_for(state, job, Start(deadline, placement, capacity.as_dict()), message, once)
     return True
 
 
@@ -467,16 +481,15 @@ def _preempt_for(state: _Pass, job: JobView) -> bool:
     if not victims:
         return False
     deadline = _preempt(state, job, victims)
-    capacity = freed_by(state.free, victims)
-    placement = place_gang(job.shape, capacity)
-    assert placement is not None  # choose_victims guarantees the fit
-    _hold_for(
+    held = _hold_room(
         state,
         job,
-        Start(deadline, placement, capacity.as_dict()),
-        f"preempting lower-priority job(s) {_ids(victims)} to make room",
-        "they have checkpointed",
+        victims,
+        deadline,
+        message=f"preempting lower-priority job(s) {_ids(victims)} to make room",
+        once="they have checkpointed",
     )
+    assert held  # choose_victims guarantees the fit
     return True
 
 

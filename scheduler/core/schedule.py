@@ -592,10 +592,10 @@ def _claim(
         if from_free:
             _refresh_spare(state, reservation, from_free)
         future = reservation.future
-        for gang in _returning_early(state, gangs):
-            state.returned.add(gang.id)
-            for node_id, cap in usage(gang.shape, gang.placement or Placement(())).items():
-                future[node_id] = future[node_id].plus(cap)
+        early = _returning_early(state, gangs)
+        state.returned.update(gang.id for gang in early)
+        for node_id, cap in _held_by(early).items():
+            future[node_id] = future[node_id].plus(cap)
         if starts + timedelta(seconds=expected_runtime_s(job, state.config)) > reservation.at:
             for node_id, cap in used.items():
                 future[node_id] = future[node_id].minus(cap.gpus, cap.cpus)

@@ -15,9 +15,11 @@ goals are met.
     python bench/policy_frontier.py --trace /data/other.csv:12   # a held-out trace
 
 Baselines are cached under `--cache` (default ~/.cache/gangway-frontier), keyed by the
-trace's bytes, the cluster, the baseline's config and the simulator's and core's
-source, so a change to the policy reruns only the policy; a change to the core reruns
-everything. Simulations run `--procs` at a time (default 2).
+trace's bytes, the cluster, the baseline's config and the scheduler's source (core and
+simulator), so a change to the policy reruns only the policy; a change to the core reruns
+everything. Each baseline is cached as it ends. Simulations run `--procs` at a time
+(default 2). `--fair-share on|off` overrides the policy's fair share (a simulator
+policy's setting, not a `PolicyConfig` knob).
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from functools import cache
 from pathlib import Path
 from typing import Any
+
+from scheduler.core import PolicyConfig
+from scheduler.sim.jobs import SimConfig
+from scheduler.sim.policies import POLICIES, SimPolicy
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_TRACES = REPO.parent / "shared" / "traces"
@@ -51,65 +58,79 @@ NODES = {
 }
 GOALS = ("jct_avg_s", "wait_p99_s", "longest_wait_s", "lost_gpu_hours")
 KEPT = (*GOALS, "preemptions")
-Run = tuple[Path, int, str, dict[str, Any]]  # trace, nodes, policy, knobs overridden
+BASELINES = ("tiresias", "fifo")
+Run = tuple[Path, int, SimPolicy]  # trace, nodes, policy
+Figures = dict[str, Any]
 
 
 def main() -> None:
     args = _parser().parse_args()
     traces = _traces(args)
-    overrides = dict(_override(text) for text in args.set)
-    cache = Path(args.cache).expanduser()
-    cache.mkdir(parents=True, exist_ok=True)
-    runs: list[Run] = [
-        (path, nodes, name, {}) for path, nodes in traces for name in ("tiresias", "fifo")
-    ]
-    runs = [run for run in runs if _cached(cache, *run) is None]
-    runs += [(path, nodes, args.policy, overrides) for path, nodes in traces]
+    policy = _policy(args)
+    store = Path(args.cache).expanduser()
+    store.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    missing = [
+        (path, nodes, POLICIES[name])
+        for path, nodes in traces
+        for name in BASELINES
+        if not _cache_path(store, path, nodes, POLICIES[name]).exists()
+    ]
+    runs = missing + [(path, nodes, policy) for path, nodes in traces]
     with ProcessPoolExecutor(args.procs) as pool:
-        results = list(pool.map(_simulate, runs))
-    measured: dict[Path, dict[str, Any]] = {}
-    for (path, nodes, name, knobs), figures in zip(runs, results, strict=True):
-        if knobs or name == args.policy:
-            measured[path] = figures
-        if not knobs:
-            _cache_path(cache, path, nodes, name).write_text(json.dumps(figures))
-    print(f"{args.policy} {overrides or ''} against tiresias (2D-LAS) and fifo")
+        results = _each_cached(store, runs, pool.map(_simulate, runs), len(missing))
+        measured = list(results)[len(missing) :]
+    knobs = " ".join([*args.set, *([f"fair-share={args.fair_share}"] if args.fair_share else [])])
+    print(f"{args.policy} {knobs} against tiresias (2D-LAS) and fifo")
     print(
         f"{'trace':<16} {'JCT':>6} {'p99':>6} {'longest':>8} {'lost':>6}"
         f" {'preemptions':>13} {'long/2FIFO':>10}  missed"
     )
-    met = 0
-    for path, nodes in traces:
-        las = _cached(cache, path, nodes, "tiresias", {})
-        fifo = _cached(cache, path, nodes, "fifo", {})
-        assert las is not None and fifo is not None
-        mine = measured[path]
-        ratios = [_ratio(mine[key], las[key]) for key in GOALS]
-        missed = [key for key, ratio in zip(GOALS, ratios, strict=True) if ratio > 1.0]
-        met += not missed
-        stretch = mine["longest_wait_s"] / (2 * fifo["longest_wait_s"])
-        print(
-            f"{path.stem:<16} "
-            + " ".join(f"{r:6.3f}" if i != 2 else f"{r:8.3f}" for i, r in enumerate(ratios))
-            + f" {mine['preemptions']:>6}/{las['preemptions']:<6} {stretch:10.2f}  "
-            + (", ".join(missed) or "none")
-        )
-    print(
-        f"all four goals met on {met} of {len(traces)} traces "
-        f"({time.perf_counter() - started:.0f} s)"
+    met = sum(
+        _report(path, mine, *(_cached(store, path, nodes, name) for name in BASELINES))
+        for (path, nodes), mine in zip(traces, measured, strict=True)
     )
+    took = time.perf_counter() - started
+    print(f"all four goals met on {met} of {len(traces)} traces ({took:.0f} s)")
+
+
+def _each_cached(
+    store: Path, runs: list[Run], results: Iterator[Figures], baselines: int
+) -> Iterator[Figures]:
+    """Each result as it ends, the first `baselines` of them written to the cache first
+    (a failure later in the run keeps them)."""
+    for index, ((path, nodes, policy), figures) in enumerate(zip(runs, results, strict=True)):
+        if index < baselines:
+            _cache_path(store, path, nodes, policy).write_text(json.dumps(figures))
+        yield figures
+
+
+def _report(path: Path, mine: Figures, las: Figures, fifo: Figures) -> bool:
+    """Print one trace's line; True when all four goals are met."""
+    ratios = [_ratio(mine[key], las[key]) for key in GOALS]
+    missed = [key for key, ratio in zip(GOALS, ratios, strict=True) if ratio > 1.0]
+    stretch = _ratio(mine["longest_wait_s"], 2 * fifo["longest_wait_s"])
+    jct, p99, longest, lost = ratios
+    print(
+        f"{path.stem:<16} {jct:6.3f} {p99:6.3f} {longest:8.3f} {lost:6.3f}"
+        f" {mine['preemptions']:>6}/{las['preemptions']:<6} {stretch:10.2f}  "
+        + (", ".join(missed) or "none")
+    )
+    return not missed
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--policy", default="gangway", help="a `gangway simulate` policy")
+    parser.add_argument("--policy", default="gangway", choices=sorted(POLICIES))
     parser.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KNOB=VALUE",
         help="override a PolicyConfig knob of the policy (repeatable)",
+    )
+    parser.add_argument(
+        "--fair-share", choices=("on", "off"), help="override the policy's fair share"
     )
     parser.add_argument(
         "--only",
@@ -126,14 +147,36 @@ def _parser() -> argparse.ArgumentParser:
         help="another trace and its nodes of 8 GPUs (repeatable)",
     )
     parser.add_argument("--shared", default=str(SHARED_TRACES), help="the shared traces' folder")
-    parser.add_argument("--cache", default="~/.cache/gangway-frontier")
-    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument(
+        "--cache", default="~/.cache/gangway-frontier", help="where baselines are kept"
+    )
+    parser.add_argument(
+        "--procs",
+        type=int,
+        default=2,
+        choices=range(1, 65),
+        metavar="N",
+        help="simulations at a time (1-64)",
+    )
     return parser
+
+
+def _policy(args: argparse.Namespace) -> SimPolicy:
+    """The policy to measure, its knobs overridden; bad knobs end the run before any
+    simulation does."""
+    policy = POLICIES[args.policy]
+    overrides = dict(_override(text) for text in args.set)
+    try:
+        config = dataclasses.replace(policy.config, **overrides)
+    except ValueError as exc:
+        raise SystemExit(f"--set: {exc}") from None
+    fair_share = policy.fair_share if args.fair_share is None else args.fair_share == "on"
+    return dataclasses.replace(policy, config=config, fair_share=fair_share)
 
 
 def _traces(args: argparse.Namespace) -> list[tuple[Path, int]]:
     """The shared traces (all, or those named by --only; none when only --trace is
-    given), then the --trace ones."""
+    given), then the --trace ones; each must exist."""
     names = [Path(name).name for name in NODES]
     unknown = set(args.only) - set(names)
     if unknown:
@@ -147,71 +190,90 @@ def _traces(args: argparse.Namespace) -> list[tuple[Path, int]]:
         ]
     for text in args.trace:
         path, _, nodes = text.rpartition(":")
-        if not path or not nodes.isdigit():
+        if not path or not nodes.isdigit() or int(nodes) < 1:
             raise SystemExit(f"--trace {text!r}: expected PATH:NODES")
         chosen.append((Path(path), int(nodes)))
+    absent = [str(path) for path, _ in chosen if not path.is_file()]
+    if absent:
+        raise SystemExit(f"no such trace: {', '.join(absent)}")
     return chosen
 
 
 def _override(text: str) -> tuple[str, Any]:
-    """`knob=value`, parsed as the type of the knob's default (tuples: comma-separated)."""
-    from scheduler.core import PolicyConfig
-
+    """`knob=value`, parsed as the type of the knob's default (tuples: comma-separated);
+    a value of the wrong type ends the run, naming the knob."""
     name, sep, value = text.partition("=")
     defaults = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}
     if not sep or name not in defaults:
         raise SystemExit(f"--set {text!r}: expected KNOB=VALUE with a PolicyConfig knob")
     default = defaults[name]
-    if isinstance(default, bool):
-        return name, value.lower() in ("1", "true", "yes", "on")
-    if isinstance(default, tuple):
-        return name, tuple(float(v) for v in value.split(",") if v)
-    if isinstance(default, int | float | str):
-        return name, type(default)(value)
+    try:
+        if isinstance(default, bool):
+            return name, _boolean(value)
+        if isinstance(default, tuple):
+            return name, tuple(float(v) for v in value.split(",") if v)
+        if isinstance(default, int | float | str):
+            return name, type(default)(value)
+    except ValueError:
+        kind = "true or false" if isinstance(default, bool) else type(default).__name__
+        raise SystemExit(f"--set {text!r}: {name} takes {kind}") from None
     raise SystemExit(f"--set {text!r}: {name} cannot be set from the command line")
 
 
-def _simulate(run: Run) -> dict[str, Any]:
+def _boolean(value: str) -> bool:
+    words = {"true": True, "on": True, "1": True, "false": False, "off": False, "0": False}
+    if value.lower() not in words:
+        raise ValueError(value)
+    return words[value.lower()]
+
+
+def _simulate(run: Run) -> Figures:
+    """One simulation (in a worker process): the figures the goals compare."""
     from scheduler.sim.engine import Simulator
-    from scheduler.sim.jobs import SimConfig
     from scheduler.sim.metrics import compute
-    from scheduler.sim.policies import POLICIES
     from scheduler.sim.trace import load_trace
 
-    path, nodes, name, overrides = run
-    policy = POLICIES[name]
-    if overrides:
-        policy = dataclasses.replace(policy, config=dataclasses.replace(policy.config, **overrides))
-    config = SimConfig(nodes=nodes, gpus_per_node=8, nodes_per_rack=4)
-    metrics = compute(Simulator(load_trace(path), config, policy).run())
+    path, nodes, policy = run
+    metrics = compute(Simulator(load_trace(path), _cluster(nodes), policy).run())
     return {key: getattr(metrics, key) for key in KEPT}
 
 
+def _cluster(nodes: int) -> SimConfig:
+    """The table's cluster: nodes of 8 GPUs, 4 to a rack, the simulator's defaults."""
+    return SimConfig(nodes=nodes, gpus_per_node=8, nodes_per_rack=4)
+
+
 def _ratio(mine: float, theirs: float) -> float:
+    """mine / theirs; where theirs is 0: 0 when mine is too (met), else infinite."""
     if theirs:
         return mine / theirs
     return 0.0 if not mine else float("inf")
 
 
-def _cached(
-    cache: Path, path: Path, nodes: int, name: str, overrides: dict[str, Any]
-) -> dict[str, Any] | None:
-    if overrides:
-        return None
-    file = _cache_path(cache, path, nodes, name)
-    return json.loads(file.read_text()) if file.exists() else None
+def _cached(store: Path, path: Path, nodes: int, name: str) -> Figures:
+    return dict(json.loads(_cache_path(store, path, nodes, POLICIES[name]).read_text()))
 
 
-def _cache_path(cache: Path, path: Path, nodes: int, name: str) -> Path:
-    from scheduler.sim.policies import POLICIES
+def _cache_path(store: Path, path: Path, nodes: int, policy: SimPolicy) -> Path:
+    """Where a baseline's figures are kept: named by everything they depend on."""
+    digest = hashlib.sha256(_file_digest(path).encode())
+    digest.update(f"{_cluster(nodes)!r}|{KEPT}|{policy!r}|{_source_digest()}".encode())
+    return store / f"{path.stem}-{policy.name}-{digest.hexdigest()[:16]}.json"
 
-    digest = hashlib.sha256(path.read_bytes())
-    digest.update(f"{nodes}|{name}|{POLICIES[name]!r}".encode())
+
+@cache
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@cache
+def _source_digest() -> str:
+    """The scheduler's source (core, predictor, simulator): what the figures depend on."""
+    digest = hashlib.sha256()
     for source in sorted((REPO / "scheduler").rglob("*.py")):
         digest.update(source.read_bytes())
-    return cache / f"{path.stem}-{name}-{digest.hexdigest()[:16]}.json"
+    return digest.hexdigest()
 
 
 if __name__ == "__main__":
-    os.chdir(REPO)
     main()

@@ -36,8 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.core import PolicyConfig
+from scheduler.sim.engine import Simulator
 from scheduler.sim.jobs import SimConfig
+from scheduler.sim.metrics import compute
 from scheduler.sim.policies import POLICIES, SimPolicy
+from scheduler.sim.trace import load_trace
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_TRACES = REPO.parent / "shared" / "traces"
@@ -229,10 +232,6 @@ def _boolean(value: str) -> bool:
 
 def _simulate(run: Run) -> Figures:
     """One simulation (in a worker process): the figures the goals compare."""
-    from scheduler.sim.engine import Simulator
-    from scheduler.sim.metrics import compute
-    from scheduler.sim.trace import load_trace
-
     path, nodes, policy = run
     metrics = compute(Simulator(load_trace(path), _cluster(nodes), policy).run())
     return {key: getattr(metrics, key) for key in KEPT}

@@ -24,10 +24,13 @@ function askForKey() {
   }
 }
 
+// A 401 asks for a key only when the request carried the key held now: a poll sent before
+// the user gave a key answers 401 after the form was submitted and must not reopen it.
 async function get(url) {
+  const sentKey = localStorage.getItem(KEY);
   const response = await fetch(url, { headers: authHeaders() });
   if (response.status === 401) {
-    askForKey();
+    if (localStorage.getItem(KEY) === sentKey) askForKey();
     throw new Error("an API key is needed");
   }
   if (!response.ok) throw new Error(`${url}: ${response.status}`);

@@ -136,12 +136,18 @@ def test_with_auth_on_the_page_asks_for_a_key_and_cancels_as_that_user(
         crashes: list[str] = []
         page.on("pageerror", lambda error: crashes.append(str(error)))
         page.on("dialog", lambda dialog: dialog.accept())  # "Cancel job N?"
+        held: list[Any] = []
+        page.route(f"**/v1/jobs/{job.id}/logs*", lambda route: hold_first(route, held))
         page.goto(f"{service.url}/jobs/{job.id}")
         page.locator("#key-form").wait_for(state="visible", timeout=15_000)
         page.fill("#key-input", key)
         page.click("#key-form button")
         cancel = page.locator(f'button[data-cancel="{job.id}"]')
         cancel.wait_for(timeout=15_000)
+        # The log poll sent before the key was given answers 401 only now; the log tail
+        # polls again (with the key) only after it has handled that answer.
+        with page.expect_request(lambda request: "authorization" in request.headers):
+            held[0].continue_()
         assert page.locator("#key-form").is_hidden()
         shoot(page, "5-job-page-with-a-key")
         cancel.click()
@@ -151,3 +157,11 @@ def test_with_auth_on_the_page_asks_for_a_key_and_cancels_as_that_user(
         assert crashes == [], crashes
     finally:
         service.stop()
+
+
+def hold_first(route: Any, held: list[Any]) -> None:
+    """Keeps the first request back (the caller lets it go later), lets the rest through."""
+    if held:
+        route.continue_()
+    else:
+        held.append(route)

@@ -85,6 +85,11 @@ class Simulator:
         self.jobs = [
             SimJob(t, shape_for(t.num_gpus, config.gpus_per_node, config.placement)) for t in trace
         ]
+        # Events and decisions name jobs by trace id: any ids, not only positions (a
+        # caller's trace, or one re-sorted after its submit times moved).
+        self._by_id = {job.trace.job_id: job for job in self.jobs}
+        if len(self._by_id) != len(self.jobs):
+            raise ValueError("the trace's job ids must be unique")
         self._events: list[tuple[float, int, int, int, int]] = []
         self._sequence = itertools.count()
         self._last_pass_s = -float("inf")
@@ -117,7 +122,7 @@ class Simulator:
                     self._next_pass_s = None
                     self._pass(now)
                 continue
-            job = self.jobs[job_id]
+            job = self._by_id[job_id]
             if kind == _Event.ARRIVAL:
                 self._active[job_id] = job
                 job.queued_s = now
@@ -167,7 +172,7 @@ class Simulator:
             usage=self._usage if self.policy.fair_share else None,
         )
         for decision in decisions:
-            job = self.jobs[decision.job_id]
+            job = self._by_id[decision.job_id]
             if isinstance(decision, Admit):
                 self._start(job, decision.placement, now)
             elif isinstance(decision, Preempt):

@@ -40,6 +40,14 @@ def test_fifo_with_gangs() -> None:
     assert metrics.utilization == pytest.approx((400 + 10 + 200) / (4 * 160))
 
 
+def test_jobs_are_named_by_their_trace_ids_not_their_positions() -> None:
+    """A caller's trace may number its jobs as it likes, in any order."""
+    trace = [TraceJob(7, 0, 4, 100), TraceJob(3, 10, 1, 10), TraceJob(12, 20, 4, 50)]
+    assert run(trace, "fifo") == {7: (0, 100), 3: (100, 110), 12: (110, 160)}
+    with pytest.raises(ValueError, match="unique"):
+        Simulator([*trace, TraceJob(3, 30, 1, 5)], ONE_NODE, POLICIES["fifo"])
+
+
 BACKFILL_TRACE = [TraceJob(0, 0, 2, 100), TraceJob(1, 1, 4, 50), TraceJob(2, 2, 2, 30)]
 
 

@@ -25,12 +25,14 @@ function askForKey() {
 }
 
 // A 401 asks for a key only when the request carried the key held now: a poll sent before
-// the user gave a key answers 401 after the form was submitted and must not reopen it.
+// the user gave a key answers 401 after the form was submitted; it is sent again with the
+// new key instead of reopening the form.
 async function get(url) {
   const sentKey = localStorage.getItem(KEY);
   const response = await fetch(url, { headers: authHeaders() });
   if (response.status === 401) {
-    if (localStorage.getItem(KEY) === sentKey) askForKey();
+    if (localStorage.getItem(KEY) !== sentKey) return get(url);
+    askForKey();
     throw new Error("an API key is needed");
   }
   if (!response.ok) throw new Error(`${url}: ${response.status}`);
@@ -86,6 +88,7 @@ document.addEventListener("click", (event) => {
 async function cancelIt(kind, id, button) {
   if (!confirm(`Cancel ${kind} ${id}?`)) return;
   button.disabled = true;
+  const sentKey = localStorage.getItem(KEY);
   const response = await fetch(`/v1/${kind}s/${id}/cancel`, {
     method: "POST",
     headers: authHeaders(),
@@ -93,7 +96,7 @@ async function cancelIt(kind, id, button) {
   if (!response.ok) {
     const body = await response.json().catch(() => ({}));
     alert(`Not cancelled: ${body.error ? body.error.message : response.status}`);
-    if (response.status === 401) askForKey();
+    if (response.status === 401 && localStorage.getItem(KEY) === sentKey) askForKey();
     button.disabled = false;
   }
   refreshAll();

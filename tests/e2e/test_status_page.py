@@ -145,8 +145,10 @@ def test_with_auth_on_the_page_asks_for_a_key_and_cancels_as_that_user(
         cancel = page.locator(f'button[data-cancel="{job.id}"]')
         cancel.wait_for(timeout=15_000)
         # The log poll sent before the key was given answers 401 only now; the log tail
-        # polls again (with the key) only after it has handled that answer.
-        with page.expect_request(lambda request: "authorization" in request.headers):
+        # sends the next one (with the key) only after it has handled that answer.
+        assert held, "the first log poll was never intercepted"
+        logs = f"/v1/jobs/{job.id}/logs"
+        with page.expect_request(lambda r: logs in r.url and "authorization" in r.headers):
             held[0].continue_()
         assert page.locator("#key-form").is_hidden()
         shoot(page, "5-job-page-with-a-key")

@@ -34,7 +34,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import inspect
 import json
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -175,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seed",
         action="append",
-        type=int,
+        type=_seed,
         default=[],
         metavar="N",
         help="perturb submit times with this seed, 0: as given (repeatable; default 0)",
@@ -270,7 +272,15 @@ def _boolean(value: str) -> bool:
 
 def _nonnegative(text: str) -> float:
     value = float(text)
-    if not value >= 0:
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text}: must be finite and >= 0")
+    return value
+
+
+def _seed(text: str) -> int:
+    """A seed >= 0 (random.Random(-n) draws as Random(n): one trial counted twice)."""
+    value = int(text)
+    if value < 0:
         raise argparse.ArgumentTypeError(f"{text}: must be >= 0")
     return value
 
@@ -312,7 +322,7 @@ def _cached(store: Path, run: Run) -> Figures:
 def _cache_path(store: Path, run: Run) -> Path:
     """Where a baseline's figures are kept: named by everything they depend on."""
     path, nodes, policy, seed, jitter_s = run
-    perturbation = f"|{seed}|{jitter_s!r}" if seed else ""  # seed 0: the keys of before
+    perturbation = f"|{seed}|{jitter_s!r}|{_perturbation_digest()}" if seed else ""
     digest = hashlib.sha256(_file_digest(path).encode())
     digest.update(f"{_cluster(nodes)!r}|{KEPT}|{policy!r}|{_source_digest()}".encode())
     digest.update(perturbation.encode())
@@ -322,6 +332,12 @@ def _cache_path(store: Path, run: Run) -> Path:
 @cache
 def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@cache
+def _perturbation_digest() -> str:
+    """How seeds perturb a trace: a change to it must not reuse perturbed baselines."""
+    return hashlib.sha256(inspect.getsource(_perturbed).encode()).hexdigest()
 
 
 @cache

@@ -278,6 +278,11 @@ class Settings(BaseSettings):
     default_runtime_s: float = Field(_POLICY.default_runtime_s, gt=0)
     backfill: bool = _POLICY.backfill
     preemption: bool = _POLICY.preemption
+    reservations: bool = Field(
+        _POLICY.reservations,
+        description="hold GPUs for the first job that cannot start (EASY backfill); off: "
+        "greedy backfill, blocked jobs make room by preemption",
+    )
     service_levels_gpu_s: tuple[float, ...] = Field(
         _POLICY.service_levels_gpu_s,
         description="least-attained-service levels, JSON list of ascending GPU-seconds; [] off",
@@ -448,6 +453,7 @@ class Settings(BaseSettings):
             default_runtime_s=self.default_runtime_s,
             backfill=self.backfill,
             preemption=self.preemption,
+            reservations=self.reservations,
             service_levels_gpu_s=self.service_levels_gpu_s,
             starvation_s=self.starvation_s,
             protect_after_runs=self.protect_after_runs,

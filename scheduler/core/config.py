@@ -15,18 +15,18 @@ class PolicyConfig:
     gives the figures); the others are reasoned guesses.
 
     aging_interval_s: a pending job gains one priority point per interval waited, or per
-        `age_per_runs` x its predicted run time if that is longer. Bound: a job of
-        priority p can be overtaken by newly submitted jobs of priority p + d only for
-        (d + 1) x that interval; after that it ranks ahead of every new arrival, so it
-        waits at most that long plus the time for the finitely many jobs already ahead of
-        it to start.
+        `age_per_runs` x its predicted run time if that is longer, and ranks with the
+        highest priority class queued that it has reached: aging lifts a job into a
+        higher class, never above the jobs of its own (waiting alone does not turn least
+        attained service back into FIFO; within a class `starvation_s` bounds waits).
+        Bound: a job of priority p ranks with newly submitted jobs of priority p + d
+        after d intervals, and ahead of them after d + 1 when a class above is queued;
+        among them it is a job of that class.
     age_per_runs: aging paced by the job's own cost: one point per this many predicted
-        run times waited (its slowdown), when longer than `aging_interval_s`. A short job
-        climbs quickly; a long one does not turn least-attained-service back into FIFO
-        by waiting (absolute aging did: every long job waiting a few hours outranked the
-        newcomers of its priority). Predicted run time: the time run so far plus the
-        predicted remaining run time (else the time limit); a job with neither ages and
-        is protected by `aging_interval_s` and `starvation_s` alone.
+        run times waited (its slowdown), when longer than `aging_interval_s`: a short job
+        climbs quickly, a long one slowly. Predicted run time: the time run so far plus
+        the predicted remaining run time (else the time limit); a job with neither ages
+        by `aging_interval_s` alone.
     min_runtime_s: a job that has run for less than this is never a preemption victim
         (no thrashing).
     checkpoint_grace_s: how long a victim has to checkpoint and exit before its
@@ -42,11 +42,13 @@ class PolicyConfig:
     reservations: the first job that cannot start holds a reservation that backfill must
         respect (EASY), unless it has run before (it has GPU time attained: least
         attained service preempted it) and is not protected (see `starvation_s`): GPUs
-        left idle for it would undo that preemption, so it waits as under greedy backfill
-        and the next blocked job may hold the reservation. Off, any later job that fits
-        starts (greedy backfill), and blocked jobs preempt for themselves as in Tiresias
-        (each in turn until one holds the room it made, then `preemption_tries` more
-        beside that room).
+        left idle for it would undo that preemption. Off (the default), no GPUs are held
+        for any job (greedy backfill, as Tiresias): blocked jobs make room for themselves
+        by preemption, each in turn until one holds the room it made, then
+        `preemption_tries` more, and the first `eta_jobs` of them get the timeline's
+        estimate of their start. On the traces a held reservation drains GPUs that least
+        attained service would give to short jobs: EASY on top of the default's rules
+        met the four goals against 2D-LAS on 5 of 11 traces, without it 8 (BENCHMARKS.md).
     preemption_tries: how many blocked jobs behind the reservation (the first ones in
         queue order) may make room per pass, by preemption or by waiting for gangs
         already preempting (a search walks the pass's victim pool, cheapest first, up to
@@ -78,11 +80,15 @@ class PolicyConfig:
         GPU service first (predicted remaining run time x GPUs; unknown last), preemptive:
         the lower bound when predictions are exact.
     shortest_predicted_first: within a band, jobs with less predicted remaining GPU
-        service go first (unknown predictions after known ones).
+        service go first (unknown predictions after known ones). Off by default: on the
+        traces it cut average JCT (0.83-0.99x 2D-LAS's) but long jobs waited up to 1.8x
+        longer, past 2D-LAS's tail on most traces (BENCHMARKS.md).
     preemption_payoff: a preemption for service happens only when it pays for itself:
         the victim's predicted remaining run time exceeds the newcomer's by more than the
         cost of stopping and resuming (`checkpoint_grace_s` + `restart_cost_s` + the work
-        lost since its checkpoint). Unknown predictions count as long.
+        lost since its checkpoint). Unknown predictions count as long. Off by default:
+        a job whose prediction overshoots (predicted 15 h, runs 1-6 h) waited behind
+        victims predicted to end sooner (BENCHMARKS.md).
     restart_cost_s: a resumed (or resized) run's warm-up before it makes progress again.
     resize_lookahead_s: an elastic job does not grow while other jobs are expected to
         free GPUs within this window; it grows once, when they have (each grow restarts).
@@ -100,16 +106,16 @@ class PolicyConfig:
     backfill: bool = True
     preemption: bool = True
     elastic_resize: bool = True
-    reservations: bool = True
+    reservations: bool = False
     preemption_tries: int = 16
     service_levels_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
-    starvation_s: float = 4 * 3600.0
-    protect_after_runs: float = 1.0
+    starvation_s: float = 7 * 24 * 3600.0
+    protect_after_runs: float = 8.0
     age_per_runs: float = 2.0
     service_preemption_loss_s: float = 300.0
     service_order: str = "las"
-    shortest_predicted_first: bool = True
-    preemption_payoff: bool = True
+    shortest_predicted_first: bool = False
+    preemption_payoff: bool = False
     restart_cost_s: float = 60.0
     resize_lookahead_s: float = 120.0
     gittins: GittinsTable | None = field(default=None, compare=False, repr=False)

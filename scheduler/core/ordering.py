@@ -124,7 +124,9 @@ def queue_order(
     """Pending jobs: higher aged priority first (priority plus one point per
     `aging_interval_s`, or per `age_per_runs` x the job's predicted run time if longer,
     waited since the job last queued: a job gains priority at the pace of its own
-    slowdown), then protected jobs (queued past `protected_after_s`), the longest queued
+    slowdown; snapped down to the highest priority class among `jobs` that it has
+    reached, so waiting lifts a job into a higher class but never over jobs of its own),
+    then protected jobs (queued past `protected_after_s`), the longest queued
     first, so the reservation goes to the job that has waited longest past its bound,
     then higher service band (less GPU time attained; see `service_band`), then the
     order inside a band (`_within_band_key`: Gittins index or predicted remaining
@@ -139,6 +141,8 @@ def queue_order(
     queue_ranks = queue_share_ranks(usage or {}, weights or {})
     interval = config.aging_interval_s
     age_per_runs = config.age_per_runs
+    classes = sorted({job.priority for job in jobs})  # aging climbs only to these
+    top_class = classes[-1] if classes else 0
     starvation_s = config.starvation_s
     protect_after_runs = config.protect_after_runs
     soonest = min(interval, starvation_s)  # no aging and no protection before
@@ -160,8 +164,9 @@ def queue_order(
                 run_s = 0.0
             elif job.attained_gpu_s:
                 run_s += job.attained_gpu_s / max(1, job.shape.num_gpus)
-            if waited_s >= interval:
+            if waited_s >= interval and aged < top_class:
                 aged += int(waited_s // max(interval, age_per_runs * run_s))
+                aged = classes[bisect.bisect_right(classes, aged) - 1]
             if waited_s >= starvation_s and waited_s >= protect_after_runs * run_s:
                 first = -waited_s
                 if protected_out is not None:

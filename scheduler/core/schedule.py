@@ -6,14 +6,17 @@
 2. Pending jobs in queue order: priority + aging, protected jobs first within it, then
    service band (`ordering.queue_order`). A protected job's decisions say why.
 3. The release timeline: when each holder is expected to give its resources back.
-4. Walk the queue. A job that fits and does not delay the reservation is admitted. The
-   first job that cannot start gets the reservation: it preempts lower-priority gangs if
-   that makes it fit, else it is reserved its earliest start on the timeline, on GPUs
-   that running gangs release by then where they hold it (the GPUs free now stay for the
-   jobs behind it). Later jobs start now only if they leave that start intact (EASY
-   backfill), or preempt lower-ranked gangs where the room they take leaves it intact
-   (the first `preemption_tries` of them); the others wait with a structured
-   explanation and an estimated start (exact for the first `eta_jobs`).
+4. Walk the queue. A job that fits and does not delay the reservation is admitted. A
+   job that cannot start preempts lower-ranked gangs if that makes it fit. Without
+   reservations (the default) each blocked job in turn may, and waits with the
+   timeline's estimate of its start, nothing held for it (greedy backfill). With them,
+   the first job that cannot make room is reserved its earliest start on the timeline,
+   on GPUs that running gangs release by then where they hold it (the GPUs free now stay
+   for the jobs behind it); later jobs start now only if they leave that start intact
+   (EASY backfill), or preempt lower-ranked gangs where the room they take leaves it
+   intact (the first `preemption_tries` of them). Every wait carries a structured
+   explanation; the first `eta_jobs` blocked jobs an estimated start placed on the
+   timeline, and behind a reservation the rest a GPU-count estimate.
 """
 
 from __future__ import annotations
@@ -350,14 +353,7 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
     if placement is None and state.config.preemption and _preempt_for(state, job):
         return
     if not state.config.reservations or not _may_reserve(state, job):
-        unblock = (
-            "starts when enough GPUs are free (no reservations in this policy)"
-            if not state.config.reservations
-            else "starts when enough GPUs are free (having run before, it holds no reservation "
-            "until protected)"
-        )
-        why = _explain_shortage(state, job.shape, unblock)
-        state.decisions.append(Wait(job.id, why, protected=state.protected))
+        _wait_unreserved(state, job)
         return
     start = earliest_start(job.shape, state.free, state.releases, state.now)
     if start is not None and start.at > state.now:
@@ -369,6 +365,30 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
     _set_reservation(state, job, start)
     explanation = _explain_blocked(state, job, start)
     state.decisions.append(Wait(job.id, explanation, start.at, True, state.protected))
+
+
+def _wait_unreserved(state: _Pass, job: JobView) -> None:
+    """`job` waits without holding GPUs: its estimated start is when the running gangs'
+    expected ends first hold it (later arrivals that rank higher and jobs that fit first
+    may take them before). Only the first `eta_jobs` blocked jobs get one (cost bound)."""
+    held = (
+        "none are held for it: jobs of less attained service, or that fit sooner, may take "
+        "them first"
+        if not state.config.reservations
+        else "having run before, it holds no reservation until protected"
+    )
+    if state.etas_left <= 0:
+        why = _explain_shortage(state, job.shape, f"starts when enough GPUs are free ({held})")
+        state.decisions.append(Wait(job.id, why, protected=state.protected))
+        return
+    state.etas_left -= 1
+    start = earliest_start(job.shape, state.free, state.releases, state.now)
+    if start is None:
+        why = _never_on_alive_nodes(state, job)
+        state.decisions.append(Wait(job.id, why, protected=state.protected))
+        return
+    why = _explain_blocked(state, job, start, f" ({held})")
+    state.decisions.append(Wait(job.id, why, start.at, False, state.protected))
 
 
 def _sparing_the_free(state: _Pass, job: JobView, start: Start) -> Start:
@@ -911,7 +931,7 @@ def _estimate_start(state: _Pass, reservation: _Reservation, job: JobView) -> St
     return Start(reservation.at, start.placement, start.free)
 
 
-def _explain_blocked(state: _Pass, job: JobView, start: Start) -> Explanation:
+def _explain_blocked(state: _Pass, job: JobView, start: Start, note: str = "") -> Explanation:
     when = f"{start.at:%Y-%m-%d %H:%M:%S} UTC"
     upto = bisect.bisect_right(state.releases, start.at, key=lambda r: r.at)
     freeing = [r.job_id for r in state.releases[max(0, upto - 3) : upto]]
@@ -920,7 +940,7 @@ def _explain_blocked(state: _Pass, job: JobView, start: Start) -> Explanation:
         if freeing
         else ""
     )
-    return _explain_shortage(state, job.shape, f"expected to start at {when}{by}")
+    return _explain_shortage(state, job.shape, f"expected to start at {when}{by}{note}")
 
 
 def _explain_queued(state: _Pass, job: JobView, behind: int) -> Explanation:

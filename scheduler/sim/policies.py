@@ -9,8 +9,8 @@ from typing import Any
 from scheduler.core import PolicyConfig
 
 NEVER_S = 1e15  # an aging interval no wait reaches: aging off
-# The baselines are the published algorithms: they neither order by predicted remaining
-# service nor ask a preemption to pay for itself (Gangway's own defaults do).
+# The baselines are the published algorithms, pinned whatever the core's defaults are:
+# they neither order by predicted remaining service nor ask a preemption to pay for itself.
 BASELINE: dict[str, Any] = {"shortest_predicted_first": False, "preemption_payoff": False}
 # SRSF's preemption counts the work a victim would lose (its progress since its last
 # checkpoint), as SRPT with switching costs does: a running job is preempted only when its
@@ -47,6 +47,7 @@ POLICIES: dict[str, SimPolicy] = {
             "strict FIFO with gangs: submit order, the head blocks everything behind it",
             PolicyConfig(
                 **BASELINE,
+                reservations=True,
                 backfill=False,
                 preemption=False,
                 elastic_resize=False,
@@ -73,6 +74,7 @@ POLICIES: dict[str, SimPolicy] = {
             "Slurm-like priority + EASY backfill on time limits, no preemption, no aging",
             PolicyConfig(
                 **BASELINE,
+                reservations=True,
                 preemption=False,
                 elastic_resize=False,
                 aging_interval_s=NEVER_S,
@@ -118,17 +120,17 @@ POLICIES: dict[str, SimPolicy] = {
         ),
         SimPolicy(
             "gangway",
-            "Gangway's default: priority + aging, least attained service within a priority "
-            "(then least predicted remaining service; preempting only near a checkpoint and "
-            "when the prediction says it pays), starvation promotion, fair share, EASY "
-            "backfill behind one reservation on predicted ends",
+            "Gangway's default: priority with aging across priority classes, least "
+            "attained service within one (preempting only near a checkpoint and after "
+            "10 minutes of run), protection after 7 days and 8 predicted run times, fair "
+            "share, greedy backfill",
             PolicyConfig(elastic_resize=False),
             fair_share=True,
         ),
         SimPolicy(
             "gangway-no-aging",
-            "Gangway's default without aging, for traces of one priority class (there aging "
-            "only reorders by wait; the 4 h starvation promotion bounds waits instead)",
+            "Gangway's default without aging: a job never ranks with a higher priority "
+            "class by waiting (the same as the default on a trace of one class)",
             PolicyConfig(elastic_resize=False, aging_interval_s=NEVER_S),
             fair_share=True,
         ),

@@ -11,7 +11,8 @@ from scheduler.core.ordering import queue_order
 from scheduler.core.timeline import expected_end
 from tests.unit.builders import NOW, Cluster, at, pending, running
 
-CONFIG = PolicyConfig(elastic_resize=False)
+# The rules that use predictions, on (the default leaves them off: BENCHMARKS.md, issue 30).
+CONFIG = PolicyConfig(elastic_resize=False, shortest_predicted_first=True, preemption_payoff=True)
 
 
 def test_a_prediction_sets_the_expected_end_when_nothing_better_is_known() -> None:

@@ -29,7 +29,9 @@ from tests.unit.builders import NOW, Cluster, at, pending, running
 # The module, not the function that `scheduler.core.schedule` names on the package.
 schedule_module = importlib.import_module("scheduler.core.schedule")
 TWO_BY_FOUR = Cluster().nodes(2, 4).snapshot()
-NO_PREEMPTION = PolicyConfig(preemption=False)
+# EASY backfill behind one reservation (the default holds none: BENCHMARKS.md, issue 30).
+EASY = PolicyConfig(reservations=True)
+NO_PREEMPTION = PolicyConfig(preemption=False, reservations=True)
 
 
 def by_id(decisions: Sequence[Decision]) -> dict[int, Decision]:
@@ -58,6 +60,29 @@ def test_aging_lets_an_old_job_overtake_newer_higher_priority_ones() -> None:
     assert admitted(decisions) == [1]
 
 
+def test_aging_never_reorders_jobs_of_one_priority_class() -> None:
+    """Within one priority, waiting alone lifts no job over another: least attained
+    service decides. A job that has run before (a sunk band) and has waited 3 intervals
+    stays behind a newcomer of its priority."""
+    config = PolicyConfig(aging_interval_s=600)
+    sunk = replace(pending(1, submitted=-1900), attained_gpu_s=50_000.0)
+    new = pending(2, submitted=-10)
+    assert [job.id for job in queue_order([sunk, new], NOW, config)] == [2, 1]
+
+
+def test_aging_lifts_a_job_only_to_a_priority_class_that_is_queued() -> None:
+    """Aged 3 points, a priority-0 job ranks with the priority-2 class (the highest one
+    queued that it has reached), not above it: a priority-5 job still goes first, and
+    within class 2 a job of less attained service goes first."""
+    config = PolicyConfig(aging_interval_s=600)
+    old = replace(pending(1, submitted=-1900), attained_gpu_s=50_000.0)
+    fresh = pending(2, priority=2, submitted=-10)
+    urgent = pending(3, priority=5, submitted=-5)
+    low = pending(4, submitted=-20)
+    order = queue_order([low, old, fresh, urgent], NOW, config)
+    assert [job.id for job in order] == [3, 2, 1, 4]
+
+
 def test_running_jobs_hold_their_gpus() -> None:
     jobs = [running(1, ["n0"] * 3), pending(2, dp=2)]
     (wait,) = schedule(Cluster().nodes(1, 4).snapshot(), jobs, NOW)
@@ -72,10 +97,32 @@ def test_head_job_gets_a_reservation_at_the_expected_end_of_running_jobs() -> No
         running(2, ["n1"] * 4, started=-600, time_limit_s=7200),  # ends at +6600
         pending(3, dp=4),
     ]
-    (wait,) = schedule(TWO_BY_FOUR, jobs, NOW)
+    (wait,) = schedule(TWO_BY_FOUR, jobs, NOW, EASY)
     assert isinstance(wait, Wait) and wait.reserved
     assert wait.estimated_start_at == at(3000)
     assert "job(s) 1 are expected to free GPUs" in wait.explanation.unblock
+
+
+def test_without_reservations_blocked_jobs_get_estimates_and_hold_nothing() -> None:
+    """The default holds no GPUs for a blocked job (greedy backfill, as 2D-LAS): the
+    first `eta_jobs` blocked jobs still get the timeline's estimate, and say that it is
+    one; a job behind that fits the free GPUs starts, though it runs past that time."""
+    jobs = [
+        running(1, ["n0"] * 4, started=-600, time_limit_s=3600),  # n0 free at +3000
+        running(2, ["n1"] * 2, started=-600, time_limit_s=7200),
+        pending(3, dp=4, priority=5),
+        pending(4, dp=2),  # no limit: would delay a reservation at +3000; none is held
+        pending(5, dp=4, submitted=-30),
+        pending(6, dp=4, submitted=-20),
+    ]
+    config = PolicyConfig(preemption=False, eta_jobs=2)
+    decisions = by_id(schedule(TWO_BY_FOUR, jobs, NOW, config))
+    head, behind, estimated, beyond = (decisions[i] for i in (3, 4, 5, 6))
+    assert isinstance(head, Wait) and not head.reserved and head.estimated_start_at == at(3000)
+    assert "expected to start at" in head.reason and "none are held for it" in head.reason
+    assert isinstance(behind, Admit)
+    assert isinstance(estimated, Wait) and estimated.estimated_start_at == at(3000)
+    assert isinstance(beyond, Wait) and beyond.estimated_start_at is None  # past eta_jobs
 
 
 def test_runtime_estimate_from_measured_progress() -> None:
@@ -129,7 +176,12 @@ def test_backfill_off_keeps_strict_order() -> None:
         pending(3, dp=1, time_limit_s=60),
     ]
     decisions = by_id(
-        schedule(TWO_BY_FOUR, jobs, NOW, PolicyConfig(backfill=False, preemption=False))
+        schedule(
+            TWO_BY_FOUR,
+            jobs,
+            NOW,
+            PolicyConfig(backfill=False, preemption=False, reservations=True),
+        )
     )
     assert isinstance(decisions[3], Wait)
 
@@ -200,7 +252,7 @@ def behind_a_reservation(victim_state: JobState = JobState.RUNNING) -> list[JobV
 
 def test_a_job_behind_the_reservation_preempts_gangs_the_reserved_job_never_needs() -> None:
     three_nodes = Cluster().nodes(3, 4).snapshot()
-    decisions = schedule(three_nodes, behind_a_reservation(), NOW)
+    decisions = schedule(three_nodes, behind_a_reservation(), NOW, EASY)
     preempts = [(d.job_id, d.for_job_id) for d in decisions if isinstance(d, Preempt)]
     assert preempts == [(5, 4)]  # once: job 6 does not count on job 5 again
     waits = by_id(decisions)
@@ -211,14 +263,16 @@ def test_a_job_behind_the_reservation_preempts_gangs_the_reserved_job_never_need
     assert isinstance(last, Wait) and last.explanation.blocker is not Blocker.PREEMPTING
 
     # The next pass, job 5 still checkpointing: job 4 waits for it and takes no more.
-    decisions = schedule(three_nodes, behind_a_reservation(JobState.PREEMPTING), NOW)
+    decisions = schedule(three_nodes, behind_a_reservation(JobState.PREEMPTING), NOW, EASY)
     assert not any(isinstance(d, Preempt) for d in decisions)
     beside, last = by_id(decisions)[4], by_id(decisions)[6]
     assert isinstance(beside, Wait) and "preempted job(s) 5 to checkpoint" in beside.reason
     assert isinstance(last, Wait) and last.explanation.blocker is not Blocker.PREEMPTING
 
     # No victim searches left in the pass: job 4 waits.
-    decisions = schedule(three_nodes, behind_a_reservation(), NOW, PolicyConfig(preemption_tries=0))
+    decisions = schedule(
+        three_nodes, behind_a_reservation(), NOW, replace(EASY, preemption_tries=0)
+    )
     assert not any(isinstance(d, Preempt) for d in decisions)
 
 
@@ -231,7 +285,7 @@ def test_a_job_behind_the_reservation_counts_its_run_from_the_victims_deadline()
         # once job 5 has checkpointed (+120), and would then end past it
         pending(4, dp=4, priority=5, submitted=-200, time_limit_s=2950),
     ]
-    decisions = schedule(TWO_BY_FOUR, jobs, NOW, PolicyConfig(checkpoint_grace_s=120))
+    decisions = schedule(TWO_BY_FOUR, jobs, NOW, replace(EASY, checkpoint_grace_s=120))
     assert not any(isinstance(d, Preempt) for d in decisions)
 
 
@@ -245,7 +299,7 @@ def test_free_gpus_a_job_behind_the_reservation_counts_on_are_not_given_away() -
         pending(4, dp=8, priority=5, submitted=-200),  # free n3 + job 5's n4
         pending(7, dp=4, priority=5, submitted=-100),  # n3 fits it, but job 4 counts on it
     ]
-    decisions = schedule(Cluster().nodes(5, 4).snapshot(), jobs, NOW)
+    decisions = schedule(Cluster().nodes(5, 4).snapshot(), jobs, NOW, EASY)
     assert [(d.job_id, d.for_job_id) for d in decisions if isinstance(d, Preempt)] == [(5, 4)]
     assert not any(isinstance(d, Admit) for d in decisions)
 
@@ -260,7 +314,7 @@ def test_jobs_behind_the_reservation_do_not_share_its_room_at_the_reserved_time(
         pending(2, dp=2, priority=5, submitted=-200),  # runs past +3000 on 2 of the 8
         pending(3, dp=2, priority=5, submitted=-100),  # would too: 6 + 2 + 2 > 8
     ]
-    decisions = schedule(one_node, jobs, NOW)
+    decisions = schedule(one_node, jobs, NOW, EASY)
     assert [(d.job_id, d.for_job_id) for d in decisions if isinstance(d, Preempt)] == [(12, 2)]
 
     # Two jobs waiting for one preempting gang's room: only one gets it.
@@ -271,7 +325,7 @@ def test_jobs_behind_the_reservation_do_not_share_its_room_at_the_reserved_time(
         pending(2, dp=2, priority=5, submitted=-200),  # waits for the other 2
         pending(3, dp=2, priority=5, submitted=-100),  # nothing left for it
     ]
-    waits = by_id(schedule(four, jobs, NOW))
+    waits = by_id(schedule(four, jobs, NOW, EASY))
     assert [waits[i].explanation.blocker for i in (1, 2, 3)] == [
         Blocker.PREEMPTING,
         Blocker.PREEMPTING,
@@ -286,7 +340,7 @@ def test_a_job_behind_the_reservation_does_not_preempt_into_the_reserved_room() 
         pending(3, dp=8, priority=5, submitted=-300),  # reserved n0 + n1 at job 5's end
         pending(4, dp=4, priority=5, submitted=-200),  # on n1 it would outlast that start
     ]
-    decisions = schedule(TWO_BY_FOUR, jobs, NOW)
+    decisions = schedule(TWO_BY_FOUR, jobs, NOW, EASY)
     assert not any(isinstance(d, Preempt) for d in decisions)
     head = by_id(decisions)[3]
     assert isinstance(head, Wait) and head.reserved
@@ -328,7 +382,7 @@ def test_later_blocked_jobs_get_conservative_etas_up_to_the_horizon() -> None:
         pending(4, dp=4, priority=2),
         pending(5, dp=4, priority=1),
     ]
-    config = PolicyConfig(eta_jobs=1, preemption=False)
+    config = PolicyConfig(eta_jobs=1, preemption=False, reservations=True)
     decisions = by_id(schedule(TWO_BY_FOUR, jobs, NOW, config))
     assert [decisions[i].estimated_start_at for i in (3, 4, 5)] == [at(600), at(1800), None]  # type: ignore[union-attr]
 
@@ -339,7 +393,7 @@ def test_jobs_beyond_the_horizon_get_a_gpu_count_estimate() -> None:
         for i, t in ((1, 1200), (2, 2400), (3, 4200), (4, 7800))
     ]  # 4 GPUs back at +600, +1800, +3600, +7200
     jobs += [pending(10, dp=4, priority=3), pending(11, dp=4, priority=2), pending(12, dp=4)]
-    config = PolicyConfig(eta_jobs=0, preemption=False)
+    config = PolicyConfig(eta_jobs=0, preemption=False, reservations=True)
     decisions = by_id(schedule(Cluster().nodes(4, 4).snapshot(), jobs, NOW, config))
     etas = [decisions[i].estimated_start_at for i in (10, 11, 12)]  # type: ignore[union-attr]
     assert etas == [at(600), at(1800), at(3600)]

@@ -94,7 +94,7 @@ def predicted(job: JobView, remaining_s: float) -> JobView:
 def test_protection_waits_for_the_jobs_predicted_run_time_past_starvation_s() -> None:
     """Bounded by what the job costs: a job predicted to run 12 h (10 of them done) is not
     protected after 4 h queued, as it was under an absolute starvation_s, but after 12 h."""
-    config = PolicyConfig(starvation_s=4 * HOUR)  # protect_after_runs 1.0
+    config = PolicyConfig(starvation_s=4 * HOUR, protect_after_runs=1.0)
     veteran = predicted(replace(pending(2, dp=4), attained_gpu_s=40 * HOUR), 2 * HOUR)
     for queued, preempts in ((-4 * HOUR, False), (-11.9 * HOUR, False), (-12 * HOUR, True)):
         waiting = replace(veteran, queued_at=at(queued))
@@ -136,7 +136,7 @@ def test_protected_jobs_go_first_within_their_priority_the_longest_queued_first(
 
 
 def test_a_protected_jobs_decisions_say_why() -> None:
-    config = PolicyConfig(starvation_s=4 * HOUR)
+    config = PolicyConfig(starvation_s=4 * HOUR, protect_after_runs=1.0)
     veteran = predicted(replace(pending(2, dp=4), attained_gpu_s=40 * HOUR), 1 * HOUR)
     waiting = replace(veteran, queued_at=at(-33 * HOUR))  # 3.0x its predicted 11 h
     decisions = schedule(ONE_NODE, [sunk(1, since_checkpoint=0), waiting], NOW, config)
@@ -155,7 +155,7 @@ def test_a_job_that_ran_before_holds_no_reservation_until_protected() -> None:
     Holding GPUs idle for it would undo its preemption: job 3 (as sunk, queued later)
     starts on the 2 free GPUs. Once job 2 is protected it holds the reservation, and job
     3 (no time limit: it would run past it) waits."""
-    config = PolicyConfig(starvation_s=4 * HOUR)
+    config = PolicyConfig(starvation_s=4 * HOUR, reservations=True)
     holder = running(1, ["n0"] * 2, started=-HOUR, time_limit_s=2 * HOUR)
     sunk_big = replace(pending(2, dp=4, submitted=-20 * HOUR), attained_gpu_s=40 * HOUR)
     sunk_small = replace(pending(3, dp=2, submitted=-10 * HOUR), attained_gpu_s=40 * HOUR)

@@ -443,7 +443,11 @@ class JobSubmit(_Strict):
     entrypoint: Entrypoint
     max_restarts: Int = Field(0, ge=0, le=100)
     time_limit_s: Int | None = Field(
-        None, ge=1, le=365 * 24 * 3600, description="also lets the job backfill idle GPUs"
+        None,
+        ge=1,
+        le=365 * 24 * 3600,
+        description="also lets the job start on GPUs held for a reserved job when it ends "
+        "before that start",
     )
     preemptible: bool = Field(True, description="may be stopped for a higher-priority job")
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)

@@ -19,9 +19,9 @@ class PolicyConfig:
         highest priority class queued that it has reached: aging lifts a job into a
         higher class, never above the jobs of its own (waiting alone does not turn least
         attained service back into FIFO; within a class `starvation_s` bounds waits).
-        Bound: a job of priority p ranks with newly submitted jobs of priority p + d
-        after d intervals, and ahead of them after d + 1 when a class above is queued;
-        among them it is a job of that class.
+        Bound: a job of priority p waiting behind newly submitted jobs of priority q > p
+        ranks with them after q - p such intervals, and is then a job of their class
+        (ahead of the newer ones of its service band, which it entered earlier).
     age_per_runs: aging paced by the job's own cost: one point per this many predicted
         run times waited (its slowdown), when longer than `aging_interval_s`: a short job
         climbs quickly, a long one slowly. Predicted run time: the time run so far plus
@@ -41,14 +41,15 @@ class PolicyConfig:
         largest degree that fits, and keep it.
     reservations: the first job that cannot start holds a reservation that backfill must
         respect (EASY), unless it has run before (it has GPU time attained: least
-        attained service preempted it) and is not protected (see `starvation_s`): GPUs
-        left idle for it would undo that preemption. Off (the default), no GPUs are held
-        for any job (greedy backfill, as Tiresias): blocked jobs make room for themselves
-        by preemption, each in turn until one holds the room it made, then
-        `preemption_tries` more, and the first `eta_jobs` of them get the timeline's
-        estimate of their start. On the traces a held reservation drains GPUs that least
-        attained service would give to short jobs: EASY on top of the default's rules
-        met the four goals against 2D-LAS on 5 of 11 traces, without it 8 (BENCHMARKS.md).
+        attained service preempted it): GPUs left idle for it would undo that
+        preemption. Off (the default), only a protected job holds one (see
+        `starvation_s`); any other blocked job holds nothing (greedy backfill, as
+        Tiresias) and makes room for itself by preemption, each in turn until one holds
+        the room it made, then `preemption_tries` more; blocked jobs get estimated starts
+        either way. On the traces a held reservation drains GPUs that least attained
+        service would give to short jobs: 2D-LAS with this default's rules against lost
+        work met the four goals against 2D-LAS on 8 of 11 traces (seed 0), with EASY
+        reservations added on 5 (BENCHMARKS.md).
     preemption_tries: how many blocked jobs behind the reservation (the first ones in
         queue order) may make room per pass, by preemption or by waiting for gangs
         already preempting (a search walks the pass's victim pool, cheapest first, up to
@@ -63,8 +64,9 @@ class PolicyConfig:
     starvation_s: a job queued this long, and `protect_after_runs` x its predicted run
         time, is protected: it is promoted to the top service band (it may then preempt
         sunk jobs of its priority), ranks ahead of every unprotected job of its aged
-        priority (the longest queued first, so the reservation goes to the job that has
-        waited longest past its bound), and its next run counts service afresh, so
+        priority (the longest queued first, so the reservation, which a protected job
+        holds with `reservations` on or off, goes to the job that has waited longest
+        past its bound), and its next run counts service afresh, so
         least-attained-service cannot starve long jobs. Its decisions say so ("protected:
         waited 3.1x its predicted run time").
     protect_after_runs: the wait, in predicted run times, after which a job is protected
@@ -81,14 +83,14 @@ class PolicyConfig:
         the lower bound when predictions are exact.
     shortest_predicted_first: within a band, jobs with less predicted remaining GPU
         service go first (unknown predictions after known ones). Off by default: on the
-        traces it cut average JCT (0.83-0.99x 2D-LAS's) but long jobs waited up to 1.8x
-        longer, past 2D-LAS's tail on most traces (BENCHMARKS.md).
+        traces it moved average JCT to 0.83-1.01x 2D-LAS's but the longest waits to up
+        to 1.97x, past 2D-LAS's tail on most traces (BENCHMARKS.md).
     preemption_payoff: a preemption for service happens only when it pays for itself:
         the victim's predicted remaining run time exceeds the newcomer's by more than the
         cost of stopping and resuming (`checkpoint_grace_s` + `restart_cost_s` + the work
         lost since its checkpoint). Unknown predictions count as long. Off by default:
-        a job whose prediction overshoots (predicted 15 h, runs 1-6 h) waited behind
-        victims predicted to end sooner (BENCHMARKS.md).
+        a job whose prediction overshoots waits behind every victim predicted to end
+        sooner (BENCHMARKS.md at d10421f: ITP cluster10, average JCT 1.13x 2D-LAS's).
     restart_cost_s: a resumed (or resized) run's warm-up before it makes progress again.
     resize_lookahead_s: an elastic job does not grow while other jobs are expected to
         free GPUs within this window; it grows once, when they have (each grow restarts).

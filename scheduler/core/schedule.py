@@ -112,8 +112,9 @@ class _Pass:
     borrowed: set[int] = field(default_factory=set)
     shortage_memo: dict[tuple[object, ...], Explanation] = field(default_factory=dict)
     blocked_gpus: int = 0  # GPUs asked by the reserved and blocked jobs so far
-    # Waits beyond the ETA horizon: (index in decisions, blocked GPUs up to that job)
-    rough_etas: list[tuple[int, int]] = field(default_factory=list)
+    # Waits to estimate by GPU count: (index in decisions, blocked GPUs up to that job,
+    # behind the reservation: not before its start)
+    rough_etas: list[tuple[int, int, bool]] = field(default_factory=list)
     # Holders that could be preempted at all, cheapest first (`victim_order`), with their
     # ranks: built by the first preemption attempt of the pass; a gang preempted or
     # resized in the pass leaves it.
@@ -131,6 +132,7 @@ class _Pass:
     returned: set[int] = field(default_factory=set)
     touched: set[int] = field(default_factory=set)  # holders preempted or resized this pass
     protected: float | None = None  # `protection_ratio` of the job being decided
+    first_blocked: int | None = None  # id of the first job that could not start
 
 
 def schedule(
@@ -217,6 +219,9 @@ def _decide(state: _Pass, job: JobView, position: int) -> None:
         why = Explanation(Blocker.QUOTA, limit, unblock)
         state.decisions.append(Wait(job.id, why, protected=state.protected))
         return
+    if state.reservation is None and state.first_blocked is not None and not state.config.backfill:
+        _wait_in_order(state, job, state.first_blocked)
+        return
     if state.reservation is not None:
         room = max(state.free.total_gpus, state.spare.total_gpus if state.spare else 0)
         if smallest.shape.num_gpus > room:  # fast path: a long queue behind a full cluster
@@ -250,6 +255,8 @@ def _blocked(state: _Pass, job: JobView, placement: Placement | None) -> None:
     """`job` cannot start now (`placement`: where it would fit but for the reservation).
     The first such job takes the reservation; a later one may make room beside it."""
     if state.reservation is None:
+        if state.first_blocked is None:
+            state.first_blocked = job.id
         _reserve(state, job, placement)
     elif placement is not None or not _make_room_beside(state, job):
         _wait(state, job, placement)
@@ -352,7 +359,7 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
         return
     if placement is None and state.config.preemption and _preempt_for(state, job):
         return
-    if not state.config.reservations or not _may_reserve(state, job):
+    if not _may_reserve(state, job):
         _wait_unreserved(state, job)
         return
     start = earliest_start(job.shape, state.free, state.releases, state.now)
@@ -368,27 +375,45 @@ def _reserve(state: _Pass, job: JobView, placement: Placement | None) -> None:
 
 
 def _wait_unreserved(state: _Pass, job: JobView) -> None:
-    """`job` waits without holding GPUs: its estimated start is when the running gangs'
-    expected ends first hold it (later arrivals that rank higher and jobs that fit first
-    may take them before). Only the first `eta_jobs` blocked jobs get one (cost bound)."""
+    """`job` waits without holding GPUs. The first `eta_jobs` such jobs get the earliest
+    start of their shape on the timeline; every one is estimated by GPU count as well
+    once the walk is over (when the GPUs released cover it and every job blocked ahead
+    of it), and the later of the two stands. Jobs that rank higher and arrive later, or
+    that fit sooner, may still take the GPUs first: nothing is held."""
     held = (
         "none are held for it: jobs of less attained service, or that fit sooner, may take "
         "them first"
         if not state.config.reservations
         else "having run before, it holds no reservation until protected"
     )
-    if state.etas_left <= 0:
-        why = _explain_shortage(state, job.shape, f"starts when enough GPUs are free ({held})")
-        state.decisions.append(Wait(job.id, why, protected=state.protected))
-        return
-    state.etas_left -= 1
-    start = earliest_start(job.shape, state.free, state.releases, state.now)
+    start = None
+    if state.etas_left > 0:
+        state.etas_left -= 1
+        start = earliest_start(job.shape, state.free, state.releases, state.now)
+        if start is None:
+            why = _never_on_alive_nodes(state, job)
+            state.decisions.append(Wait(job.id, why, protected=state.protected))
+            return
+    state.blocked_gpus += job.shape.num_gpus
+    state.rough_etas.append((len(state.decisions), state.blocked_gpus, False))
     if start is None:
-        why = _never_on_alive_nodes(state, job)
-        state.decisions.append(Wait(job.id, why, protected=state.protected))
-        return
-    why = _explain_blocked(state, job, start, f" ({held})")
-    state.decisions.append(Wait(job.id, why, start.at, False, state.protected))
+        why = _explain_shortage(state, job.shape, f"starts when enough GPUs are free ({held})")
+    else:
+        why = _explain_blocked(state, job, start, f" ({held})")
+    state.decisions.append(Wait(job.id, why, start.at if start else None, False, state.protected))
+
+
+def _wait_in_order(state: _Pass, job: JobView, behind: int) -> None:
+    """Backfill off and no reservation: nothing starts past the first blocked job."""
+    state.blocked_gpus += job.shape.num_gpus
+    state.rough_etas.append((len(state.decisions), state.blocked_gpus, False))
+    why = Explanation(
+        Blocker.RESERVATION,
+        f"backfill is off: no job starts ahead of job {behind}, which cannot start yet",
+        f"starts once job {behind} has started",
+        behind,
+    )
+    state.decisions.append(Wait(job.id, why, protected=state.protected))
 
 
 def _sparing_the_free(state: _Pass, job: JobView, start: Start) -> Start:
@@ -420,10 +445,14 @@ def _racks(state: _Pass, placement: Placement) -> int:
 
 
 def _may_reserve(state: _Pass, job: JobView) -> bool:
-    """A job that has run before (least attained service preempted it, it has GPU time
-    attained) holds no reservation until it is protected: GPUs left idle for it would
-    undo the preemption that made room for shorter work."""
-    return job.attained_gpu_s <= 0 or protected(job, state.now, state.config)
+    """A protected job holds the reservation, with `reservations` on or off: without it
+    a large job could wait forever while smaller ones take every GPU that frees (the
+    bound would not bound). Otherwise only with `reservations` on, and only a job that
+    has not run before: GPUs left idle for one that least attained service preempted
+    would undo that preemption."""
+    if protected(job, state.now, state.config):
+        return True
+    return state.config.reservations and job.attained_gpu_s <= 0
 
 
 def _set_reservation(state: _Pass, job: JobView, start: Start) -> None:
@@ -890,7 +919,9 @@ def _wait(state: _Pass, job: JobView, placement: Placement | None) -> None:
     elif eta is None:
         explanation = _explain_queued(state, job, reservation.job.id)
         # estimated by GPU count once the walk is over and the timeline is complete
-        state.rough_etas.append((len(state.decisions), state.blocked_gpus + job.shape.num_gpus))
+        state.rough_etas.append(
+            (len(state.decisions), state.blocked_gpus + job.shape.num_gpus, True)
+        )
     else:
         explanation = _explain_blocked(state, job, eta)
     state.blocked_gpus += job.shape.num_gpus
@@ -903,17 +934,22 @@ def _fill_rough_etas(state: _Pass) -> None:
     """Every pending job gets an estimated start. Beyond the first `eta_jobs` blocked jobs
     (placed exactly on the timeline) it is a GPU-count estimate: the time when the GPUs
     released by running jobs cover this job plus every blocked job ahead of it, node
-    shape ignored. O(pending x log running); None past the last expected release."""
-    if not state.rough_etas or state.reservation is None:
+    shape ignored, not before the reserved start for a job behind the reservation; a
+    job that holds nothing keeps the later of that and its exact estimate.
+    O(pending x log running); None past the last expected release."""
+    if not state.rough_etas:
         return
     released = (r.gpus for r in state.releases)
     covered = list(itertools.accumulate(released, initial=state.free.total_gpus))[1:]
-    for index, needed in state.rough_etas:
+    reserved_at = state.reservation.at if state.reservation is not None else state.now
+    for index, needed, behind in state.rough_etas:
         slot = bisect.bisect_left(covered, needed)
         if slot < len(covered):
             wait = state.decisions[index]
             assert isinstance(wait, Wait)
-            eta = max(state.releases[slot].at, state.reservation.at)
+            eta = max(state.releases[slot].at, reserved_at if behind else state.now)
+            if wait.estimated_start_at is not None:
+                eta = max(eta, wait.estimated_start_at)
             state.decisions[index] = replace(wait, estimated_start_at=eta)
 
 

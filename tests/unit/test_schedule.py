@@ -104,25 +104,59 @@ def test_head_job_gets_a_reservation_at_the_expected_end_of_running_jobs() -> No
 
 
 def test_without_reservations_blocked_jobs_get_estimates_and_hold_nothing() -> None:
-    """The default holds no GPUs for a blocked job (greedy backfill, as 2D-LAS): the
-    first `eta_jobs` blocked jobs still get the timeline's estimate, and say that it is
-    one; a job behind that fits the free GPUs starts, though it runs past that time."""
+    """The default holds no GPUs for a blocked job (greedy backfill, as 2D-LAS): a job
+    behind that fits the free GPUs starts, though it runs past the blocked one's start.
+    Blocked jobs are still estimated, each after the GPUs of those blocked ahead of it:
+    exactly on the timeline for the first `eta_jobs`, by GPU count after them."""
     jobs = [
-        running(1, ["n0"] * 4, started=-600, time_limit_s=3600),  # n0 free at +3000
-        running(2, ["n1"] * 2, started=-600, time_limit_s=7200),
+        running(1, ["n0"] * 4, started=-600, time_limit_s=3600),  # 4 GPUs back at +3000
+        running(2, ["n1"] * 2, started=-600, time_limit_s=7200),  # 2 more at +6600
         pending(3, dp=4, priority=5),
-        pending(4, dp=2),  # no limit: would delay a reservation at +3000; none is held
-        pending(5, dp=4, submitted=-30),
-        pending(6, dp=4, submitted=-20),
+        pending(4, dp=2),  # starts on n1's 2 free GPUs; no limit: back at +86400
+        pending(5, dp=4, submitted=-30),  # after job 3's 4: needs 8 back, at +86400
+        pending(6, dp=4, submitted=-20),  # needs 12: more than ever comes back
     ]
     config = PolicyConfig(preemption=False, eta_jobs=2)
     decisions = by_id(schedule(TWO_BY_FOUR, jobs, NOW, config))
-    head, behind, estimated, beyond = (decisions[i] for i in (3, 4, 5, 6))
+    head, behind, second, beyond = (decisions[i] for i in (3, 4, 5, 6))
     assert isinstance(head, Wait) and not head.reserved and head.estimated_start_at == at(3000)
     assert "expected to start at" in head.reason and "none are held for it" in head.reason
     assert isinstance(behind, Admit)
-    assert isinstance(estimated, Wait) and estimated.estimated_start_at == at(3000)
-    assert isinstance(beyond, Wait) and beyond.estimated_start_at is None  # past eta_jobs
+    assert isinstance(second, Wait) and second.estimated_start_at == at(86_400)
+    assert isinstance(beyond, Wait) and beyond.estimated_start_at is None
+
+    # Past `eta_jobs` the GPU-count estimate alone: job 5 still after job 3's GPUs.
+    decisions = by_id(schedule(TWO_BY_FOUR, jobs, NOW, replace(config, eta_jobs=0)))
+    assert [decisions[i].estimated_start_at for i in (3, 5)] == [at(3000), at(86_400)]  # type: ignore[union-attr]
+
+
+def test_backfill_off_keeps_strict_order_without_reservations_too() -> None:
+    jobs = [
+        running(1, ["n0"] * 4, started=-600, time_limit_s=3600),
+        pending(2, dp=8, priority=5),
+        pending(3, dp=1, time_limit_s=60),
+    ]
+    decisions = by_id(
+        schedule(TWO_BY_FOUR, jobs, NOW, PolicyConfig(backfill=False, preemption=False))
+    )
+    later = decisions[3]
+    assert isinstance(later, Wait) and "backfill is off" in later.reason
+    assert later.explanation.blocking_job_id == 2
+    assert later.estimated_start_at is None  # 8 + 1 GPUs: the cluster's 8 never cover both
+
+
+def test_a_protected_job_holds_the_reservation_without_reservations() -> None:
+    """Protection bounds the wait of a large job that small ones would otherwise pass
+    forever: once protected it holds its start, and a job behind that would run past it
+    waits; unprotected, the same job holds nothing."""
+    config = PolicyConfig(starvation_s=4 * 3600, protect_after_runs=1.0, preemption=False)
+    holder = running(1, ["n0"] * 4, started=-600, time_limit_s=3600)
+    for queued, reserved in ((-3600.0, False), (-5 * 3600.0, True)):
+        big = replace(pending(2, dp=8), queued_at=at(queued))
+        small = pending(3, dp=2, submitted=-10)  # no limit: runs past the big job's start
+        decisions = by_id(schedule(TWO_BY_FOUR, [holder, big, small], NOW, config))
+        assert isinstance(decisions[2], Wait) and decisions[2].reserved is reserved
+        assert isinstance(decisions[3], Admit) is not reserved
 
 
 def test_runtime_estimate_from_measured_progress() -> None:
@@ -565,7 +599,8 @@ def test_aging_bounds_the_wait_behind_a_stream_of_higher_priority_jobs(
     delta: int, jobs_ahead: int
 ) -> None:
     """A priority-0 job on a one-GPU cluster, with a new priority-`delta` job arriving every
-    interval: after (delta + 1) intervals it ranks ahead of every new arrival."""
+    interval: aged `delta` points it ranks with them (a job of their class), and ahead of
+    every one, having entered the same service band first."""
     config = PolicyConfig(aging_interval_s=100)
     waited = (delta + 1) * 100
     old = pending(1, priority=0, submitted=-waited)

@@ -8,15 +8,17 @@
 3. The release timeline: when each holder is expected to give its resources back.
 4. Walk the queue. A job that fits and does not delay the reservation is admitted. A
    job that cannot start preempts lower-ranked gangs if that makes it fit. Without
-   reservations (the default) each blocked job in turn may, and waits with the
-   timeline's estimate of its start, nothing held for it (greedy backfill). With them,
-   the first job that cannot make room is reserved its earliest start on the timeline,
-   on GPUs that running gangs release by then where they hold it (the GPUs free now stay
-   for the jobs behind it); later jobs start now only if they leave that start intact
-   (EASY backfill), or preempt lower-ranked gangs where the room they take leaves it
-   intact (the first `preemption_tries` of them). Every wait carries a structured
-   explanation; the first `eta_jobs` blocked jobs an estimated start placed on the
-   timeline, and behind a reservation the rest a GPU-count estimate.
+   `reservations` (the default) each blocked job in turn may, and only a protected one
+   is reserved its start: the others hold nothing (greedy backfill; with backfill off,
+   strict order behind the first blocked job). With them, the first job that cannot
+   make room (and has not run before, or is protected) is reserved its earliest start
+   on the timeline, on GPUs that running gangs release by then where they hold it (the
+   GPUs free now stay for the jobs behind it); later jobs start now only if they leave
+   that start intact (EASY backfill), or preempt lower-ranked gangs where the room they
+   take leaves it intact (the first `preemption_tries` of them). Every wait carries a
+   structured explanation and an estimated start: the first `eta_jobs` blocked jobs
+   placed on the timeline, the rest (and every job that holds nothing) by GPU count
+   behind the jobs blocked ahead.
 """
 
 from __future__ import annotations
@@ -112,9 +114,9 @@ class _Pass:
     borrowed: set[int] = field(default_factory=set)
     shortage_memo: dict[tuple[object, ...], Explanation] = field(default_factory=dict)
     blocked_gpus: int = 0  # GPUs asked by the reserved and blocked jobs so far
-    # Waits to estimate by GPU count: (index in decisions, blocked GPUs up to that job,
-    # behind the reservation: not before its start)
-    rough_etas: list[tuple[int, int, bool]] = field(default_factory=list)
+    # Waits to estimate by GPU count: (index in decisions, blocked GPUs up to that job, not
+    # before: the reserved start, or the estimate of the decision at that index, or now)
+    rough_etas: list[tuple[int, int, datetime | int | None]] = field(default_factory=list)
     # Holders that could be preempted at all, cheapest first (`victim_order`), with their
     # ranks: built by the first preemption attempt of the pass; a gang preempted or
     # resized in the pass leaves it.
@@ -132,7 +134,9 @@ class _Pass:
     returned: set[int] = field(default_factory=set)
     touched: set[int] = field(default_factory=set)  # holders preempted or resized this pass
     protected: float | None = None  # `protection_ratio` of the job being decided
-    first_blocked: int | None = None  # id of the first job that could not start
+    # Backfill off, no reservations: the first blocked job that can ever start (its index
+    # in decisions), which every later job waits behind
+    first_blocked: int | None = None
 
 
 def schedule(
@@ -219,7 +223,7 @@ def _decide(state: _Pass, job: JobView, position: int) -> None:
         why = Explanation(Blocker.QUOTA, limit, unblock)
         state.decisions.append(Wait(job.id, why, protected=state.protected))
         return
-    if state.reservation is None and state.first_blocked is not None and not state.config.backfill:
+    if state.first_blocked is not None and state.reservation is None:
         _wait_in_order(state, job, state.first_blocked)
         return
     if state.reservation is not None:
@@ -255,8 +259,6 @@ def _blocked(state: _Pass, job: JobView, placement: Placement | None) -> None:
     """`job` cannot start now (`placement`: where it would fit but for the reservation).
     The first such job takes the reservation; a later one may make room beside it."""
     if state.reservation is None:
-        if state.first_blocked is None:
-            state.first_blocked = job.id
         _reserve(state, job, placement)
     elif placement is not None or not _make_room_beside(state, job):
         _wait(state, job, placement)
@@ -386,16 +388,19 @@ def _wait_unreserved(state: _Pass, job: JobView) -> None:
         if not state.config.reservations
         else "having run before, it holds no reservation until protected"
     )
+    strict = not state.config.backfill and not state.config.reservations
     start = None
-    if state.etas_left > 0:
-        state.etas_left -= 1
+    if state.etas_left > 0 or strict:  # strict: the job every later one waits behind
+        state.etas_left = max(0, state.etas_left - 1)
         start = earliest_start(job.shape, state.free, state.releases, state.now)
         if start is None:
             why = _never_on_alive_nodes(state, job)
             state.decisions.append(Wait(job.id, why, protected=state.protected))
             return
+    if strict:
+        state.first_blocked = len(state.decisions)
     state.blocked_gpus += job.shape.num_gpus
-    state.rough_etas.append((len(state.decisions), state.blocked_gpus, False))
+    state.rough_etas.append((len(state.decisions), state.blocked_gpus, None))
     if start is None:
         why = _explain_shortage(state, job.shape, f"starts when enough GPUs are free ({held})")
     else:
@@ -403,15 +408,17 @@ def _wait_unreserved(state: _Pass, job: JobView) -> None:
     state.decisions.append(Wait(job.id, why, start.at if start else None, False, state.protected))
 
 
-def _wait_in_order(state: _Pass, job: JobView, behind: int) -> None:
-    """Backfill off and no reservation: nothing starts past the first blocked job."""
+def _wait_in_order(state: _Pass, job: JobView, head: int) -> None:
+    """Backfill off and no reservations: no job starts past the first blocked one (the
+    decision at `head`), and none is estimated to start before it."""
     state.blocked_gpus += job.shape.num_gpus
-    state.rough_etas.append((len(state.decisions), state.blocked_gpus, False))
+    state.rough_etas.append((len(state.decisions), state.blocked_gpus, head))
+    first = state.decisions[head].job_id
     why = Explanation(
         Blocker.RESERVATION,
-        f"backfill is off: no job starts ahead of job {behind}, which cannot start yet",
-        f"starts once job {behind} has started",
-        behind,
+        f"backfill is off: no job starts ahead of job {first}, which cannot start yet",
+        f"starts once job {first} has started",
+        first,
     )
     state.decisions.append(Wait(job.id, why, protected=state.protected))
 
@@ -920,7 +927,7 @@ def _wait(state: _Pass, job: JobView, placement: Placement | None) -> None:
         explanation = _explain_queued(state, job, reservation.job.id)
         # estimated by GPU count once the walk is over and the timeline is complete
         state.rough_etas.append(
-            (len(state.decisions), state.blocked_gpus + job.shape.num_gpus, True)
+            (len(state.decisions), state.blocked_gpus + job.shape.num_gpus, reservation.at)
         )
     else:
         explanation = _explain_blocked(state, job, eta)
@@ -934,22 +941,24 @@ def _fill_rough_etas(state: _Pass) -> None:
     """Every pending job gets an estimated start. Beyond the first `eta_jobs` blocked jobs
     (placed exactly on the timeline) it is a GPU-count estimate: the time when the GPUs
     released by running jobs cover this job plus every blocked job ahead of it, node
-    shape ignored, not before the reserved start for a job behind the reservation; a
+    shape ignored, not before the reserved start for a job behind the reservation, nor
+    before the first blocked job's estimate for one held behind it (backfill off); a
     job that holds nothing keeps the later of that and its exact estimate.
     O(pending x log running); None past the last expected release."""
     if not state.rough_etas:
         return
     released = (r.gpus for r in state.releases)
     covered = list(itertools.accumulate(released, initial=state.free.total_gpus))[1:]
-    reserved_at = state.reservation.at if state.reservation is not None else state.now
-    for index, needed, behind in state.rough_etas:
+    for index, needed, after in state.rough_etas:
         slot = bisect.bisect_left(covered, needed)
         if slot < len(covered):
             wait = state.decisions[index]
             assert isinstance(wait, Wait)
-            eta = max(state.releases[slot].at, reserved_at if behind else state.now)
-            if wait.estimated_start_at is not None:
-                eta = max(eta, wait.estimated_start_at)
+            floor = after if isinstance(after, datetime) else state.now
+            head = state.decisions[after] if isinstance(after, int) else None
+            if isinstance(head, Wait) and head.estimated_start_at is not None:
+                floor = max(floor, head.estimated_start_at)
+            eta = max(state.releases[slot].at, floor, wait.estimated_start_at or floor)
             state.decisions[index] = replace(wait, estimated_start_at=eta)
 
 

@@ -145,6 +145,27 @@ def test_backfill_off_keeps_strict_order_without_reservations_too() -> None:
     assert later.estimated_start_at is None  # 8 + 1 GPUs: the cluster's 8 never cover both
 
 
+def test_backfill_off_a_job_that_can_never_start_does_not_hold_the_queue() -> None:
+    """With backfill off, jobs wait in order behind the first blocked job that can ever
+    start, and are not estimated to start before it: one the alive nodes can never
+    hold (16 GPUs on 8) is passed, with reservations on or off."""
+    jobs = [
+        running(1, ["n0"] * 4, started=-600, time_limit_s=3600),  # n0 back at +3000
+        running(2, ["n1"] * 3, started=-600, time_limit_s=9000),  # 3 more at +8400
+        pending(20, dp=16, priority=9),  # never fits
+        pending(21, tp=4, priority=5),  # a whole node: n0 at +3000
+        pending(22, dp=1),  # fits n1's free GPU now, but backfill is off
+    ]
+    for reservations in (False, True):
+        config = PolicyConfig(backfill=False, preemption=False, reservations=reservations)
+        decisions = by_id(schedule(TWO_BY_FOUR, jobs, NOW, config))
+        never, head, behind = decisions[20], decisions[21], decisions[22]
+        assert isinstance(never, Wait) and "cannot hold it" in never.reason
+        assert isinstance(head, Wait) and head.estimated_start_at == at(3000)
+        assert isinstance(behind, Wait) and behind.explanation.blocking_job_id == 21
+        assert behind.estimated_start_at is not None and behind.estimated_start_at >= at(3000)
+
+
 def test_a_protected_job_holds_the_reservation_without_reservations() -> None:
     """Protection bounds the wait of a large job that small ones would otherwise pass
     forever: once protected it holds its start, and a job behind that would run past it

@@ -260,8 +260,8 @@ def _blocked(state: _Pass, job: JobView, placement: Placement | None) -> None:
     The first such job takes the reservation; a later one may make room beside it."""
     if state.reservation is None:
         _reserve(state, job, placement)
-    elif placement is not None or not _make_room_beside(state, job):
-        _wait(state, job, placement)
+    elif placement is not None or state.tries_left <= 0 or not _make_room_beside(state, job):
+        _wait(state, job, placement)  # tries spent: the common case in a long queue
 
 
 def _at_dp(job: JobView, dp: int) -> JobView:
@@ -959,7 +959,7 @@ def _fill_rough_etas(state: _Pass) -> None:
             if isinstance(head, Wait) and head.estimated_start_at is not None:
                 floor = max(floor, head.estimated_start_at)
             eta = max(state.releases[slot].at, floor, wait.estimated_start_at or floor)
-            state.decisions[index] = replace(wait, estimated_start_at=eta)
+            state.decisions[index] = wait.estimated(eta)
 
 
 def _estimate_start(state: _Pass, reservation: _Reservation, job: JobView) -> Start | None:
@@ -970,7 +970,7 @@ def _estimate_start(state: _Pass, reservation: _Reservation, job: JobView) -> St
     state.etas_left -= 1
     free = state.free.copy()
     free.take_all(reservation.needed)
-    start = earliest_start(job.shape, free, state.releases, state.now)
+    start = earliest_start(job.shape, free, state.releases, state.now, scratch=True)
     if start is None or start.at >= reservation.at:
         return start
     return Start(reservation.at, start.placement, start.free)

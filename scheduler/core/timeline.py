@@ -90,17 +90,24 @@ def release_timeline(
 
 
 def earliest_start(
-    shape: GangShape, free: FreePool, releases: Sequence[Release], now: datetime
+    shape: GangShape,
+    free: FreePool,
+    releases: Sequence[Release],
+    now: datetime,
+    *,
+    scratch: bool = False,
 ) -> Start | None:
     """The first time the gang fits, adding releases in order; None if it never does.
 
     One pool is updated release by release (O(nodes touched) each), and placement is only
     tried once the free total covers the gang, so a search costs about O(R) small steps.
+    `scratch`: `free` is the caller's own copy, which the search may change instead of
+    copying it again (a pool of a thousand nodes is the search's largest cost).
     """
     placement = place_gang(shape, free)
     if placement is not None:
         return Start(now, placement, free.as_dict())
-    pool = free.copy()
+    pool = free if scratch else free.copy()
     for release in releases:
         for node_id, cap in release.capacity.items():
             pool.give(node_id, cap)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from unittest.mock import patch
 
 from hypothesis import given
@@ -21,7 +21,7 @@ from scheduler.core import (
     queue_order,
     schedule,
 )
-from scheduler.core.decisions import Resize
+from scheduler.core.decisions import Explanation, Resize
 from scheduler.core.ordering import rank, work_lost_s
 from scheduler.model import ClusterSnapshot, JobState, JobView
 from tests.unit.builders import NOW, Cluster, at, pending, running
@@ -452,6 +452,22 @@ def test_jobs_beyond_the_horizon_get_a_gpu_count_estimate() -> None:
     decisions = by_id(schedule(Cluster().nodes(4, 4).snapshot(), jobs, NOW, config))
     etas = [decisions[i].estimated_start_at for i in (10, 11, 12)]  # type: ignore[union-attr]
     assert etas == [at(600), at(1800), at(3600)]
+
+
+def test_an_estimate_keeps_every_other_field_of_the_wait() -> None:
+    """`Wait.estimated` lists the fields by hand (for speed): a field added to Wait and
+    not copied there fails here."""
+    why = Explanation(Blocker.RESERVATION, "m", "u", 7)
+    wait = Wait(3, why, at(60), True, 2.5)
+    assert {f.name for f in fields(Wait)} == {
+        "job_id",
+        "explanation",
+        "estimated_start_at",
+        "reserved",
+        "protected",
+    }
+    assert wait.estimated(at(900)) == replace(wait, estimated_start_at=at(900))
+    assert wait.estimated(None) == replace(wait, estimated_start_at=None)
 
 
 # -- properties ---------------------------------------------------------------------------

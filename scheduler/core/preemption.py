@@ -17,7 +17,7 @@ job then fits (principle 6). Only RUNNING jobs that are preemptible and have run
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from datetime import datetime
 
 from scheduler.core.config import PolicyConfig
@@ -29,7 +29,7 @@ from scheduler.model import JobState, JobView
 def choose_victims(
     job: JobView,
     free: FreePool,
-    pool: Sequence[JobView],
+    pool: Iterable[JobView],
     now: datetime,
     config: PolicyConfig,
     *,
@@ -48,7 +48,7 @@ def choose_victims(
     ranks = ranks if ranks is not None else {}
     job_rank = rank(job, now, config)
     chosen: list[JobView] = []
-    capacity = free.copy()
+    capacity: FreePool | None = None  # free plus the chosen: copied at the first victim
     for victim in pool:
         if victim.id not in borrowed and _rank_of(victim, now, config, ranks) >= job_rank:
             return None  # the rest rank no lower, and no borrowed gang comes after
@@ -57,27 +57,70 @@ def choose_victims(
         ):
             continue
         chosen.append(victim)
+        capacity = capacity or free.copy()
         capacity.give_all(_held(victim))
         if place_gang(job.shape, capacity) is not None:
             break
     else:
         return None
-    for victim in reversed(list(chosen)):  # spare the most expensive first
-        rest = [v for v in chosen if v is not victim]
-        if place_gang(job.shape, freed_by(free, rest)) is not None:
-            chosen = rest
+    assert capacity is not None
+    return _spare(job, chosen, capacity)
+
+
+def _spare(job: JobView, chosen: list[JobView], capacity: FreePool) -> list[JobView]:
+    """`chosen` less every victim the job fits without, the most expensive (last) first.
+    `capacity` (free plus all of `chosen`) is changed in place, a victim's GPUs taken out
+    to try without it and given back if needed: copying a pool of a thousand nodes per
+    try was most of a victim search's cost."""
+    for victim in reversed(list(chosen)):
+        held = _held(victim)
+        capacity.take_all(held)
+        if place_gang(job.shape, capacity) is not None:
+            chosen = [v for v in chosen if v is not victim]
+        else:
+            capacity.give_all(held)
     return chosen
+
+
+class VictimPool:
+    """A pass's preemption candidates in `victim_order`, drawn from its generator only as
+    far as a search walks (most stop in the first group of one rank, so the other groups
+    are never sorted), less the gangs dropped from it (preempted or resized in the pass)."""
+
+    def __init__(self, order: Iterator[JobView]) -> None:
+        self._order = order
+        self._drawn: list[JobView] = []
+        self._dropped: set[int] = set()
+
+    def __iter__(self) -> Iterator[JobView]:
+        index = 0
+        while True:
+            if index == len(self._drawn):
+                following = next(self._order, None)
+                if following is None:
+                    return
+                self._drawn.append(following)
+            gang = self._drawn[index]
+            index += 1
+            if gang.id not in self._dropped:
+                yield gang
+
+    def __bool__(self) -> bool:
+        return next(iter(self), None) is not None
+
+    def drop(self, ids: Set[int]) -> None:
+        self._dropped |= ids
 
 
 def victim_pool(
     holders: Sequence[JobView], now: datetime, config: PolicyConfig, borrowed: Set[int]
-) -> tuple[list[JobView], dict[int, tuple[int, float]]]:
+) -> tuple[VictimPool, dict[int, tuple[int, float]]]:
     """The holders that could be preempted at all (`could_be_victim`), cheapest first
     (`victim_order`: the order does not depend on the job to make room for), and their
     ranks by job id."""
     candidates = [h for h in holders if could_be_victim(h, now, config)]
     ranks = {h.id: rank(h, now, config) for h in candidates}
-    return list(victim_order(candidates, now, config, borrowed, ranks)), ranks
+    return VictimPool(victim_order(candidates, now, config, borrowed, ranks)), ranks
 
 
 def freed_by(free: FreePool, jobs: Sequence[JobView]) -> FreePool:

@@ -59,7 +59,7 @@ from scheduler.core.placement import (
     total_capacity,
     usage,
 )
-from scheduler.core.preemption import choose_victims, freed_by, victim_pool
+from scheduler.core.preemption import VictimPool, choose_victims, freed_by, victim_pool
 from scheduler.core.quotas import (
     borrowing_jobs,
     gpus_by_queue,
@@ -120,7 +120,7 @@ class _Pass:
     # Holders that could be preempted at all, cheapest first (`victim_order`), with their
     # ranks: built by the first preemption attempt of the pass; a gang preempted or
     # resized in the pass leaves it.
-    victim_pool: list[JobView] | None = None
+    victim_pool: VictimPool | None = None
     ranks: dict[int, tuple[int, float]] = field(default_factory=dict)
     # What `choose_victims` reads of a job, for those it found no victims for while the
     # free capacity stayed as it is (cleared on admission, like `shortage_memo`).
@@ -746,7 +746,7 @@ def _touch(state: _Pass, gangs: Iterable[JobView]) -> None:
     ids = {gang.id for gang in gangs}
     state.touched |= ids
     if state.victim_pool is not None:
-        state.victim_pool = [h for h in state.victim_pool if h.id not in ids]
+        state.victim_pool.drop(ids)
 
 
 def _why_preempted(state: _Pass, job: JobView, victim: JobView) -> str:

@@ -57,28 +57,20 @@ def choose_victims(
         ):
             continue
         chosen.append(victim)
-        capacity = capacity or free.copy()
+        if capacity is None:
+            capacity = free.copy()
         capacity.give_all(_held(victim))
         if place_gang(job.shape, capacity) is not None:
             break
     else:
         return None
-    assert capacity is not None
-    return _spare(job, chosen, capacity)
-
-
-def _spare(job: JobView, chosen: list[JobView], capacity: FreePool) -> list[JobView]:
-    """`chosen` less every victim the job fits without, the most expensive (last) first.
-    `capacity` (free plus all of `chosen`) is changed in place, a victim's GPUs taken out
-    to try without it and given back if needed: copying a pool of a thousand nodes per
-    try was most of a victim search's cost."""
-    for victim in reversed(list(chosen)):
-        held = _held(victim)
-        capacity.take_all(held)
-        if place_gang(job.shape, capacity) is not None:
-            chosen = [v for v in chosen if v is not victim]
-        else:
-            capacity.give_all(held)
+    for victim in reversed(list(chosen)):  # spare the most expensive first
+        rest = [v for v in chosen if v is not victim]
+        # a fresh pool per try: taking a victim out of `capacity` and giving it back
+        # would not restore float CPU sums bit for bit, and a try could then see room
+        # the real freed pool does not have
+        if place_gang(job.shape, freed_by(free, rest)) is not None:
+            chosen = rest
     return chosen
 
 

@@ -261,7 +261,7 @@ def _blocked(state: _Pass, job: JobView, placement: Placement | None) -> None:
     if state.reservation is None:
         _reserve(state, job, placement)
     elif placement is not None or state.tries_left <= 0 or not _make_room_beside(state, job):
-        _wait(state, job, placement)  # tries spent: the common case in a long queue
+        _wait(state, job, placement)  # (tries_left checked first: once spent, most jobs)
 
 
 def _at_dp(job: JobView, dp: int) -> JobView:

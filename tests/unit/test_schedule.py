@@ -6,6 +6,7 @@ import importlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 from unittest.mock import patch
 
 from hypothesis import given
@@ -23,7 +24,16 @@ from scheduler.core import (
 )
 from scheduler.core.decisions import Explanation, Resize
 from scheduler.core.ordering import rank, work_lost_s
-from scheduler.model import ClusterSnapshot, JobState, JobView
+from scheduler.model import (
+    ClusterSnapshot,
+    GangShape,
+    JobState,
+    JobView,
+    Node,
+    Parallelism,
+    Placement,
+    RunInfo,
+)
 from tests.unit.builders import NOW, Cluster, at, pending, running
 
 # The module, not the function that `scheduler.core.schedule` names on the package.
@@ -264,6 +274,43 @@ def test_preemption_prunes_victims_that_are_not_needed() -> None:
     ]
     decisions = schedule(Cluster().nodes(1, 4).snapshot(), jobs, NOW)
     assert [d.job_id for d in decisions if isinstance(d, Preempt)] == [2]
+
+
+def test_victims_chosen_with_fractional_cpus_make_room_in_the_freed_pool() -> None:
+    """Sparing a victim is tried on free plus the other victims, summed afresh: taking a
+    victim's CPUs out of a pool and giving them back leaves 0.2 as 0.20000000000000018, and
+    a search on such a pool chose victims that did not make room (the pass then failed)."""
+
+    def holder(job_id: int, node: str, tp: int, gpus: int, cpus: float, **kw: Any) -> JobView:
+        shape = GangShape(Parallelism(tp=tp), gpus_per_rank=gpus, cpus_per_rank=cpus)
+        return JobView(
+            job_id,
+            0,
+            at(-1010),
+            JobState.RUNNING,
+            shape,
+            Placement((node,) * tp),
+            run=RunInfo(at(-1000)),
+            **kw,
+        )
+
+    nodes = (Node("n0", "n0", 8, 4.8), Node("n1", "n1", 2, 32.0))
+    jobs = [
+        holder(1, "n0", 1, 1, 4.0, time_limit_s=3600),
+        holder(2, "n0", 1, 5, 0.6, time_limit_s=7200, preemptible=False),
+        holder(3, "n1", 2, 1, 1.0, time_limit_s=7200),
+        JobView(
+            4,
+            1,
+            at(-60),
+            JobState.PENDING,
+            GangShape(Parallelism(dp=2, tp=2), cpus_per_rank=0.1),
+        ),
+    ]
+    decisions = schedule(ClusterSnapshot(nodes), jobs, NOW, PolicyConfig())
+    assert sorted(d.job_id for d in decisions if isinstance(d, Preempt)) == [1, 3]
+    wait = by_id(decisions)[4]
+    assert isinstance(wait, Wait) and wait.explanation.blocker is Blocker.PREEMPTING
 
 
 def test_never_preempts_higher_or_equal_priority_young_or_protected_jobs() -> None:

@@ -1,9 +1,12 @@
 """A worker group that cannot reach Ray for a while keeps its job; only lasting trouble,
-or a rank that is really gone, fails the gang. No Ray needed: the status call is faked."""
+or a rank that is really gone, fails the gang; a failed gang names the rank that failed
+first, not its peers' collateral. No Ray needed: the status call is faked."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,7 +14,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RaySystemError
 
 import scheduler.runtime.gangs.group
 from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup
-from scheduler.runtime.gangs.status import GroupPhase
+from scheduler.runtime.gangs.status import CAUSE_GRACE_S, GroupPhase
 from workers.launch import BuiltinRun, JobLaunch
 
 SPEC = GroupSpec(
@@ -84,3 +87,85 @@ def test_an_answer_ends_the_trouble(clock: Clock, monkeypatch: pytest.MonkeyPatc
 def test_a_dead_actor_fails_at_once(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
     failed = running_group(ActorDiedError(), monkeypatch).poll()
     assert failed.phase is GroupPhase.FAILED and failed.lost_nodes == ("n1",)
+
+
+def rank_status(
+    phase: str, failed_at: float | None = None, error: str | None = None
+) -> dict[str, Any]:
+    return {
+        "phase": phase,
+        "failed_at": failed_at,
+        "error": error,
+        "summary": None,
+        "step": 3,
+        "loss": 1.0,
+        "first_loss": 2.0,
+        "tokens_per_s": 10.0,
+        "logs": [],
+        "points": [],
+    }
+
+
+class Ranks:
+    """Two rank actors whose status answers the test sets, served by a fake `ray`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.answers = [rank_status("running"), rank_status("running")]
+        fake_ray = SimpleNamespace(
+            wait=lambda refs, num_returns, timeout: (refs, []),
+            get=lambda refs: [self.answers[rank] for rank in refs],
+        )
+        monkeypatch.setattr(scheduler.runtime.gangs.group, "ray", fake_ray)
+
+    def group(self) -> WorkerGroup:
+        pg: Any = None
+        actors = [self._actor(rank) for rank in range(2)]
+        spec = replace(SPEC, node_ids=("n1", "n2"), dp=2)
+        return WorkerGroup(spec, pg, placement_timeout_s=1, actors=actors)
+
+    @staticmethod
+    def _actor(rank: int) -> Any:
+        return SimpleNamespace(status=SimpleNamespace(remote=lambda *_: rank))
+
+
+COLLATERAL = "RuntimeError: Connection closed by peer (a remote worker crashing)"
+CAUSE = "Traceback ...\nRuntimeError: bad batch"
+
+
+def test_a_failed_gang_names_the_rank_that_raised_though_a_peer_was_marked_first(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ranks = Ranks(monkeypatch)
+    group = ranks.group()
+    ranks.answers[1] = rank_status("failed", failed_at=20.5, error=COLLATERAL)
+    pending = group.poll()
+    assert pending.phase is GroupPhase.RUNNING and pending.cause_pending
+    clock.now += 2
+    ranks.answers[0] = rank_status("failed", failed_at=20.0, error=CAUSE)
+    failed = group.poll()
+    assert failed.phase is GroupPhase.FAILED
+    assert (failed.error or "").startswith("rank 0 failed (rank(s) 1 failed after it)")
+    assert "bad batch" in (failed.error or "")
+
+
+def test_a_failed_rank_fails_the_gang_once_the_grace_passes_without_a_cause(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ranks = Ranks(monkeypatch)
+    group = ranks.group()
+    ranks.answers[1] = rank_status("failed", failed_at=20.5, error=COLLATERAL)
+    assert group.poll().phase is GroupPhase.RUNNING
+    clock.now += CAUSE_GRACE_S - 1
+    assert group.poll().phase is GroupPhase.RUNNING
+    clock.now += 2
+    failed = group.poll()
+    assert failed.phase is GroupPhase.FAILED and (failed.error or "").startswith("rank 1 failed")
+
+
+def test_a_gang_whose_every_rank_has_ended_fails_without_waiting(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ranks = Ranks(monkeypatch)
+    group = ranks.group()
+    ranks.answers = [rank_status("succeeded"), rank_status("failed", 20.0, CAUSE)]
+    assert group.poll().phase is GroupPhase.FAILED

@@ -37,7 +37,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from scheduler.runtime.gangs.status import GroupPhase, GroupStatus, aggregate
+from scheduler.runtime.gangs.status import CAUSE_GRACE_S, GroupPhase, GroupStatus, aggregate
 from scheduler.store.records import ReportedPoint
 from workers.launch import JobLaunch, RankInfo
 from workers.supervisor.actor import IDLE, RankSupervisor
@@ -117,6 +117,8 @@ class WorkerGroup:
         # under its lease's bound, so no call outlives the leadership it was made under).
         self._call_timeout_s = call_timeout_s
         self._trouble_since: float | None = None
+        # When a poll first saw a failed rank beside running ones (see `CAUSE_GRACE_S`).
+        self._failure_seen: float | None = None
         self._pg = pg
         self._placement_timeout_s = placement_timeout_s
         self._created = time.monotonic()
@@ -282,8 +284,13 @@ class WorkerGroup:
             return
         statuses = ray.get(self._status_refs)
         self._status_refs = None
+        now = time.monotonic()
+        seen = self._failure_seen
+        status = aggregate(statuses, wait_for_cause=seen is None or now - seen < CAUSE_GRACE_S)
+        if status.cause_pending and seen is None:
+            self._failure_seen = now
         self._last = replace(
-            aggregate(statuses), logs=self._new_lines(statuses), points=self._new_points(statuses)
+            status, logs=self._new_lines(statuses), points=self._new_points(statuses)
         )
         self._phase = self._last.phase
         self._error = self._last.error

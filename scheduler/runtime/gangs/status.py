@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.store.records import ReportedPoint
-from workers.supervisor.actor import FAILED, IDLE, SUCCEEDED
+from workers.supervisor.actor import FAILED, IDLE, RUNNING, SUCCEEDED
+
+# How long a gang with a failed rank waits for its still-running ranks before the verdict.
+# A rank whose program raised is often not the first to be marked failed: its peers' broken
+# collective ("a remote worker crashing") can end them while it is still exiting, and the
+# job's error must name the exception, not the collateral.
+CAUSE_GRACE_S = 5.0
 
 
 class GroupPhase(enum.StrEnum):
@@ -51,10 +57,14 @@ class GroupStatus:
     stop_seen: bool = False
     # Rank 0's event lines this attempt (`RankContext.event`), oldest first, all of them.
     events: tuple[str, ...] = ()
+    # A rank failed while others still run: the verdict waits for them (CAUSE_GRACE_S).
+    cause_pending: bool = False
 
 
-def aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
-    """One status for the gang: a failed rank fails it, all succeeded succeeds it."""
+def aggregate(statuses: list[dict[str, Any]], *, wait_for_cause: bool = False) -> GroupStatus:
+    """One status for the gang: a failed rank fails it, all succeeded succeeds it. With
+    `wait_for_cause`, a failure while other ranks still run keeps the gang running
+    (`cause_pending`): the rank that really failed first may still be on its way out."""
     lead = statuses[0]
     progress = {key: lead[key] for key in ("step", "loss", "first_loss", "tokens_per_s")}
     progress["step_time_s"] = lead.get("step_time_s")
@@ -69,6 +79,8 @@ def aggregate(statuses: list[dict[str, Any]]) -> GroupStatus:
     progress["stop_seen"] = any(s.get("stop_seen") for s in statuses)
     progress["events"] = tuple(str(line) for line in lead.get("events", ()))
     phases = Counter(s["phase"] for s in statuses)
+    if phases[FAILED] and wait_for_cause and phases[RUNNING]:
+        return GroupStatus(GroupPhase.RUNNING, ranks_started=True, cause_pending=True, **progress)
     if phases[FAILED]:
         error, reason = _root_cause(statuses)
         return GroupStatus(

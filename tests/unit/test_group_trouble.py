@@ -162,6 +162,15 @@ def test_a_failed_rank_fails_the_gang_once_the_grace_passes_without_a_cause(
     assert failed.phase is GroupPhase.FAILED and (failed.error or "").startswith("rank 1 failed")
 
 
+def test_a_rank_that_failed_of_its_own_fails_the_gang_at_once(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ranks = Ranks(monkeypatch)
+    group = ranks.group()
+    ranks.answers[1] = rank_status("failed", 20.0, "train:main was killed by signal 9")
+    assert group.poll().phase is GroupPhase.FAILED
+
+
 def test_a_gang_whose_every_rank_has_ended_fails_without_waiting(
     clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -4,6 +4,7 @@ one. Ray-free, so the pure lifecycle and the store's readers import it without R
 from __future__ import annotations
 
 import enum
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -11,11 +12,18 @@ from typing import Any
 from scheduler.store.records import ReportedPoint
 from workers.supervisor.actor import FAILED, IDLE, RUNNING, SUCCEEDED
 
-# How long a gang with a failed rank waits for its still-running ranks before the verdict.
-# A rank whose program raised is often not the first to be marked failed: its peers' broken
-# collective ("a remote worker crashing") can end them while it is still exiting, and the
-# job's error must name the exception, not the collateral.
+# How long a gang whose failed ranks all died of a broken collective waits for its
+# still-running ranks before the verdict. The rank whose program raised is often not the
+# first to be marked failed: its peers' collective ("a remote worker crashing") can end
+# them while it is still exiting, and the job's error must name the exception, not the
+# collateral. A failure that is not a peer's (a traceback of its own, a signal) is final.
 CAUSE_GRACE_S = 5.0
+# What gloo, NCCL and torch.distributed say when a peer went away under a collective.
+PEER_FAILURE = re.compile(
+    r"closed by peer|reset by peer|remote worker (?:crashing|hanging)|broken pipe"
+    r"|communicator was aborted|watchdog caught collective|DistNetworkError|DistBackendError",
+    re.IGNORECASE,
+)
 
 
 class GroupPhase(enum.StrEnum):
@@ -57,14 +65,14 @@ class GroupStatus:
     stop_seen: bool = False
     # Rank 0's event lines this attempt (`RankContext.event`), oldest first, all of them.
     events: tuple[str, ...] = ()
-    # A rank failed while others still run: the verdict waits for them (CAUSE_GRACE_S).
+    # Ranks failed of a broken collective while others run: the verdict waits (CAUSE_GRACE_S).
     cause_pending: bool = False
 
 
 def aggregate(statuses: list[dict[str, Any]], *, wait_for_cause: bool = False) -> GroupStatus:
     """One status for the gang: a failed rank fails it, all succeeded succeeds it. With
-    `wait_for_cause`, a failure while other ranks still run keeps the gang running
-    (`cause_pending`): the rank that really failed first may still be on its way out."""
+    `wait_for_cause`, ranks that failed of a broken collective while others still run keep
+    the gang running (`cause_pending`): the rank that really failed may be on its way out."""
     lead = statuses[0]
     progress = {key: lead[key] for key in ("step", "loss", "first_loss", "tokens_per_s")}
     progress["step_time_s"] = lead.get("step_time_s")
@@ -79,7 +87,7 @@ def aggregate(statuses: list[dict[str, Any]], *, wait_for_cause: bool = False) -
     progress["stop_seen"] = any(s.get("stop_seen") for s in statuses)
     progress["events"] = tuple(str(line) for line in lead.get("events", ()))
     phases = Counter(s["phase"] for s in statuses)
-    if phases[FAILED] and wait_for_cause and phases[RUNNING]:
+    if phases[FAILED] and wait_for_cause and phases[RUNNING] and _peers_failed_them(statuses):
         return GroupStatus(GroupPhase.RUNNING, ranks_started=True, cause_pending=True, **progress)
     if phases[FAILED]:
         error, reason = _root_cause(statuses)
@@ -93,6 +101,11 @@ def aggregate(statuses: list[dict[str, Any]], *, wait_for_cause: bool = False) -
     if phases[SUCCEEDED] == len(statuses):
         return GroupStatus(GroupPhase.SUCCEEDED, ranks_started=True, **progress)
     return GroupStatus(GroupPhase.RUNNING, ranks_started=True, **progress)
+
+
+def _peers_failed_them(statuses: list[dict[str, Any]]) -> bool:
+    """Every failed rank's error says a peer went away under a collective."""
+    return all(PEER_FAILURE.search(s.get("error") or "") for s in statuses if s["phase"] == FAILED)
 
 
 def _root_cause(statuses: list[dict[str, Any]]) -> tuple[str, str]:

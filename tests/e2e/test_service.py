@@ -2,6 +2,8 @@
 
 These tests join the session's shared Ray cluster (production shape: Ray outlives the
 service), except the embedded-default test, which lets `gangway serve` start its own.
+Each runs on one database (the store's part of every path is checked on both by the
+integration tests); the ones whose point is a database run on that one.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def states(client: Client, job_id: int) -> list[str]:
     return [e.to_state.value for e in client.events(job_id)]
 
 
+@on_sqlite_only
 def test_dp2_builtin_job_trains_to_success(service: Service) -> None:
     client = service.start()
     submitted_at = time.monotonic()
@@ -83,6 +86,7 @@ def test_dp2_builtin_job_trains_to_success(service: Service) -> None:
     print(f"dp=2 demo: submit -> SUCCEEDED in {elapsed:.1f} s")
 
 
+@on_postgresql_only
 def test_cancel_stops_the_ranks_and_frees_the_gpus(service: Service) -> None:
     client = service.start()
     job = client.submit(
@@ -108,6 +112,7 @@ for step in range(1, 41):
 """
 
 
+@on_sqlite_only
 def test_a_command_job_reports_metrics_with_the_helper(service: Service, tmp_path: Path) -> None:
     """`gangway.report` in a user's own script: every point stored, the best kept."""
     client = service.start()
@@ -300,6 +305,7 @@ def test_an_asha_sweep_pauses_and_promotes_real_trials_from_their_checkpoints(
         assert not released or client.get(trial.job_id).attempt > 1
 
 
+@on_postgresql_only
 def test_a_user_error_fails_the_job_with_the_traceback(service: Service) -> None:
     client = service.start()
     job = client.submit(
@@ -314,6 +320,7 @@ def test_a_user_error_fails_the_job_with_the_traceback(service: Service) -> None
     assert "Traceback" in failed.error
 
 
+@on_sqlite_only
 def test_restarts_with_kill_and_sigterm_reattach_the_running_job(service: Service) -> None:
     client = service.start()
     job = client.submit(
@@ -462,6 +469,7 @@ def gangway_cli(*args: str) -> str:
     return result.stdout
 
 
+@on_postgresql_only
 def test_cli_submit_jobs_status_cancel(service: Service) -> None:
     service.start()
     url = ["--url", service.url]

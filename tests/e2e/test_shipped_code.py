@@ -1,6 +1,7 @@
 """Users' own code through the whole service: `gangway serve` with its embedded Ray (whose
 raylets start from the service's own environment, secrets included), auth on, PostgreSQL
-or SQLite; a client ships a working directory and runs a command on two nodes."""
+(whose address must not reach the ranks); a client ships a working directory and runs a
+command on two nodes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from bench.harness.service import ADMIN_KEY, Service
 from gangway import Command, JobState, Parallelism, Resources
+from tests.conftest import on_postgresql_only
 
 pytestmark = pytest.mark.ray
 
@@ -29,6 +31,7 @@ def workdir(root: Path) -> Path:
 
 
 @pytest.mark.timeout(600)
+@on_postgresql_only
 def test_a_shipped_command_runs_on_two_nodes_and_sees_no_service_secret(
     tmp_path: Path, database_url: str
 ) -> None:

@@ -82,7 +82,9 @@ def run_engine(
     }
     # The ranks fork from one server process that imported this module (torch and the
     # engine) once, for every call: a spawned rank spent ~2.7 s of CPU on those imports.
-    # A forked rank inherits the server's environment, so the caller's is handed on.
+    # A forked rank inherits the server's environment, so the caller's is handed on. (The
+    # server imports from its working directory, the repository root under scripts/test;
+    # from elsewhere the preload fails quietly and each rank imports what it needs.)
     multiprocessing.set_forkserver_preload([__name__])
     start_processes(  # type: ignore[no-untyped-call]
         _rank_main, args=(job,), nprocs=plan.world_size, start_method="forkserver"

@@ -14,7 +14,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RaySystemError
 
 import scheduler.runtime.gangs.group
 from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup
-from scheduler.runtime.gangs.status import CAUSE_GRACE_S, GroupPhase
+from scheduler.runtime.gangs.status import CAUSE_GRACE_S, GroupPhase, aggregate
 from workers.launch import BuiltinRun, JobLaunch
 
 SPEC = GroupSpec(
@@ -128,7 +128,7 @@ class Ranks:
         return SimpleNamespace(status=SimpleNamespace(remote=lambda *_: rank))
 
 
-COLLATERAL = "RuntimeError: Connection closed by peer (a remote worker crashing)"
+COLLATERAL = "RuntimeError: [pair.cc:534] Connection closed by peer [127.0.0.1]:4242"
 CAUSE = "Traceback ...\nRuntimeError: bad batch"
 
 
@@ -141,7 +141,8 @@ def test_a_failed_gang_names_the_rank_that_raised_though_a_peer_was_marked_first
     pending = group.poll()
     assert pending.phase is GroupPhase.RUNNING and pending.cause_pending
     clock.now += 2
-    ranks.answers[0] = rank_status("failed", failed_at=20.0, error=CAUSE)
+    # its supervisor heard of the exception after rank 1's heard of the broken collective
+    ranks.answers[0] = rank_status("failed", failed_at=20.7, error=CAUSE)
     failed = group.poll()
     assert failed.phase is GroupPhase.FAILED
     assert (failed.error or "").startswith("rank 0 failed (rank(s) 1 failed after it)")
@@ -178,3 +179,18 @@ def test_a_gang_whose_every_rank_has_ended_fails_without_waiting(
     group = ranks.group()
     ranks.answers = [rank_status("succeeded"), rank_status("failed", 20.0, CAUSE)]
     assert group.poll().phase is GroupPhase.FAILED
+
+
+@pytest.mark.parametrize(
+    ("error", "waits"),
+    [
+        ("RuntimeError: [pair.cc:534] Connection closed by peer [10.0.0.2]:4242", True),
+        ("RuntimeError: ... This is typically caused by a remote worker crashing.", True),
+        ("torch.distributed.DistBackendError: NCCL communicator was aborted on rank 1", True),
+        ("RuntimeError: bad batch", False),
+        ("train.py exited with code -9 (killed by signal 9)", False),
+    ],
+)
+def test_only_a_peers_failure_waits_for_its_cause(error: str, waits: bool) -> None:
+    statuses = [rank_status("running"), rank_status("failed", 20.0, error)]
+    assert aggregate(statuses, wait_for_cause=True).cause_pending is waits

@@ -16,7 +16,7 @@ from workers.supervisor.actor import FAILED, IDLE, RUNNING, SUCCEEDED
 # still-running ranks before the verdict. The rank whose program raised is often not the
 # first to be marked failed: its peers' collective ("a remote worker crashing") can end
 # them while it is still exiting, and the job's error must name the exception, not the
-# collateral. A failure that is not a peer's (a traceback of its own, a signal) is final.
+# collateral. A failure whose error says nothing of a peer is final at once.
 CAUSE_GRACE_S = 5.0
 # What gloo, NCCL and torch.distributed say when a peer went away under a collective.
 PEER_FAILURE = re.compile(
@@ -109,15 +109,19 @@ def _peers_failed_them(statuses: list[dict[str, Any]]) -> bool:
 
 
 def _root_cause(statuses: list[dict[str, Any]]) -> tuple[str, str]:
-    """The rank that failed first is the cause; its peers usually fail from the broken
-    collective a moment later, so they are only named. The whole story, and one line of
-    it (that rank, how it ended, its last words) for the job's reason."""
+    """The rank that failed first of its own is the cause (else the first to fail); its
+    peers usually fail from the broken collective a moment later, so they are only named.
+    When a rank failed is when its supervisor heard of it, which can follow a peer's by a
+    moment. The whole story, and one line of it (that rank, how it ended, its last words)
+    for the job's reason."""
     failed = sorted(
-        (s["failed_at"] or 0.0, rank) for rank, s in enumerate(statuses) if s["phase"] == FAILED
+        (bool(PEER_FAILURE.search(s.get("error") or "")), s["failed_at"] or 0.0, rank)
+        for rank, s in enumerate(statuses)
+        if s["phase"] == FAILED
     )
-    first = failed[0][1]
+    first = failed[0][2]
     cause = statuses[first]
-    others = [str(rank) for _, rank in failed[1:]]
+    others = [str(rank) for *_, rank in sorted(failed[1:], key=lambda f: f[1:])]
     after = f" (rank(s) {', '.join(others)} failed after it)" if others else ""
     message = f"rank {first} failed{after}:\n{cause['error']}"
     summary = cause.get("summary") or f"failed: {last_line(cause['error'])}"

@@ -132,12 +132,18 @@ COLLATERAL = "RuntimeError: [pair.cc:534] Connection closed by peer [127.0.0.1]:
 CAUSE = "Traceback ...\nRuntimeError: bad batch"
 
 
-def test_a_failed_gang_names_the_rank_that_raised_though_a_peer_was_marked_first(
-    clock: Clock, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def peer_failed(monkeypatch: pytest.MonkeyPatch) -> tuple[Ranks, WorkerGroup]:
+    """Two running ranks, then rank 1 failed of its broken collective."""
     ranks = Ranks(monkeypatch)
     group = ranks.group()
     ranks.answers[1] = rank_status("failed", failed_at=20.5, error=COLLATERAL)
+    return ranks, group
+
+
+def test_a_failed_gang_names_the_rank_that_raised_though_a_peer_was_marked_first(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ranks, group = peer_failed(monkeypatch)
     pending = group.poll()
     assert pending.phase is GroupPhase.RUNNING and pending.cause_pending
     clock.now += 2
@@ -152,9 +158,7 @@ def test_a_failed_gang_names_the_rank_that_raised_though_a_peer_was_marked_first
 def test_a_failed_rank_fails_the_gang_once_the_grace_passes_without_a_cause(
     clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ranks = Ranks(monkeypatch)
-    group = ranks.group()
-    ranks.answers[1] = rank_status("failed", failed_at=20.5, error=COLLATERAL)
+    _, group = peer_failed(monkeypatch)
     assert group.poll().phase is GroupPhase.RUNNING
     clock.now += CAUSE_GRACE_S - 1
     assert group.poll().phase is GroupPhase.RUNNING

@@ -105,7 +105,11 @@ def aggregate(statuses: list[dict[str, Any]], *, wait_for_cause: bool = False) -
 
 def _peers_failed_them(statuses: list[dict[str, Any]]) -> bool:
     """Every failed rank's error says a peer went away under a collective."""
-    return all(PEER_FAILURE.search(s.get("error") or "") for s in statuses if s["phase"] == FAILED)
+    return all(_failed_of_a_peer(s) for s in statuses if s["phase"] == FAILED)
+
+
+def _failed_of_a_peer(status: dict[str, Any]) -> bool:
+    return PEER_FAILURE.search(status.get("error") or "") is not None
 
 
 def _root_cause(statuses: list[dict[str, Any]]) -> tuple[str, str]:
@@ -115,7 +119,7 @@ def _root_cause(statuses: list[dict[str, Any]]) -> tuple[str, str]:
     moment. The whole story, and one line of it (that rank, how it ended, its last words)
     for the job's reason."""
     failed = sorted(
-        (bool(PEER_FAILURE.search(s.get("error") or "")), s["failed_at"] or 0.0, rank)
+        (_failed_of_a_peer(s), s["failed_at"] or 0.0, rank)
         for rank, s in enumerate(statuses)
         if s["phase"] == FAILED
     )

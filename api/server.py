@@ -74,6 +74,7 @@ class Runtime:
                 placement_timeout_s=self._settings.placement_timeout_s,
                 policy=self._launch_policy(),
                 call_timeout_s=self._lease.action_bound_s,
+                trouble_grace_s=self._settings.ray_trouble_grace_s,
             ),
             policy=self._settings.policy(),
             queues=QueueRepository(self._repo.engine).quotas,

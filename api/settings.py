@@ -201,6 +201,13 @@ class Settings(BaseSettings):
         "whose logical GPUs share this host's cores with users' jobs",
     )
     placement_timeout_s: float = Field(120.0, gt=0)
+    ray_trouble_grace_s: float = Field(
+        60.0,
+        gt=0,
+        description="a running gang fails when Ray cannot answer for it this long: a "
+        "control-plane error that lasts, or a rank whose status call goes unanswered "
+        "(its supervisor stuck, its node unreachable but not yet dead)",
+    )
     hang_factor: float = Field(
         _LIFECYCLE.hang_factor, gt=1, description="x recent step time without progress"
     )

@@ -61,10 +61,13 @@ class RayExecutor:
         placement_timeout_s: float,
         policy: LaunchPolicy | None = None,
         call_timeout_s: float = 5.0,
+        trouble_grace_s: float = 60.0,
     ) -> None:
         self._placement_timeout_s = placement_timeout_s
         self._policy = policy or LaunchPolicy()
         self._call_timeout_s = call_timeout_s  # bound on any one blocking Ray call
+        # how long Ray may fail to answer for a gang before the gang fails
+        self._trouble_grace_s = trouble_grace_s
         self._groups: dict[int, WorkerGroup] = {}
 
     def launch(self, job: JobRecord) -> None:
@@ -73,11 +76,16 @@ class RayExecutor:
             group_spec(job, self._policy),
             placement_timeout_s=self._placement_timeout_s,
             call_timeout_s=self._call_timeout_s,
+            trouble_grace_s=self._trouble_grace_s,
         )
 
     def attach(self, job: JobRecord) -> bool:
         group = (
-            WorkerGroup.attach(group_spec(job, self._policy), call_timeout_s=self._call_timeout_s)
+            WorkerGroup.attach(
+                group_spec(job, self._policy),
+                call_timeout_s=self._call_timeout_s,
+                trouble_grace_s=self._trouble_grace_s,
+            )
             if job.placement
             else None
         )

@@ -1,9 +1,11 @@
 """A service killed with SIGKILL in every state a gang can be in, on an external Ray (the
-ranks outlive the service, the production shape); a rank SIGKILLed; a rank killed in the
-middle of a checkpoint save. Each case ends with the same invariant check."""
+ranks outlive the service, the production shape); a rank SIGKILLed; a rank's supervisor
+stuck (SIGSTOP); a rank killed in the middle of a checkpoint save. Each case ends with the
+same invariant check."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -111,6 +113,32 @@ def test_rank_sigkill_restarts_from_the_checkpoint(service: Service, tmp_path: P
     os.kill(ray.get(actor.status.remote())["pid"], signal.SIGKILL)
     jobs = finished(client, [job.id])
     assert jobs[0].state is JobState.SUCCEEDED and jobs[0].attempt == 2, jobs[0].status_reason
+    check(client, [job.id], checkpoints=tmp_path / "checkpoints", every=EVERY)
+
+
+@pytest.mark.faults
+def test_a_stuck_rank_supervisor_fails_the_attempt_and_the_job_resumes(
+    service: Service, tmp_path: Path
+) -> None:
+    """Rank 1's supervisor is stopped (SIGSTOP): its status call neither returns nor
+    fails, and Ray does not call the actor dead. The attempt fails once the round has
+    gone unanswered for the trouble grace, naming the rank; the next resumes."""
+    service.env["GANGWAY_RAY_TROUBLE_GRACE_S"] = "8"
+    client = service.start()
+    job = submit_counter(client, steps=30, max_restarts=1)
+    wait_state(client, job.id, "stepping")
+    wait_until_step(client, job.id, EVERY + 2)
+    actor = ray.get_actor(f"gangway-job{job.id}-attempt1-rank1", namespace="gangway")
+    supervisor = ray.get(actor.status.remote())["pid"]
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        jobs = finished(client, [job.id])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(supervisor, signal.SIGCONT)  # a stopped process would outlive the case
+    assert jobs[0].state is JobState.SUCCEEDED and jobs[0].attempt == 2, jobs[0].status_reason
+    reasons = [event.reason for event in client.events(job.id)]
+    assert any("rank(s) 1 " in r and "did not answer a status call" in r for r in reasons), reasons
     check(client, [job.id], checkpoints=tmp_path / "checkpoints", every=EVERY)
 
 

@@ -111,8 +111,12 @@ class Ranks:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.answers = [rank_status("running"), rank_status("running")]
+        self.silent: set[int] = set()  # ranks whose supervisor does not answer
         fake_ray = SimpleNamespace(
-            wait=lambda refs, num_returns, timeout: (refs, []),
+            wait=lambda refs, num_returns, timeout: (
+                [r for r in refs if r not in self.silent],
+                [r for r in refs if r in self.silent],
+            ),
             get=lambda refs: [self.answers[rank] for rank in refs],
         )
         monkeypatch.setattr(scheduler.runtime.gangs.group, "ray", fake_ray)
@@ -198,3 +202,34 @@ def test_a_gang_whose_every_rank_has_ended_fails_without_waiting(
 def test_only_a_peers_failure_waits_for_its_cause(error: str, waits: bool) -> None:
     statuses = [rank_status("running"), rank_status("failed", 20.0, error)]
     assert aggregate(statuses, wait_for_cause=True).cause_pending is waits
+
+
+def test_a_rank_that_never_answers_fails_the_gang_once_the_grace_passes(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ranks = Ranks(monkeypatch)
+    group = ranks.group()
+    ranks.silent.add(1)  # its supervisor is stopped: the call neither returns nor fails
+    assert group.poll().phase is GroupPhase.RUNNING
+    clock.now += 59
+    assert group.poll().phase is GroupPhase.RUNNING
+    clock.now += 2
+    failed = group.poll()
+    assert failed.phase is GroupPhase.FAILED
+    assert (failed.error or "").startswith(
+        "rank(s) 1 (node n2) did not answer a status call in 61 s"
+    )
+
+
+def test_a_late_answer_only_delays_the_round(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    ranks = Ranks(monkeypatch)
+    group = ranks.group()
+    ranks.silent.add(1)
+    group.poll()
+    clock.now += 50
+    ranks.silent.clear()
+    assert group.poll().phase is GroupPhase.RUNNING  # the round ends; the next one is new
+    ranks.silent.add(1)
+    group.poll()
+    clock.now += 50
+    assert group.poll().phase is GroupPhase.RUNNING

@@ -127,6 +127,7 @@ class WorkerGroup:
         self._address_ref: Any = None
         self._start_refs: list[Any] | None = None
         self._status_refs: list[Any] | None = None
+        self._round_asked = 0.0  # when the outstanding status round was asked (monotonic)
         # The newest output line fetched per rank. A group attached after a service
         # restart starts at 0: the store drops lines it already has.
         self._log_cursor = [0] * spec.world_size
@@ -140,7 +141,12 @@ class WorkerGroup:
 
     @classmethod
     def launch(
-        cls, spec: GroupSpec, *, placement_timeout_s: float, call_timeout_s: float = 5.0
+        cls,
+        spec: GroupSpec,
+        *,
+        placement_timeout_s: float,
+        call_timeout_s: float = 5.0,
+        trouble_grace_s: float = 60.0,
     ) -> WorkerGroup:
         """Ask Ray for the pinned placement group; actors follow once it is ready."""
         bundle = {"GPU": float(spec.gpus_per_rank), "CPU": float(spec.cpus_per_rank)}
@@ -151,10 +157,18 @@ class WorkerGroup:
             lifetime="detached",
             bundle_label_selector=[{"ray.io/node-id": node_id} for node_id in spec.node_ids],
         )
-        return cls(spec, pg, placement_timeout_s=placement_timeout_s, call_timeout_s=call_timeout_s)
+        return cls(
+            spec,
+            pg,
+            placement_timeout_s=placement_timeout_s,
+            call_timeout_s=call_timeout_s,
+            trouble_grace_s=trouble_grace_s,
+        )
 
     @classmethod
-    def attach(cls, spec: GroupSpec, *, call_timeout_s: float = 5.0) -> WorkerGroup | None:
+    def attach(
+        cls, spec: GroupSpec, *, call_timeout_s: float = 5.0, trouble_grace_s: float = 60.0
+    ) -> WorkerGroup | None:
         """Reattach to the group a previous service process started for this attempt.
 
         If only parts of it are left (the service died while launching, a rank is gone),
@@ -166,7 +180,12 @@ class WorkerGroup:
         complete = pg is not None and len(actors) == spec.world_size
         if complete and _all_started(actors, call_timeout_s):
             return cls(
-                spec, pg, placement_timeout_s=0, actors=actors, call_timeout_s=call_timeout_s
+                spec,
+                pg,
+                placement_timeout_s=0,
+                actors=actors,
+                call_timeout_s=call_timeout_s,
+                trouble_grace_s=trouble_grace_s,
             )
         _teardown(pg, actors)
         return None
@@ -275,16 +294,18 @@ class WorkerGroup:
                 raise PlacementMismatch(f"Ray ran rank {rank} on node {actual}, not {wanted}")
 
     def _poll_running(self) -> None:
+        now = time.monotonic()
         if self._status_refs is None:
             self._status_refs = [
                 self._ask_status(rank, actor) for rank, actor in enumerate(self._actors)
             ]
+            self._round_asked = now
         ready, _ = ray.wait(self._status_refs, num_returns=len(self._status_refs), timeout=0)
         if len(ready) < len(self._status_refs):
+            self._check_unanswered(ready, now)
             return
         statuses = ray.get(self._status_refs)
         self._status_refs = None
-        now = time.monotonic()
         seen = self._failure_seen
         status = aggregate(statuses, wait_for_cause=seen is None or now - seen < CAUSE_GRACE_S)
         if status.cause_pending and seen is None:
@@ -294,6 +315,25 @@ class WorkerGroup:
         )
         self._phase = self._last.phase
         self._error = self._last.error
+
+    def _check_unanswered(self, ready: list[Any], now: float) -> None:
+        """A status call is answered in milliseconds (the supervisor is threaded: a busy
+        or hung rank program does not hold it up), so a round still unanswered after
+        `trouble_grace_s` means a supervisor that is itself stuck, or a node Ray cannot
+        reach but has not called dead: the gang fails, naming the silent ranks, and the
+        job is retried or ends, instead of staying RUNNING with no news and no end. A
+        rank that answers late, within the grace, only delays the round."""
+        waited = now - self._round_asked
+        if self._status_refs is None or waited <= self._trouble_grace_s:
+            return
+        answered = set(ready)
+        silent = [rank for rank, ref in enumerate(self._status_refs) if ref not in answered]
+        ranks = ", ".join(str(rank) for rank in silent)
+        nodes = ", ".join(sorted({self.spec.node_ids[rank] for rank in silent}))
+        self._fail(
+            f"rank(s) {ranks} (node {nodes}) did not answer a status call in {waited:.0f} s: "
+            "its supervisor is stuck or its node unreachable"
+        )
 
     def _nodes_of_dead_ranks(self) -> tuple[str, ...]:
         """Ask every rank once more (briefly): the nodes of those whose actor is gone. A

@@ -125,7 +125,7 @@ def test_a_stuck_rank_supervisor_fails_the_attempt_and_the_job_resumes(
     gone unanswered for the trouble grace, naming the rank; the next resumes."""
     service.env["GANGWAY_RAY_TROUBLE_GRACE_S"] = "8"
     client = service.start()
-    job = submit_counter(client, steps=30, max_restarts=1)
+    job = submit_counter(client, steps=150, max_restarts=1)  # its program steps on meanwhile
     wait_state(client, job.id, "stepping")
     wait_until_step(client, job.id, EVERY + 2)
     actor = ray.get_actor(f"gangway-job{job.id}-attempt1-rank1", namespace="gangway")
@@ -139,6 +139,8 @@ def test_a_stuck_rank_supervisor_fails_the_attempt_and_the_job_resumes(
     assert jobs[0].state is JobState.SUCCEEDED and jobs[0].attempt == 2, jobs[0].status_reason
     reasons = [event.reason for event in client.events(job.id)]
     assert any("rank(s) 1 " in r and "did not answer a status call" in r for r in reasons), reasons
+    ledger = (tmp_path / "checkpoints" / f"job-{job.id}" / "ledger").read_text().splitlines()
+    assert any(line.startswith("resume ") and line != "resume 0" for line in ledger), ledger
     check(client, [job.id], checkpoints=tmp_path / "checkpoints", every=EVERY)
 
 

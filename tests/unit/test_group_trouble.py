@@ -112,14 +112,21 @@ class Ranks:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.answers = [rank_status("running"), rank_status("running")]
         self.silent: set[int] = set()  # ranks whose supervisor does not answer
+        self.errors: dict[int, Exception] = {}  # ranks whose status call fails
         fake_ray = SimpleNamespace(
             wait=lambda refs, num_returns, timeout: (
                 [r for r in refs if r not in self.silent],
                 [r for r in refs if r in self.silent],
             ),
-            get=lambda refs: [self.answers[rank] for rank in refs],
+            get=self._get,
         )
         monkeypatch.setattr(scheduler.runtime.gangs.group, "ray", fake_ray)
+
+    def _get(self, refs: list[int]) -> list[dict[str, Any]]:
+        for rank in refs:
+            if rank in self.errors:
+                raise self.errors[rank]
+        return [self.answers[rank] for rank in refs]
 
     def group(self) -> WorkerGroup:
         pg: Any = None
@@ -210,6 +217,7 @@ def test_a_rank_that_never_answers_fails_the_gang_once_the_grace_passes(
     ranks = Ranks(monkeypatch)
     group = ranks.group()
     ranks.silent.add(1)  # its supervisor is stopped: the call neither returns nor fails
+    ranks.answers[0] = {**rank_status("running"), "logs": [(7, "rank 0's last words")]}
     assert group.poll().phase is GroupPhase.RUNNING
     clock.now += 59
     assert group.poll().phase is GroupPhase.RUNNING
@@ -219,6 +227,28 @@ def test_a_rank_that_never_answers_fails_the_gang_once_the_grace_passes(
     assert (failed.error or "").startswith(
         "rank(s) 1 (node n2) did not answer a status call in 61 s"
     )
+    assert failed.lost_nodes == ("n2",)  # suspect: the restart goes elsewhere
+    assert (0, 7, "rank 0's last words") in failed.logs
+
+
+def test_errors_and_silence_between_them_fail_the_gang_once_the_grace_passes(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's call fails some seconds after each ask (an unreachable actor): the round
+    that follows each failure is unanswered at first, which must not count as an answer."""
+    ranks = Ranks(monkeypatch)
+    group = ranks.group()
+    for _ in range(6):
+        ranks.silent, ranks.errors = set(), {1: ActorUnavailableError("unreachable", None)}
+        assert group.poll().phase is GroupPhase.RUNNING  # trouble
+        ranks.silent, ranks.errors = {1}, {}
+        clock.now += 5
+        assert group.poll().phase is GroupPhase.RUNNING  # a new round, not yet answered
+        clock.now += 5
+    clock.now += 1
+    ranks.silent, ranks.errors = set(), {1: ActorUnavailableError("unreachable", None)}
+    failed = group.poll()
+    assert failed.phase is GroupPhase.FAILED and "(for 61 s)" in (failed.error or "")
 
 
 def test_a_late_answer_only_delays_the_round(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:

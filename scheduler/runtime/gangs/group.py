@@ -211,7 +211,8 @@ class WorkerGroup:
         except RayError as exc:
             self._trouble(f"Ray error: {exc}")
         else:
-            self._trouble_since = None
+            if self._status_refs is None:  # Ray answered: no status round is outstanding
+                self._trouble_since = None
         if self._phase in (GroupPhase.FAILED, GroupPhase.PLACEMENT_TIMEOUT):
             self._last = replace(
                 self._last, phase=self._phase, error=self._error, lost_nodes=self._lost_nodes
@@ -302,7 +303,8 @@ class WorkerGroup:
             self._round_asked = now
         ready, _ = ray.wait(self._status_refs, num_returns=len(self._status_refs), timeout=0)
         if len(ready) < len(self._status_refs):
-            self._check_unanswered(ready, now)
+            if now - self._round_asked > self._trouble_grace_s:
+                self._fail_silent(ready, now)
             return
         statuses = ray.get(self._status_refs)
         self._status_refs = None
@@ -316,23 +318,32 @@ class WorkerGroup:
         self._phase = self._last.phase
         self._error = self._last.error
 
-    def _check_unanswered(self, ready: list[Any], now: float) -> None:
+    def _fail_silent(self, ready: list[Any], now: float) -> None:
         """A status call is answered in milliseconds (the supervisor is threaded: a busy
         or hung rank program does not hold it up), so a round still unanswered after
-        `trouble_grace_s` means a supervisor that is itself stuck, or a node Ray cannot
+        `trouble_grace_s` means a supervisor that is stuck itself or on a node Ray cannot
         reach but has not called dead: the gang fails, naming the silent ranks, and the
-        job is retried or ends, instead of staying RUNNING with no news and no end. A
-        rank that answers late, within the grace, only delays the round."""
-        waited = now - self._round_asked
-        if self._status_refs is None or waited <= self._trouble_grace_s:
-            return
-        answered = set(ready)
-        silent = [rank for rank, ref in enumerate(self._status_refs) if ref not in answered]
+        job is retried or ends instead of staying RUNNING with no news. The answered
+        ranks' last output is kept; one of them that died fails the gang as a death. The
+        silent ranks' nodes are suspect, as a dead rank's are: Ray's health check can
+        call an unreachable node alive for a minute or more, and a restart placed there
+        would wait out the placement timeout (a stuck supervisor on a healthy node costs
+        that node the suspect time)."""
+        assert self._status_refs is not None
+        answers = dict(zip(ready, ray.get(ready), strict=True))  # raises for a dead rank
+        statuses = [answers.get(ref, {}) for ref in self._status_refs]
+        self._last = replace(
+            self._last,
+            logs=self._last.logs + self._new_lines(statuses),
+            points=self._last.points + self._new_points(statuses),
+        )
+        silent = [rank for rank, ref in enumerate(self._status_refs) if ref not in answers]
+        self._lost_nodes = tuple(dict.fromkeys(self.spec.node_ids[rank] for rank in silent))
         ranks = ", ".join(str(rank) for rank in silent)
-        nodes = ", ".join(sorted({self.spec.node_ids[rank] for rank in silent}))
+        waited = now - self._round_asked
         self._fail(
-            f"rank(s) {ranks} (node {nodes}) did not answer a status call in {waited:.0f} s: "
-            "its supervisor is stuck or its node unreachable"
+            f"rank(s) {ranks} (node {', '.join(sorted(self._lost_nodes))}) did not answer a "
+            f"status call in {waited:.0f} s: a stuck supervisor or an unreachable node"
         )
 
     def _nodes_of_dead_ranks(self) -> tuple[str, ...]:

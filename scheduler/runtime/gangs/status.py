@@ -56,7 +56,8 @@ class GroupStatus:
     logs: tuple[tuple[int, int, str], ...] = ()
     # Rank 0's metric points new since the previous poll. Handed out once.
     points: tuple[ReportedPoint, ...] = ()
-    lost_nodes: tuple[str, ...] = ()  # nodes whose rank actors died (a failed gang)
+    # Nodes whose rank actors died or went silent (a failed gang): suspect for a while.
+    lost_nodes: tuple[str, ...] = ()
     # Per rank, the latest step's time in work that waits on no peer (None: not reported).
     rank_local_s: tuple[float | None, ...] = ()
     # Seconds from the stop notice until the last rank had saved and returned.

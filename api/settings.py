@@ -17,6 +17,7 @@ from gangway.models import QueueSpec
 from scheduler.core import PolicyConfig, fairshare
 from scheduler.model import QueueQuota
 from scheduler.runtime import stragglers
+from scheduler.runtime.gangs.status import TROUBLE_GRACE_S
 from scheduler.runtime.launch import LaunchPolicy
 from scheduler.runtime.leadership import SWEEP_EVERY_PASSES
 from scheduler.runtime.lease import DEFAULT_TTL_S
@@ -202,7 +203,7 @@ class Settings(BaseSettings):
     )
     placement_timeout_s: float = Field(120.0, gt=0)
     ray_trouble_grace_s: float = Field(
-        60.0,
+        TROUBLE_GRACE_S,
         gt=0,
         description="a running gang fails when Ray cannot answer for it this long: a "
         "control-plane error that lasts, or a rank whose status call goes unanswered "

@@ -12,7 +12,7 @@ from collections.abc import Callable, Set
 from typing import Protocol
 
 from scheduler.runtime.gangs.group import GroupSpec, WorkerGroup, attempts_on_ray, reap
-from scheduler.runtime.gangs.status import GroupStatus
+from scheduler.runtime.gangs.status import TROUBLE_GRACE_S, GroupStatus
 from scheduler.runtime.launch import LaunchPolicy, job_launch, package_file
 from scheduler.store import JobRecord
 
@@ -61,7 +61,7 @@ class RayExecutor:
         placement_timeout_s: float,
         policy: LaunchPolicy | None = None,
         call_timeout_s: float = 5.0,
-        trouble_grace_s: float = 60.0,
+        trouble_grace_s: float = TROUBLE_GRACE_S,
     ) -> None:
         self._placement_timeout_s = placement_timeout_s
         self._policy = policy or LaunchPolicy()

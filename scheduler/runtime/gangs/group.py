@@ -37,7 +37,13 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from scheduler.runtime.gangs.status import CAUSE_GRACE_S, GroupPhase, GroupStatus, aggregate
+from scheduler.runtime.gangs.status import (
+    CAUSE_GRACE_S,
+    TROUBLE_GRACE_S,
+    GroupPhase,
+    GroupStatus,
+    aggregate,
+)
 from scheduler.store.records import ReportedPoint
 from workers.launch import JobLaunch, RankInfo
 from workers.supervisor.actor import IDLE, RankSupervisor
@@ -108,7 +114,7 @@ class WorkerGroup:
         *,
         placement_timeout_s: float,
         actors: list[Any] | None = None,
-        trouble_grace_s: float = 60.0,
+        trouble_grace_s: float = TROUBLE_GRACE_S,
         call_timeout_s: float = 5.0,
     ) -> None:
         self.spec = spec
@@ -146,7 +152,7 @@ class WorkerGroup:
         *,
         placement_timeout_s: float,
         call_timeout_s: float = 5.0,
-        trouble_grace_s: float = 60.0,
+        trouble_grace_s: float = TROUBLE_GRACE_S,
     ) -> WorkerGroup:
         """Ask Ray for the pinned placement group; actors follow once it is ready."""
         bundle = {"GPU": float(spec.gpus_per_rank), "CPU": float(spec.cpus_per_rank)}
@@ -167,7 +173,11 @@ class WorkerGroup:
 
     @classmethod
     def attach(
-        cls, spec: GroupSpec, *, call_timeout_s: float = 5.0, trouble_grace_s: float = 60.0
+        cls,
+        spec: GroupSpec,
+        *,
+        call_timeout_s: float = 5.0,
+        trouble_grace_s: float = TROUBLE_GRACE_S,
     ) -> WorkerGroup | None:
         """Reattach to the group a previous service process started for this attempt.
 
@@ -331,12 +341,7 @@ class WorkerGroup:
         that node the suspect time)."""
         assert self._status_refs is not None
         answers = dict(zip(ready, ray.get(ready), strict=True))  # raises for a dead rank
-        statuses = [answers.get(ref, {}) for ref in self._status_refs]
-        self._last = replace(
-            self._last,
-            logs=self._last.logs + self._new_lines(statuses),
-            points=self._last.points + self._new_points(statuses),
-        )
+        self._keep_output([answers.get(ref, {}) for ref in self._status_refs])
         silent = [rank for rank, ref in enumerate(self._status_refs) if ref not in answers]
         self._lost_nodes = tuple(dict.fromkeys(self.spec.node_ids[rank] for rank in silent))
         ranks = ", ".join(str(rank) for rank in silent)
@@ -351,18 +356,22 @@ class WorkerGroup:
         node can die long before Ray's health check calls it dead. The live ranks' last
         output comes back with the answer, so a failing gang's final lines are kept."""
         answers = self._ask_every_rank(self._ask_status, timeout_s=self._call_timeout_s)
-        statuses = [a if isinstance(a, dict) else {} for a in answers]
-        self._last = replace(
-            self._last,
-            logs=self._last.logs + self._new_lines(statuses),
-            points=self._last.points + self._new_points(statuses),
-        )
+        self._keep_output([a if isinstance(a, dict) else {} for a in answers])
         dead = [
             self.spec.node_ids[rank]
             for rank, answer in enumerate(answers)
             if isinstance(answer, RayActorError)  # slow is not dead
         ]
         return tuple(dict.fromkeys(dead))
+
+    def _keep_output(self, statuses: list[dict[str, Any]]) -> None:
+        """A failing gang's last output lines and metric points, from the ranks that
+        answered (`{}` for those that did not), added to what the next poll hands out."""
+        self._last = replace(
+            self._last,
+            logs=self._last.logs + self._new_lines(statuses),
+            points=self._last.points + self._new_points(statuses),
+        )
 
     def _ask_every_rank(
         self, call: Callable[[int, Any], Any], *, timeout_s: float

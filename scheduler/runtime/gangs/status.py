@@ -18,6 +18,9 @@ from workers.supervisor.actor import FAILED, IDLE, RUNNING, SUCCEEDED
 # them while it is still exiting, and the job's error must name the exception, not the
 # collateral. A failure whose error says nothing of a peer is final at once.
 CAUSE_GRACE_S = 5.0
+# How long Ray may fail to answer for a running gang (an error that lasts, a status round
+# left unanswered) before the gang fails (`GANGWAY_RAY_TROUBLE_GRACE_S`).
+TROUBLE_GRACE_S = 60.0
 # What gloo, NCCL and torch.distributed say when a peer went away under a collective.
 PEER_FAILURE = re.compile(
     r"closed by peer|reset by peer|remote worker (?:crashing|hanging)|broken pipe"

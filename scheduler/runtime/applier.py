@@ -175,6 +175,8 @@ class Applier:
                 step=0,
                 loss=None,
                 tokens_per_s=None,
+                checkpoint_step=None,
+                step_time_s=None,
             )
         except StaleState:
             return  # cancelled meanwhile

@@ -41,6 +41,7 @@ class ProgressIngest:
             memory_mb=status.memory_mb,
             comm_s=status.comm_s,
             comm_bytes=status.comm_bytes,
+            checkpoint_step=status.checkpoint_step,
         )
         self._watch_stragglers(job, status, node_names)
         return ProgressNote(job.id, job.attempt, point, job.version)

@@ -126,6 +126,8 @@ class WorkingSet:
                 tokens_per_s=point.tokens_per_s,
                 first_loss=first_loss if first_loss is not None else point.first_loss,
                 progress_at=at,
+                checkpoint_step=point.checkpoint_step,
+                step_time_s=point.step_time_s,
             )
 
     def _patch(

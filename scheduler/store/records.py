@@ -114,6 +114,10 @@ class JobRecord:
     version: int = 0  # moves with every write to the job's row
     pipeline_id: int | None = None
     hold: str | None = None  # why it may not start until released (a paused sweep trial)
+    # The running attempt's newest saved step and rank 0's latest measured step time
+    # (None: not reported): what a preemption now would lose.
+    checkpoint_step: int | None = None
+    step_time_s: float | None = None
     # The body as submitted (JobSubmit's JSON): what the API shows back.
     spec_json: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -139,6 +143,7 @@ class ProgressPoint:
     tokens_per_s: float | None = None
     step_time_s: float | None = None
     memory_mb: float | None = None
+    checkpoint_step: int | None = None  # the newest step the attempt has saved
     comm_s: float | None = None
     comm_bytes: float | None = None
 
@@ -229,6 +234,8 @@ def job_record(row: JobRow, spec: JobSpec | None = None) -> JobRecord:
         first_loss=row.first_loss,
         tokens_per_s=row.tokens_per_s,
         progress_at=row.progress_at,
+        checkpoint_step=row.checkpoint_step,
+        step_time_s=row.step_time_s,
         estimated_start_at=row.estimated_start_at,
         explanation=row.explanation,
         preempt_deadline=row.preempt_deadline,

@@ -102,6 +102,10 @@ class JobRow(Base):
     first_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The running attempt's newest saved step and rank 0's measured step time: what a
+    # preemption would lose (`views.run_info`).
+    checkpoint_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     estimated_start_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     explanation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     preempt_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

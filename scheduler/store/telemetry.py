@@ -48,6 +48,8 @@ class TelemetryStore(Repository):
                 step=bindparam("p_step"),
                 loss=bindparam("p_loss"),
                 tokens_per_s=bindparam("p_tokens"),
+                checkpoint_step=bindparam("p_checkpoint"),
+                step_time_s=bindparam("p_step_time"),
                 first_loss=func.coalesce(JobRow.first_loss, bindparam("p_first_loss")),
                 progress_at=now,
                 version=written_version(
@@ -62,6 +64,8 @@ class TelemetryStore(Repository):
                 "p_step": n.point.step,
                 "p_loss": n.point.loss,
                 "p_tokens": n.point.tokens_per_s,
+                "p_checkpoint": n.point.checkpoint_step,
+                "p_step_time": n.point.step_time_s,
                 "p_first_loss": n.point.first_loss,
                 "p_seen": n.seen_version if n.seen_version is not None else -1,
                 "p_version": fresh.get(n.job_id, -1),

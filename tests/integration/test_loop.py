@@ -507,6 +507,41 @@ def test_the_requeue_reason_counts_steps_lost_since_the_checkpoint(
     assert "(2 steps lost)" in reason
 
 
+def test_a_long_job_is_preempted_for_a_newcomer_of_its_priority_only_near_its_checkpoint(
+    repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor, clock: Clock
+) -> None:
+    """Least attained service stops a long job for a newcomer of the same priority only
+    while the stop loses at most `service_preemption_loss_s` (300 s) of work: the steps
+    since the checkpoint the ranks reported, at the step time they measured. Before the
+    store kept the reported checkpoint, every step of the attempt counted as lost, so a
+    job that had run past five minutes was never preempted for service."""
+    long = submit(repo, dp=8, steps=100_000)
+    loop.tick()
+    executor.statuses[long.id] = GroupStatus(GroupPhase.RUNNING, True, step=1)
+    loop.tick()
+    clock.now += timedelta(hours=2)  # 16 GPU-hours attained: the lowest service band
+    executor.statuses[long.id] = GroupStatus(
+        GroupPhase.RUNNING, True, step=7200, step_time_s=1.0, checkpoint_step=6000
+    )
+    loop.tick()
+    newcomer = submit(repo, dp=4)
+    loop.tick()
+    loop.tick()
+    assert repo.get(long.id).state is JobState.RUNNING  # 1,200 s since its checkpoint
+    assert executor.stopped == []
+
+    clock.now += timedelta(seconds=60)
+    executor.statuses[long.id] = GroupStatus(
+        GroupPhase.RUNNING, True, step=7260, step_time_s=1.0, checkpoint_step=7200
+    )
+    loop.tick()
+    loop.tick()
+    victim = repo.get(long.id)
+    assert victim.state is JobState.PREEMPTING and executor.stopped == [long.id]
+    assert f"preempted for job {newcomer.id}" in victim.status_reason
+    assert "least attained service first" in victim.status_reason
+
+
 def test_queue_quotas_and_fair_share_reach_the_core(
     repo: JobRepository, executor: FakeExecutor, clock: Clock
 ) -> None:

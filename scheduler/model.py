@@ -302,6 +302,11 @@ class RunInfo:
     total_steps: int | None = None
     step_time_s: float | None = None
     steps_since_checkpoint: int = 0
+    # Seconds of work since the newest checkpoint, where the runtime measured them (the
+    # steps since it x the step time rank 0 measured); None: `steps_since_checkpoint` x
+    # `step_time_s`. The mean step time above includes start-up, and a resumed attempt's
+    # step counts earlier attempts' steps: right for the end estimate, not for the loss.
+    since_checkpoint_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

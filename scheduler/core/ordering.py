@@ -223,11 +223,14 @@ def fair_share_ranks(usage: Mapping[tuple[str, str], float]) -> dict[tuple[str, 
 
 
 def work_lost_s(job: JobView, now: datetime) -> float:
-    """Seconds of progress a preemption now would throw away: steps since the last
-    checkpoint x measured step time; the whole run while no step time is known."""
+    """Seconds of progress a preemption now would throw away: what the runtime measured
+    since the last checkpoint, else steps since it x measured step time; the whole run
+    while no step time is known."""
     run = job.run
     if run is None:
         return 0.0
+    if run.since_checkpoint_s is not None:
+        return run.since_checkpoint_s
     if run.step_time_s is None:
         return (now - run.started_at).total_seconds()
     return run.steps_since_checkpoint * run.step_time_s

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from scheduler.model import BuiltinEntrypoint, JobState
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus, last_line
-from scheduler.runtime.views import mean_step_time_s, run_info
+from scheduler.runtime.views import run_info
 from scheduler.store import JobRecord
 
 # Observed for progress, completion and failure: the gang is (about to be) running.
@@ -246,18 +246,17 @@ def _hang_limit(job: JobRecord, status: GroupStatus, config: LifecycleConfig) ->
     """How long the job may go without a step. Only a running job that has stepped in
     this attempt is judged (start-up and checkpoint loading have no step time to go by)."""
     run = run_info(job)
-    step_time_s = mean_step_time_s(job)
     if (
         job.state is not JobState.RUNNING
         or status.step != job.step
         or run is None
-        or step_time_s is None
+        or run.step_time_s is None
         or job.progress_at is None
         or job.progress_at < run.started_at
     ):
         return None
-    limit = max(config.hang_min_s, config.hang_factor * step_time_s)
-    return _HangLimit(limit, step_time_s, job.progress_at)
+    limit = max(config.hang_min_s, config.hang_factor * run.step_time_s)
+    return _HangLimit(limit, run.step_time_s, job.progress_at)
 
 
 def _hang(

@@ -26,31 +26,33 @@ def job_view(record: JobRecord) -> JobView:
 
 
 def run_info(record: JobRecord) -> RunInfo | None:
-    """Measured progress of a job holding resources. Step time: what rank 0 measured of
-    its latest step, else `mean_step_time_s`. A preemption loses the steps since the
-    newest checkpoint the attempt reported (a resumed attempt reports the one it
-    loaded); with none reported, every step done."""
+    """Measured progress of a job holding resources. Step time is the mean over this
+    attempt so far (start-up included: the end estimate and the hang rule go by it).
+    What a preemption loses: the steps since the newest checkpoint rank 0 reported at
+    the step time it measured (`since_checkpoint_s`), where it reported both; else every
+    step of the attempt at the mean (a resumed attempt's step counts earlier attempts'
+    steps too, which only overstates the loss)."""
     started = record.started_at or record.admitted_at
     if record.placement is None or started is None:
         return None
-    step_time_s = record.step_time_s
-    if step_time_s is None:
-        step_time_s = mean_step_time_s(record)
-    saved = record.checkpoint_step
+    step_time_s = None
+    if record.step > 0 and record.progress_at is not None:
+        step_time_s = max(0.0, (record.progress_at - started).total_seconds()) / record.step
     return RunInfo(
         started_at=started,
         step=record.step,
         total_steps=record.total_steps,
         step_time_s=step_time_s,
-        steps_since_checkpoint=max(0, record.step - saved) if saved is not None else record.step,
+        steps_since_checkpoint=record.step,
+        since_checkpoint_s=_since_checkpoint_s(record),
     )
 
 
-def mean_step_time_s(record: JobRecord) -> float | None:
-    """Seconds from the attempt's start to its latest step, over the step number: start-up
-    and slow steps (evaluation, saving) included, which the hang rule needs; for a resumed
-    attempt short of the truth (its step counts the steps before it too)."""
-    started = record.started_at or record.admitted_at
-    if started is None or record.step <= 0 or record.progress_at is None:
+def _since_checkpoint_s(record: JobRecord) -> float | None:
+    """Seconds of work since the newest checkpoint: the steps since it x rank 0's
+    measured step time; None where either is unknown (or they disagree: a checkpoint
+    ahead of the step)."""
+    saved, measured = record.checkpoint_step, record.step_time_s
+    if saved is None or measured is None or saved > record.step:
         return None
-    return max(0.0, (record.progress_at - started).total_seconds()) / record.step
+    return (record.step - saved) * measured

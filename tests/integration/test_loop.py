@@ -512,27 +512,34 @@ def test_a_long_job_is_preempted_for_a_newcomer_of_its_priority_only_near_its_ch
 ) -> None:
     """Least attained service stops a long job for a newcomer of the same priority only
     while the stop loses at most `service_preemption_loss_s` (300 s) of work: the steps
-    since the checkpoint the ranks reported, at the step time they measured. Before the
-    store kept the reported checkpoint, every step of the attempt counted as lost, so a
-    job that had run past five minutes was never preempted for service."""
+    since the checkpoint rank 0 reported at the step time it measured (not the attempt's
+    mean, 1 s here, which counts start-up and earlier attempts' steps). Before the store
+    kept the reported checkpoint, every step of the attempt counted as lost, so a job
+    past its first five minutes was never preempted for service."""
     long = submit(repo, dp=8, steps=100_000)
     loop.tick()
     executor.statuses[long.id] = GroupStatus(GroupPhase.RUNNING, True, step=1)
     loop.tick()
     clock.now += timedelta(hours=2)  # 16 GPU-hours attained: the lowest service band
+    # a checkpoint 100 steps back but no measured step time: every step counts
     executor.statuses[long.id] = GroupStatus(
-        GroupPhase.RUNNING, True, step=7200, step_time_s=1.0, checkpoint_step=6000
+        GroupPhase.RUNNING, True, step=7200, checkpoint_step=7100
     )
     loop.tick()
     newcomer = submit(repo, dp=4)
     loop.tick()
-    loop.tick()
-    assert repo.get(long.id).state is JobState.RUNNING  # 1,200 s since its checkpoint
-    assert executor.stopped == []
-
-    clock.now += timedelta(seconds=60)
+    assert repo.get(long.id).state is JobState.RUNNING
+    # 2,200 steps since the checkpoint x 0.25 s measured: 550 s would be lost
     executor.statuses[long.id] = GroupStatus(
-        GroupPhase.RUNNING, True, step=7260, step_time_s=1.0, checkpoint_step=7200
+        GroupPhase.RUNNING, True, step=7201, step_time_s=0.25, checkpoint_step=5001
+    )
+    loop.tick()
+    loop.tick()
+    assert repo.get(long.id).state is JobState.RUNNING and executor.stopped == []
+
+    clock.now += timedelta(seconds=60)  # 760 steps x 0.25 s: 190 s (760 s at the mean)
+    executor.statuses[long.id] = GroupStatus(
+        GroupPhase.RUNNING, True, step=7260, step_time_s=0.25, checkpoint_step=6500
     )
     loop.tick()
     loop.tick()
@@ -540,6 +547,18 @@ def test_a_long_job_is_preempted_for_a_newcomer_of_its_priority_only_near_its_ch
     assert victim.state is JobState.PREEMPTING and executor.stopped == [long.id]
     assert f"preempted for job {newcomer.id}" in victim.status_reason
     assert "least attained service first" in victim.status_reason
+
+    executor.statuses[long.id] = GroupStatus(
+        GroupPhase.SUCCEEDED, True, step=7261, checkpoint_step=7261
+    )
+    loop.tick()
+    loop.tick()
+    executor.statuses[newcomer.id] = GroupStatus(GroupPhase.SUCCEEDED, True, step=10)
+    loop.tick()
+    loop.tick()
+    resumed = repo.get(long.id)  # its next attempt starts with nothing measured
+    assert resumed.attempt == 2 and resumed.state is not JobState.PENDING
+    assert resumed.checkpoint_step is None and resumed.step_time_s is None
 
 
 def test_queue_quotas_and_fair_share_reach_the_core(

@@ -16,7 +16,7 @@ from scheduler.core import Admit, PolicyConfig, Preempt, Resize, Wait
 from scheduler.model import JobState
 from scheduler.runtime import metrics
 from scheduler.runtime.executor import Executor
-from scheduler.runtime.lifecycle import Transition
+from scheduler.runtime.lifecycle import NEW_ATTEMPT, Transition
 from scheduler.store import Fenced, JobRecord, JobRepository, StaleState, WaitNote
 from workers import faults
 
@@ -170,13 +170,10 @@ class Applier:
                 placement=list(decision.placement.node_ids),
                 num_gpus=_gpus(job, decision.placement.node_ids),
                 attempt=job.attempt + 1,
-                error=None,
-                stragglers=None,
                 step=0,
                 loss=None,
                 tokens_per_s=None,
-                checkpoint_step=None,
-                step_time_s=None,
+                **NEW_ATTEMPT,
             )
         except StaleState:
             return  # cancelled meanwhile

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from types import MappingProxyType
 
 from scheduler.model import BuiltinEntrypoint, JobState
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus, last_line
@@ -142,6 +143,13 @@ def _resizing(job: JobRecord, status: GroupStatus, now: datetime) -> Transition 
     return relaunch(job, "; ".join(stopped), lost=lost_steps(status))
 
 
+# What an attempt reported about itself, cleared whenever a next attempt starts (an
+# admission or a resize's relaunch): one list, so the two cannot drift apart.
+NEW_ATTEMPT: Mapping[str, None] = MappingProxyType(
+    {"error": None, "stragglers": None, "checkpoint_step": None, "step_time_s": None}
+)
+
+
 def relaunch(job: JobRecord, why: str, *, lost: int = 0) -> Transition:
     """A resized job's next attempt, on the placement the store already holds."""
     dp = job.spec.placed(job.placement).parallelism.dp
@@ -151,10 +159,7 @@ def relaunch(job: JobRecord, why: str, *, lost: int = 0) -> Transition:
         {
             "attempt": job.attempt + 1,
             "preempt_deadline": None,
-            "error": None,
-            "stragglers": None,
-            "checkpoint_step": None,
-            "step_time_s": None,
+            **NEW_ATTEMPT,
         },
         lost_steps=lost,
         relaunch=True,

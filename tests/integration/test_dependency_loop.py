@@ -182,10 +182,10 @@ def test_a_standby_that_takes_over_keeps_the_dependencies(
 ) -> None:
     leader_executor, standby_executor = FakeExecutor(), FakeExecutor()
     leader = make_loop(
-        repo, leader_executor, clock, lease=LeaderLease(repo, ttl_s=1, holder="leader")
+        repo, leader_executor, clock, lease=LeaderLease(repo, ttl_s=3, holder="leader")
     )
     standby = make_loop(
-        repo, standby_executor, clock, lease=LeaderLease(repo, ttl_s=1, holder="standby")
+        repo, standby_executor, clock, lease=LeaderLease(repo, ttl_s=3, holder="standby")
     )
     assert leader.lead()
     first = submit(repo)
@@ -195,7 +195,9 @@ def test_a_standby_that_takes_over_keeps_the_dependencies(
     leader_executor.statuses[first.id] = GroupStatus(GroupPhase.RUNNING, True, step=1)
     leader.tick()
 
-    time.sleep(1.1)  # the leader stopped renewing
+    # the leader stopped renewing; 3 s, as test_loop's takeover: with 1 s a loaded machine
+    # let the lease run out between the leader's two passes above (Fenced mid-pass)
+    time.sleep(3.1)
     standby_executor.attachable.add(first.id)
     assert standby.lead()
     standby.tick()

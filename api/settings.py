@@ -299,6 +299,14 @@ class Settings(BaseSettings):
     protect_after_runs: float = Field(_POLICY.protect_after_runs, ge=0)
     age_per_runs: float = Field(_POLICY.age_per_runs, ge=0)
     service_preemption_loss_s: float = Field(_POLICY.service_preemption_loss_s, ge=0)
+    larger_gangs_first: bool = Field(
+        _POLICY.larger_gangs_first,
+        description="within a service band, a gang of more GPUs is queued first",
+    )
+    smaller_victims_first: bool = Field(
+        _POLICY.smaller_victims_first,
+        description="among preemption victims of one rank, a gang of fewer GPUs is stopped first",
+    )
     fair_share_half_life_s: float = Field(fairshare.HALF_LIFE_S, gt=0)
     queues: dict[str, QueueSettings] = Field(
         default_factory=dict,
@@ -467,6 +475,8 @@ class Settings(BaseSettings):
             protect_after_runs=self.protect_after_runs,
             age_per_runs=self.age_per_runs,
             service_preemption_loss_s=self.service_preemption_loss_s,
+            larger_gangs_first=self.larger_gangs_first,
+            smaller_victims_first=self.smaller_victims_first,
         )
 
     def auth_required(self) -> bool:

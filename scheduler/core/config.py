@@ -85,6 +85,17 @@ class PolicyConfig:
         service go first (unknown predictions after known ones). Off by default: on the
         traces it moved average JCT to 0.83-1.01x 2D-LAS's but the longest waits to up
         to 1.97x, past 2D-LAS's tail on most traces (BENCHMARKS.md).
+    larger_gangs_first: within a service band (after its Gittins or predicted order,
+        where one is configured), a gang of more GPUs goes before a smaller one. The
+        small jobs behind it backfill around it; ahead of it they take the GPUs it would
+        need as they free, one or two at a time, and it waits for a whole node to come
+        free at once.
+    smaller_victims_first: among preemption victims of one rank, a gang of fewer GPUs is
+        taken before a larger one (then least work lost). A gang stopped for service
+        queues again and has to find as many GPUs free at once as it held; an 8-GPU gang
+        just past its checkpoint is as cheap to stop as a 1-GPU one, but it waits for a
+        whole node to restart, and every GPU of it idles meanwhile. Both rules together
+        took cluster07's p99 wait from 1.74x 2D-LAS's to 0.87x (BENCHMARKS.md).
     preemption_payoff: a preemption for service happens only when it pays for itself:
         the victim's predicted remaining run time exceeds the newcomer's by more than the
         cost of stopping and resuming (`checkpoint_grace_s` + `restart_cost_s` + the work
@@ -117,6 +128,8 @@ class PolicyConfig:
     service_preemption_loss_s: float = 300.0
     service_order: str = "las"
     shortest_predicted_first: bool = False
+    larger_gangs_first: bool = True
+    smaller_victims_first: bool = True
     preemption_payoff: bool = False
     restart_cost_s: float = 60.0
     resize_lookahead_s: float = 120.0

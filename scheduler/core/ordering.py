@@ -123,19 +123,20 @@ def queue_order(
 ) -> list[JobView]:
     """Pending jobs: higher aged priority first (priority plus one point per
     `aging_interval_s`, or per `age_per_runs` x the job's predicted run time if longer,
-    waited since the job last queued: a job gains priority at the pace of its own
-    slowdown; snapped down to the highest priority class among `jobs` that it has
-    reached, so waiting lifts a job into a higher class but never over jobs of its own),
-    then protected jobs (queued past `protected_after_s`), the longest queued
-    first, so the reservation goes to the job that has waited longest past its bound,
-    then higher service band (less GPU time attained; see `service_band`), then the
-    order inside a band (`_within_band_key`: Gittins index or predicted remaining
-    service), then fair share in two levels, as Slurm's Fair Tree does with accounts and
-    users: the queue's rank by recent usage over its `weights` entry (default 1), then the
-    user's rank within the queue (0 for the least recent usage: one heavy user cannot hold
-    a queue, one busy queue cannot hold the idle GPUs), then earlier submit, then id.
-    Guarantees are not in the order: quotas and preemption keep them. `protected_out`,
-    when given, receives job id -> `protection_ratio` for the protected jobs.
+    waited since the job last queued: a job gains priority at the pace of its own slowdown;
+    snapped down to the highest priority class among `jobs` that it has reached, so waiting
+    lifts a job into a higher class but never over jobs of its own), then protected jobs
+    (queued past `protected_after_s`), the longest queued first, so the reservation goes to
+    the job that has waited longest past its bound, then higher service band (less GPU time
+    attained; see `service_band`), then the order inside a band (`_within_band_key`: Gittins
+    index or predicted remaining service, where configured), then more GPUs
+    (`larger_gangs_first`), then fair share in two levels, as Slurm's Fair Tree does with
+    accounts and users: the queue's rank by recent usage over its `weights` entry (default
+    1), then the user's rank within the queue (0 for the least recent usage: one heavy user
+    cannot hold a queue, one busy queue cannot hold the idle GPUs), then earlier submit,
+    then id. Guarantees are not in the order: quotas and preemption keep them.
+    `protected_out`, when given, receives job id -> `protection_ratio` for the protected
+    jobs.
     The key is inlined: it runs for every pending job on every pass."""
     ranks = fair_share_ranks(usage or {})
     queue_ranks = queue_share_ranks(usage or {}, weights or {})
@@ -150,8 +151,9 @@ def queue_order(
     levels = config.service_levels_gpu_s
     top = len(levels)
     las = config.service_order != "srsf"
+    larger_first = config.larger_gangs_first
 
-    def key(job: JobView) -> tuple[int, float, float, float, int, int, datetime, int]:
+    def key(job: JobView) -> tuple[int, float, float, float, int, int, int, datetime, int]:
         waited_s = (now - (job.queued_at or job.submitted_at)).total_seconds()
         aged = job.priority
         first = 0.0  # protected jobs: minus their wait, the longest first
@@ -179,8 +181,19 @@ def queue_order(
             band = top
         else:
             band = top - bisect.bisect_right(levels, job.attained_gpu_s)
+        size = -job.shape.num_gpus if larger_first else 0
         inside = within_band(job) if within_band else 0.0
-        return (-aged, first, -band, inside, queue_rank, user_rank, job.submitted_at, job.id)
+        return (
+            -aged,
+            first,
+            -band,
+            inside,
+            size,
+            queue_rank,
+            user_rank,
+            job.submitted_at,
+            job.id,
+        )
 
     return sorted(jobs, key=key)
 
@@ -245,8 +258,9 @@ def victim_order(
 ) -> Iterator[JobView]:
     """Preemption candidates, cheapest first: jobs running on borrowed quota, then lower
     (priority, service band), then the most expendable (a sweep trial its early-stopping
-    rule ranks low), then least work lost (`work_lost_s`), then most recently started,
-    then job id. `ranks`: job id -> `rank` at `now`, where the caller has them.
+    rule ranks low), then fewer GPUs (`smaller_victims_first`), then least work lost
+    (`work_lost_s`), then most recently started, then job id. `ranks`: job id -> `rank`
+    at `now`, where the caller has them.
 
     Lazy: candidates are grouped by (borrowed, rank) and each group is sorted only when
     reached, since a preemption usually needs the first few victims of a long list.
@@ -257,12 +271,15 @@ def victim_order(
         job_rank = known if known is not None else rank(job, now, config)
         groups.setdefault((job.id not in borrowed, job_rank), []).append(job)
 
-    def key(job: JobView) -> tuple[float, float, float, int]:
+    smaller_first = config.smaller_victims_first
+
+    def key(job: JobView) -> tuple[float, int, float, float, int]:
+        size = job.shape.num_gpus if smaller_first else 0
         run = job.run
         if run is None:
-            return (-job.expendable, 0.0, 0.0, job.id)
+            return (-job.expendable, size, 0.0, 0.0, job.id)
         age_s = (now - run.started_at).total_seconds()  # smaller: started more recently
-        return (-job.expendable, work_lost_s(job, now), age_s, job.id)
+        return (-job.expendable, size, work_lost_s(job, now), age_s, job.id)
 
     for group in sorted(groups):
         yield from sorted(groups[group], key=key)

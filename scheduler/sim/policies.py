@@ -10,8 +10,14 @@ from scheduler.core import PolicyConfig
 
 NEVER_S = 1e15  # an aging interval no wait reaches: aging off
 # The baselines are the published algorithms, pinned whatever the core's defaults are:
-# they neither order by predicted remaining service nor ask a preemption to pay for itself.
-BASELINE: dict[str, Any] = {"shortest_predicted_first": False, "preemption_payoff": False}
+# they neither order by predicted remaining service nor ask a preemption to pay for itself,
+# and neither gang size orders the queue nor the victims.
+BASELINE: dict[str, Any] = {
+    "shortest_predicted_first": False,
+    "preemption_payoff": False,
+    "larger_gangs_first": False,
+    "smaller_victims_first": False,
+}
 # SRSF's preemption counts the work a victim would lose (its progress since its last
 # checkpoint), as SRPT with switching costs does: a running job is preempted only when its
 # predicted remaining run time exceeds the newcomer's by more than that loss plus the stop

@@ -172,3 +172,31 @@ def test_a_job_that_ran_before_holds_no_reservation_until_protected() -> None:
             0
         ].reason
     )  # type: ignore[union-attr]
+
+
+def test_within_a_band_a_larger_gang_goes_first() -> None:
+    """The small job backfills around the large one; ahead of it, it would take the GPUs
+    the large one waits for."""
+    small_earlier = pending(1, submitted=-600)
+    large_later = pending(2, dp=8, submitted=-60)
+    default = queue_order([small_earlier, large_later], NOW, PolicyConfig())
+    assert [j.id for j in default] == [2, 1]
+    by_submit = PolicyConfig(larger_gangs_first=False)
+    assert [j.id for j in queue_order([small_earlier, large_later], NOW, by_submit)] == [1, 2]
+
+
+def test_a_smaller_victim_of_the_same_rank_goes_before_a_gang_just_past_its_checkpoint() -> None:
+    """A 1-GPU newcomer stops one of the 1-GPU gangs (100 s lost) rather than the 4-GPU
+    gang that lost nothing: stopped, that one waits for a whole node to restart."""
+    gang = sunk(1, since_checkpoint=0)
+    singles = [
+        running(i, ["n1"], started=-11 * HOUR, step=100, step_time_s=1.0) for i in (2, 3, 4, 5)
+    ]
+    two_nodes = Cluster().nodes(2, 4).snapshot()
+    jobs = [gang, *singles, pending(6)]
+
+    def victims(config: PolicyConfig) -> list[int]:
+        return [d.job_id for d in schedule(two_nodes, jobs, NOW, config) if isinstance(d, Preempt)]
+
+    assert victims(PolicyConfig()) == [2]  # least lost of the 1-GPU gangs (ties: by id)
+    assert victims(PolicyConfig(smaller_victims_first=False)) == [1]

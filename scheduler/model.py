@@ -114,11 +114,16 @@ class GangShape:
     # Derived once: the scheduling pass reads these millions of times.
     num_ranks: int = field(init=False, repr=False, compare=False)
     num_gpus: int = field(init=False, repr=False, compare=False)
+    # The fewest GPUs it runs on: an elastic gang's at dp_min (what it must find free at
+    # once to start or restart), else `num_gpus`. The gang-size rules order by this.
+    min_gpus: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         p = self.parallelism
         object.__setattr__(self, "num_ranks", p.dp * p.tp * p.pp)
         object.__setattr__(self, "num_gpus", p.dp * p.tp * p.pp * self.gpus_per_rank)
+        min_dp = p.dp if self.dp_min is None else self.dp_min
+        object.__setattr__(self, "min_gpus", min_dp * p.tp * p.pp * self.gpus_per_rank)
         if (self.dp_min is None) != (self.dp_max is None):
             raise ValueError("give both dp_min and dp_max, or neither")
         low, high = self.dp_min, self.dp_max

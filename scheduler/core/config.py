@@ -21,7 +21,8 @@ class PolicyConfig:
         attained service back into FIFO; within a class `starvation_s` bounds waits).
         Bound: a job of priority p waiting behind newly submitted jobs of priority q > p
         ranks with them after q - p such intervals, and is then a job of their class
-        (ahead of the newer ones of its service band, which it entered earlier).
+        (ahead of the newer ones of its service band and gang size, which it entered
+        earlier).
     age_per_runs: aging paced by the job's own cost: one point per this many predicted
         run times waited (its slowdown), when longer than `aging_interval_s`: a short job
         climbs quickly, a long one slowly. Predicted run time: the time run so far plus
@@ -86,15 +87,19 @@ class PolicyConfig:
         traces it moved average JCT to 0.83-1.01x 2D-LAS's but the longest waits to up
         to 1.97x, past 2D-LAS's tail on most traces (BENCHMARKS.md).
     larger_gangs_first: within a service band (after its Gittins or predicted order,
-        where one is configured), a gang of more GPUs goes before a smaller one. The
-        small jobs behind it backfill around it; ahead of it they take the GPUs it would
-        need as they free, one or two at a time, and it waits for a whole node to come
-        free at once.
-    smaller_victims_first: among preemption victims of one rank, a gang of fewer GPUs is
-        taken before a larger one (then least work lost). A gang stopped for service
-        queues again and has to find as many GPUs free at once as it held; an 8-GPU gang
-        just past its checkpoint is as cheap to stop as a 1-GPU one, but it waits for a
-        whole node to restart, and every GPU of it idles meanwhile. Both rules together
+        where one is configured), a gang that needs more GPUs (an elastic one: at its
+        dp_min) goes before a smaller one; fair share then orders the gangs of one size.
+        The pass considers it first: it takes GPUs as they free before the small jobs
+        behind it split them up, and when it cannot start it is the first blocked job,
+        which makes room for itself by preemption; small jobs still start on what is
+        left (greedy backfill). Behind them a large gang starts only in a pass where a
+        whole node is free and no small job took it first. With `service_levels_gpu_s`
+        empty (one band) it orders the whole priority class.
+    smaller_victims_first: among preemption victims of one rank, a gang that needs fewer
+        GPUs (an elastic one: at its dp_min) is stopped before a larger one, then the
+        one losing the least work. A stopped gang queues again and must find as many
+        GPUs free at once: an 8-GPU gang just past its checkpoint loses no more work
+        than a 1-GPU one, but it waits for a whole node to restart. Both rules together
         took cluster07's p99 wait from 1.74x 2D-LAS's to 0.87x (BENCHMARKS.md).
     preemption_payoff: a preemption for service happens only when it pays for itself:
         the victim's predicted remaining run time exceeds the newcomer's by more than the

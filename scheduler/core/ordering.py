@@ -129,12 +129,13 @@ def queue_order(
     (queued past `protected_after_s`), the longest queued first, so the reservation goes to
     the job that has waited longest past its bound, then higher service band (less GPU time
     attained; see `service_band`), then the order inside a band (`_within_band_key`: Gittins
-    index or predicted remaining service, where configured), then more GPUs
-    (`larger_gangs_first`), then fair share in two levels, as Slurm's Fair Tree does with
-    accounts and users: the queue's rank by recent usage over its `weights` entry (default
-    1), then the user's rank within the queue (0 for the least recent usage: one heavy user
-    cannot hold a queue, one busy queue cannot hold the idle GPUs), then earlier submit,
-    then id. Guarantees are not in the order: quotas and preemption keep them.
+    index or predicted remaining service, where configured), then the gang that needs
+    more GPUs (`larger_gangs_first`: `GangShape.min_gpus`), then fair share in two levels
+    among gangs of one size, as Slurm's Fair Tree does with accounts and users: the queue's
+    rank by recent usage over its `weights` entry (default 1), then the user's rank within
+    the queue (0 for the least recent usage: one heavy user cannot hold a queue's jobs of
+    one size back, one busy queue cannot take the idle GPUs from them), then earlier
+    submit, then id. Guarantees are not in the order: quotas and preemption keep them.
     `protected_out`, when given, receives job id -> `protection_ratio` for the protected
     jobs.
     The key is inlined: it runs for every pending job on every pass."""
@@ -181,7 +182,7 @@ def queue_order(
             band = top
         else:
             band = top - bisect.bisect_right(levels, job.attained_gpu_s)
-        size = -job.shape.num_gpus if larger_first else 0
+        size = -job.shape.min_gpus if larger_first else 0
         inside = within_band(job) if within_band else 0.0
         return (
             -aged,
@@ -258,9 +259,9 @@ def victim_order(
 ) -> Iterator[JobView]:
     """Preemption candidates, cheapest first: jobs running on borrowed quota, then lower
     (priority, service band), then the most expendable (a sweep trial its early-stopping
-    rule ranks low), then fewer GPUs (`smaller_victims_first`), then least work lost
-    (`work_lost_s`), then most recently started, then job id. `ranks`: job id -> `rank`
-    at `now`, where the caller has them.
+    rule ranks low), then fewer GPUs needed (`smaller_victims_first`: `GangShape.min_gpus`),
+    then least work lost (`work_lost_s`), then most recently started, then job id.
+    `ranks`: job id -> `rank` at `now`, where the caller has them.
 
     Lazy: candidates are grouped by (borrowed, rank) and each group is sorted only when
     reached, since a preemption usually needs the first few victims of a long list.
@@ -274,7 +275,7 @@ def victim_order(
     smaller_first = config.smaller_victims_first
 
     def key(job: JobView) -> tuple[float, int, float, float, int]:
-        size = job.shape.num_gpus if smaller_first else 0
+        size = job.shape.min_gpus if smaller_first else 0
         run = job.run
         if run is None:
             return (-job.expendable, size, 0.0, 0.0, job.id)

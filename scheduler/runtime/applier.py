@@ -172,7 +172,6 @@ class Applier:
                 attempt=job.attempt + 1,
                 step=0,
                 loss=None,
-                tokens_per_s=None,
                 **NEW_ATTEMPT,
             )
         except StaleState:

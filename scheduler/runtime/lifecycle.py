@@ -143,10 +143,18 @@ def _resizing(job: JobRecord, status: GroupStatus, now: datetime) -> Transition 
     return relaunch(job, "; ".join(stopped), lost=lost_steps(status))
 
 
-# What an attempt reported about itself, cleared whenever a next attempt starts (an
-# admission or a resize's relaunch): one list, so the two cannot drift apart.
+# What the last attempt measured of its own gang (its error, stragglers, checkpoint, step
+# time and throughput), cleared whenever a next attempt starts (an admission or a
+# resize's relaunch, whose gang has another size): one list, so the two cannot drift
+# apart. The step and loss describe the model, so a relaunch keeps them.
 NEW_ATTEMPT: Mapping[str, None] = MappingProxyType(
-    {"error": None, "stragglers": None, "checkpoint_step": None, "step_time_s": None}
+    {
+        "error": None,
+        "stragglers": None,
+        "checkpoint_step": None,
+        "step_time_s": None,
+        "tokens_per_s": None,
+    }
 )
 
 

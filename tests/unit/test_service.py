@@ -174,15 +174,22 @@ def test_a_job_that_ran_before_holds_no_reservation_until_protected() -> None:
     )  # type: ignore[union-attr]
 
 
-def test_within_a_band_a_larger_gang_goes_first() -> None:
-    """The small job backfills around the large one; ahead of it, it would take the GPUs
-    the large one waits for."""
+def test_within_a_band_a_larger_gang_goes_first_then_fair_share_among_one_size() -> None:
+    """The pass gives the large gang GPUs before the small jobs split them up. Size never
+    crosses a band or a priority; an elastic gang counts at its dp_min; fair share orders
+    gangs of one size."""
     small_earlier = pending(1, submitted=-600)
     large_later = pending(2, dp=8, submitted=-60)
-    default = queue_order([small_earlier, large_later], NOW, PolicyConfig())
-    assert [j.id for j in default] == [2, 1]
-    by_submit = PolicyConfig(larger_gangs_first=False)
-    assert [j.id for j in queue_order([small_earlier, large_later], NOW, by_submit)] == [1, 2]
+    sunk_large = replace(pending(3, dp=8, submitted=-900), attained_gpu_s=2 * HOUR)
+    low_large = pending(4, dp=8, priority=-1, submitted=-900)
+    elastic = pending(5, dp=8, dp_min=1, submitted=-30)  # runs on 1 GPU: a small gang
+    heavy_user = pending(6, dp=8, submitted=-1200, user="heavy")
+    jobs = [small_earlier, large_later, sunk_large, low_large, elastic, heavy_user]
+    usage = {("default", "heavy"): 100.0, ("default", "default"): 1.0}
+    default = queue_order(jobs, NOW, PolicyConfig(), usage)
+    assert [j.id for j in default] == [2, 6, 1, 5, 3, 4]
+    by_submit = queue_order(jobs, NOW, PolicyConfig(larger_gangs_first=False), usage)
+    assert [j.id for j in by_submit] == [1, 2, 5, 6, 3, 4]  # fair share, then submit
 
 
 def test_a_smaller_victim_of_the_same_rank_goes_before_a_gang_just_past_its_checkpoint() -> None:

@@ -127,9 +127,8 @@ POLICIES: dict[str, SimPolicy] = {
         SimPolicy(
             "gangway",
             "Gangway's default: priority with aging across priority classes, least "
-            "attained service within one, larger gangs first within a band (preempting "
-            "only near a checkpoint and after 10 minutes of run, smaller gangs first), "
-            "protection after 7 days and 8 predicted run times, fair "
+            "attained service within one (preempting only near a checkpoint and after "
+            "10 minutes of run), protection after 7 days and 8 predicted run times, fair "
             "share, greedy backfill",
             PolicyConfig(elastic_resize=False),
             fair_share=True,

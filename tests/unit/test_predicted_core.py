@@ -40,7 +40,7 @@ def test_shortest_predicted_first_within_a_band_unknown_last() -> None:
         replace(pending(4), predicted_remaining_s=1500.0),
     ]
     assert [j.id for j in queue_order(jobs, NOW, CONFIG)] == [4, 3, 1, 2]
-    submit_order = replace(CONFIG, shortest_predicted_first=False, larger_gangs_first=False)
+    submit_order = replace(CONFIG, shortest_predicted_first=False)
     assert [j.id for j in queue_order(jobs, NOW, submit_order)] == [1, 2, 3, 4]
 
 

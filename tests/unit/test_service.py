@@ -174,7 +174,7 @@ def test_a_job_that_ran_before_holds_no_reservation_until_protected() -> None:
     )  # type: ignore[union-attr]
 
 
-def test_within_a_band_a_larger_gang_goes_first_then_fair_share_among_one_size() -> None:
+def test_larger_gangs_first_within_a_band_then_fair_share_among_one_size() -> None:
     """The pass gives the large gang GPUs before the small jobs split them up. Size never
     crosses a band or a priority; an elastic gang counts at its dp_min; fair share orders
     gangs of one size."""
@@ -186,13 +186,13 @@ def test_within_a_band_a_larger_gang_goes_first_then_fair_share_among_one_size()
     heavy_user = pending(6, dp=8, submitted=-1200, user="heavy")
     jobs = [small_earlier, large_later, sunk_large, low_large, elastic, heavy_user]
     usage = {("default", "heavy"): 100.0, ("default", "default"): 1.0}
-    default = queue_order(jobs, NOW, PolicyConfig(), usage)
-    assert [j.id for j in default] == [2, 6, 1, 5, 3, 4]
-    by_submit = queue_order(jobs, NOW, PolicyConfig(larger_gangs_first=False), usage)
-    assert [j.id for j in by_submit] == [1, 2, 5, 6, 3, 4]  # fair share, then submit
+    by_size = queue_order(jobs, NOW, PolicyConfig(larger_gangs_first=True), usage)
+    assert [j.id for j in by_size] == [2, 6, 1, 5, 3, 4]
+    default = queue_order(jobs, NOW, PolicyConfig(), usage)  # off: fair share, then submit
+    assert [j.id for j in default] == [1, 2, 5, 6, 3, 4]
 
 
-def test_a_smaller_victim_of_the_same_rank_goes_before_a_gang_just_past_its_checkpoint() -> None:
+def test_smaller_victims_first_before_a_gang_just_past_its_checkpoint() -> None:
     """A 1-GPU newcomer stops one of the 1-GPU gangs (100 s lost) rather than the 4-GPU
     gang that lost nothing: stopped, that one waits for a whole node to restart."""
     gang = sunk(1, since_checkpoint=0)
@@ -205,5 +205,5 @@ def test_a_smaller_victim_of_the_same_rank_goes_before_a_gang_just_past_its_chec
     def victims(config: PolicyConfig) -> list[int]:
         return [d.job_id for d in schedule(two_nodes, jobs, NOW, config) if isinstance(d, Preempt)]
 
-    assert victims(PolicyConfig()) == [2]  # least lost of the 1-GPU gangs (ties: by id)
-    assert victims(PolicyConfig(smaller_victims_first=False)) == [1]
+    assert victims(PolicyConfig(smaller_victims_first=True)) == [2]  # least lost, then id
+    assert victims(PolicyConfig()) == [1]  # off by default: the least work lost

@@ -18,14 +18,14 @@ def test_queues_and_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("GANGWAY_MIN_RUNTIME_S", "30")
     monkeypatch.setenv("GANGWAY_BACKFILL", "false")
     monkeypatch.setenv("GANGWAY_RESERVATIONS", "true")
-    monkeypatch.setenv("GANGWAY_LARGER_GANGS_FIRST", "false")
-    monkeypatch.setenv("GANGWAY_SMALLER_VICTIMS_FIRST", "false")
+    monkeypatch.setenv("GANGWAY_LARGER_GANGS_FIRST", "true")
+    monkeypatch.setenv("GANGWAY_SMALLER_VICTIMS_FIRST", "true")
     settings = Settings()
     assert settings.quotas() == {"research": QueueQuota(guaranteed_gpus=4, borrow_limit_gpus=2)}
     policy = settings.policy()
     assert (policy.min_runtime_s, policy.backfill, policy.preemption) == (30.0, False, True)
     assert policy.reservations
-    assert (policy.larger_gangs_first, policy.smaller_victims_first) == (False, False)
+    assert (policy.larger_gangs_first, policy.smaller_victims_first) == (True, True)
 
 
 def test_policy_defaults_are_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:

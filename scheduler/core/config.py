@@ -21,8 +21,8 @@ class PolicyConfig:
         attained service back into FIFO; within a class `starvation_s` bounds waits).
         Bound: a job of priority p waiting behind newly submitted jobs of priority q > p
         ranks with them after q - p such intervals, and is then a job of their class
-        (ahead of the newer ones of its service band and gang size, which it entered
-        earlier).
+        (ahead of the newer ones of its service band, and of its gang size with
+        `larger_gangs_first`, which it entered earlier).
     age_per_runs: aging paced by the job's own cost: one point per this many predicted
         run times waited (its slowdown), when longer than `aging_interval_s`: a short job
         climbs quickly, a long one slowly. Predicted run time: the time run so far plus

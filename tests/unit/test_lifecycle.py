@@ -10,6 +10,7 @@ import pytest
 from scheduler.model import JobState
 from scheduler.runtime.gangs.status import GroupPhase, GroupStatus
 from scheduler.runtime.lifecycle import (
+    NEW_ATTEMPT,
     LifecycleConfig,
     Transition,
     next_transition,
@@ -234,6 +235,9 @@ def test_a_hang_asks_for_the_stacks_and_says_the_limit() -> None:
 def test_a_resize_relaunch_is_the_next_attempt() -> None:
     change = next_transition(job(JobState.RESIZING, **DEADLINE_AHEAD), STOPPED, NOW, CONFIG)
     assert change is not None and change.relaunch and change.fields["attempt"] == 2
+    # what the last gang measured of itself does not describe the next one
+    assert {name: change.fields[name] for name in NEW_ATTEMPT} == dict(NEW_ATTEMPT)
+    assert set(NEW_ATTEMPT) >= {"checkpoint_step", "step_time_s", "tokens_per_s", "error"}
 
 
 def test_a_job_that_has_not_stepped_this_attempt_is_never_hung() -> None:

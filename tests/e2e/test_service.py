@@ -624,9 +624,9 @@ def test_an_elastic_job_grows_and_shrinks_through_checkpoints(
         service.stop()
 
 
-# Enough steps at dp=4 (about 10 a second here) that the high job always shrinks the
-# elastic one before it ends: the shrink came 6 steps into its dp=4 attempt.
-STEPS = 400
+# Enough steps that the first grow pays for its stop and restart (10 s grace) on a fast
+# machine too: with 400, at 0.04 s a step, the 366 steps left were too few to grow.
+STEPS = 800
 
 
 def _grow_shrink_grow(service: Service) -> None:

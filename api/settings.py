@@ -301,11 +301,13 @@ class Settings(BaseSettings):
     service_preemption_loss_s: float = Field(_POLICY.service_preemption_loss_s, ge=0)
     larger_gangs_first: bool = Field(
         _POLICY.larger_gangs_first,
-        description="within a service band, a gang of more GPUs is queued first",
+        description="within a service band, a gang that needs more GPUs (elastic: at its "
+        "minimum) is queued first",
     )
     smaller_victims_first: bool = Field(
         _POLICY.smaller_victims_first,
-        description="among preemption victims of one rank, a gang of fewer GPUs is stopped first",
+        description="among preemption victims of one rank, a gang that needs fewer GPUs "
+        "(elastic: at its minimum) is stopped first",
     )
     fair_share_half_life_s: float = Field(fairshare.HALF_LIFE_S, gt=0)
     queues: dict[str, QueueSettings] = Field(

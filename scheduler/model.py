@@ -120,10 +120,11 @@ class GangShape:
 
     def __post_init__(self) -> None:
         p = self.parallelism
+        replica_gpus = p.tp * p.pp * self.gpus_per_rank
         object.__setattr__(self, "num_ranks", p.dp * p.tp * p.pp)
-        object.__setattr__(self, "num_gpus", p.dp * p.tp * p.pp * self.gpus_per_rank)
+        object.__setattr__(self, "num_gpus", p.dp * replica_gpus)
         min_dp = p.dp if self.dp_min is None else self.dp_min
-        object.__setattr__(self, "min_gpus", min_dp * p.tp * p.pp * self.gpus_per_rank)
+        object.__setattr__(self, "min_gpus", min_dp * replica_gpus)
         if (self.dp_min is None) != (self.dp_max is None):
             raise ValueError("give both dp_min and dp_max, or neither")
         low, high = self.dp_min, self.dp_max

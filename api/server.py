@@ -80,7 +80,9 @@ class Runtime:
             queues=QueueRepository(self._repo.engine).quotas,
             fair_share_half_life_s=self._settings.fair_share_half_life_s,
             lifecycle=LifecycleConfig(
-                hang_factor=self._settings.hang_factor, hang_min_s=self._settings.hang_min_s
+                hang_factor=self._settings.hang_factor,
+                hang_min_s=self._settings.hang_min_s,
+                start_timeout_s=self._settings.start_timeout_s,
             ),
             stragglers=StragglerWatch(
                 factor=self._settings.straggler_factor, window=self._settings.straggler_window

@@ -215,6 +215,13 @@ class Settings(BaseSettings):
     hang_min_s: float = Field(
         _LIFECYCLE.hang_min_s, gt=0, description="never call a job hung sooner"
     )
+    start_timeout_s: float = Field(
+        _LIFECYCLE.start_timeout_s,
+        gt=0,
+        description="a gang not started this long after admission, or a job that reports "
+        "steps with no step this long after its ranks started, is hung (stacks kept, "
+        "restarted within max_restarts)",
+    )
     straggler_factor: float = Field(
         stragglers.DEFAULT_FACTOR,
         gt=1,

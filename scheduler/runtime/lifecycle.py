@@ -26,10 +26,21 @@ _OBSERVED_STATES = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUN
 @dataclass(frozen=True)
 class LifecycleConfig:
     """A running job whose step has not moved for `hang_factor` x its step time (and at
-    least `hang_min_s`) is hung: its stacks are kept and it is restarted."""
+    least `hang_min_s`) is hung: its stacks are kept and it is restarted.
+
+    `start_timeout_s` bounds what has no step time to go by: a gang still STARTING this
+    long after its admission (a rank installing requirements, fetching its package or
+    loading the program without end, a supervisor that never answers), and a running
+    attempt of a job that reports steps (the built-in trainer, or a job that reported
+    steps in an earlier attempt) with no step this long after its ranks started. Either
+    is a hang, handled as one: stacks kept, restarted within `max_restarts`. Without it
+    such a gang holds its GPUs for ever. Longer than the supervisor's own limit on a
+    requirement install (`workers.supervisor.venvs.INSTALL_TIMEOUT_S`, 1800 s), which
+    fails the rank with pip's output first."""
 
     hang_factor: float = 10.0
     hang_min_s: float = 300.0
+    start_timeout_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -247,8 +258,8 @@ def quiet_until(job: JobRecord, status: GroupStatus, config: LifecycleConfig) ->
 @dataclass(frozen=True)
 class _HangLimit:
     silent_s: float  # the limit on seconds without a step
-    step_time_s: float  # the attempt's mean step time it derives from
-    since: datetime  # the last step's report
+    since: datetime  # what the silence counts from
+    why: str  # how the limit was set, for the reason
 
     @property
     def at(self) -> datetime:
@@ -256,20 +267,34 @@ class _HangLimit:
 
 
 def _hang_limit(job: JobRecord, status: GroupStatus, config: LifecycleConfig) -> _HangLimit | None:
-    """How long the job may go without a step. Only a running job that has stepped in
-    this attempt is judged (start-up and checkpoint loading have no step time to go by)."""
+    """How long the job may go without a step (or, starting, without its ranks ready).
+    A running job that has stepped in this attempt goes by its step time; before its
+    first step, one known to report steps gets `start_timeout_s` from its ranks' start
+    (start-up and checkpoint loading have no step time to go by); a starting gang gets
+    `start_timeout_s` from its admission."""
+    if job.state is JobState.STARTING and job.admitted_at is not None:
+        why = f"start timeout {config.start_timeout_s:.0f} s from admission"
+        return _HangLimit(config.start_timeout_s, job.admitted_at, why)
     run = run_info(job)
-    if (
-        job.state is not JobState.RUNNING
-        or status.step != job.step
-        or run is None
-        or run.step_time_s is None
-        or job.progress_at is None
-        or job.progress_at < run.started_at
-    ):
+    if job.state is not JobState.RUNNING or status.step != job.step or run is None:
         return None
-    limit = max(config.hang_min_s, config.hang_factor * run.step_time_s)
-    return _HangLimit(limit, run.step_time_s, job.progress_at)
+    stepped = job.progress_at is not None and job.progress_at >= run.started_at
+    if stepped and run.step_time_s is not None and job.progress_at is not None:
+        limit = max(config.hang_min_s, config.hang_factor * run.step_time_s)
+        why = (
+            f"max({config.hang_min_s:.0f} s, {config.hang_factor:g} x step time "
+            f"{run.step_time_s:.2f} s)"
+        )
+        return _HangLimit(limit, job.progress_at, why)
+    if _reports_steps(job):
+        why = f"start timeout {config.start_timeout_s:.0f} s: no step since the ranks started"
+        return _HangLimit(config.start_timeout_s, run.started_at, why)
+    return None
+
+
+def _reports_steps(job: JobRecord) -> bool:
+    """The built-in trainer reports every step; another job is known to once it has."""
+    return job.total_steps is not None or job.step > 0
 
 
 def _hang(
@@ -280,10 +305,15 @@ def _hang(
     if limit is None or now <= limit.at:
         return None
     silent = (now - limit.since).total_seconds()
+    if job.state is JobState.STARTING:
+        where = "placing" if status.phase is GroupPhase.PLACING else "waiting for every rank"
+        return (
+            f"hung while starting: not every rank ready {silent:.0f} s after admission "
+            f"({where}; limit: {limit.why}); every rank's stacks are above"
+        )
     return (
         f"hung: no progress past step {job.step} for {silent:.0f} s (limit "
-        f"{limit.silent_s:.0f} s = max({config.hang_min_s:.0f} s, {config.hang_factor:g} x "
-        f"step time {limit.step_time_s:.2f} s)); every rank's stacks are above"
+        f"{limit.silent_s:.0f} s = {limit.why}); every rank's stacks are above"
     )
 
 

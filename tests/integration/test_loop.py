@@ -805,6 +805,33 @@ def test_a_job_without_progress_is_hung_its_stacks_kept_and_it_restarts(
     assert "hung: no progress past step 5 for 61 s (limit 60 s" in restarting.reason
 
 
+def test_a_gang_that_never_finishes_starting_is_hung_and_frees_its_gpus(
+    repo: JobRepository, executor: FakeExecutor, clock: Clock
+) -> None:
+    """A rank that never gets ready (a requirement install or package fetch that hangs)
+    must not hold its GPUs for ever: past the start timeout from its admission the gang
+    is released with its stacks kept, restarted, and failed once the budget is spent."""
+    loop = make_loop(repo, executor, clock, lifecycle=LifecycleConfig(start_timeout_s=600))
+    job = submit(repo, max_restarts=1)
+    for attempt in (1, 2):
+        loop.tick()  # admitted and launched: STARTING
+        assert repo.get(job.id).state is JobState.STARTING
+        assert executor.launched[-1][:2] == (job.id, attempt)
+        executor.statuses[job.id] = GroupStatus(GroupPhase.RENDEZVOUS)
+        clock.now += timedelta(seconds=599)
+        loop.tick()
+        assert repo.get(job.id).state is JobState.STARTING
+        clock.now += timedelta(seconds=2)
+        loop.tick()
+    failed = repo.get(job.id)
+    assert failed.state is JobState.FAILED and failed.restarts == 1
+    assert executor.released == [job.id, job.id] and job.id not in executor.statuses
+    assert failed.error is not None and "stuck in job" in failed.error
+    reasons = [e.reason for e in repo.events(job.id)]
+    assert any("restart 1 of 1: hung while starting" in r for r in reasons)
+    assert "not every rank ready 601 s after admission (waiting for every rank" in reasons[-1]
+
+
 def test_rank_output_reaches_the_store_once(
     repo: JobRepository, loop: SchedulerLoop, executor: FakeExecutor
 ) -> None:

@@ -18,10 +18,11 @@ from scheduler.runtime.lifecycle import (
 )
 from scheduler.store import JobRecord
 from scheduler.store.specs import spec_from_json
+from workers.supervisor.venvs import INSTALL_TIMEOUT_S
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NOW = T0 + timedelta(hours=1)
-CONFIG = LifecycleConfig(hang_factor=10.0, hang_min_s=300.0)
+CONFIG = LifecycleConfig(hang_factor=10.0, hang_min_s=300.0, start_timeout_s=7200.0)
 SPEC = {
     "max_restarts": 1,
     "parallelism": {"dp": 2, "tp": 1, "pp": 1},
@@ -71,6 +72,19 @@ DEADLINE_PASSED = {"preempt_deadline": NOW - timedelta(seconds=1)}
 DEADLINE_AHEAD = {"preempt_deadline": NOW + timedelta(seconds=60)}
 # 10 steps in 100 s: 10 s a step, so silence beyond max(300 s, 10 x 10 s) is a hang.
 HUNG = {"started_at": NOW - timedelta(seconds=500), "progress_at": NOW - timedelta(seconds=400)}
+# Past the 7200 s start timeout: admitted (starting) or started (running) that long ago.
+LONG_AGO = NOW - timedelta(seconds=7201)
+# A function (no step count) that reported step 10 in an earlier attempt, none in this one.
+FUNCTION = spec_from_json(
+    {**SPEC, "entrypoint": {"kind": "function", "target": "m:f", "kwargs": {}}}
+)
+RESUMED = {
+    "spec": FUNCTION,
+    "total_steps": None,
+    "started_at": LONG_AGO,
+    "progress_at": LONG_AGO - timedelta(seconds=60),
+}
+RENDEZVOUS = GroupStatus(GroupPhase.RENDEZVOUS)
 
 CASES: list[tuple[str, JobRecord, GroupStatus, JobState | None, str]] = [
     ("started", job(JobState.STARTING), RUNNING, JobState.RUNNING, "all 2 ranks started"),
@@ -93,6 +107,49 @@ CASES: list[tuple[str, JobRecord, GroupStatus, JobState | None, str]] = [
         "no room",
     ),
     ("hung", job(JobState.RUNNING, **HUNG), RUNNING, JobState.RESTARTING, "hung: no progress"),
+    (
+        "stuck starting",
+        job(JobState.STARTING, admitted_at=LONG_AGO),
+        RENDEZVOUS,
+        JobState.RESTARTING,
+        "hung while starting: not every rank ready 7201 s after admission (waiting for",
+    ),
+    (
+        "stuck starting, budget spent",
+        job(JobState.STARTING, admitted_at=LONG_AGO, restarts=1),
+        RENDEZVOUS,
+        JobState.FAILED,
+        "failed after 1 restart(s): hung while starting",
+    ),
+    (
+        "no first step",
+        job(JobState.RUNNING, step=0, progress_at=None, started_at=LONG_AGO),
+        replace(RUNNING, step=0),
+        JobState.RESTARTING,
+        "hung: no progress past step 0 for 7201 s (limit 7200 s = start timeout",
+    ),
+    (
+        "no step this attempt, after steps in an earlier one",
+        job(JobState.RUNNING, **RESUMED),
+        RUNNING,
+        JobState.RESTARTING,
+        "no step since the ranks started",
+    ),
+    (
+        "a function that never reported a step",
+        job(JobState.RUNNING, **{**RESUMED, "step": 0}),
+        replace(RUNNING, step=0),
+        None,
+        "",
+    ),
+    ("starting within its timeout", job(JobState.STARTING), RENDEZVOUS, None, ""),
+    (
+        "built-in, first step within its timeout",
+        job(JobState.RUNNING, step=0),
+        replace(RUNNING, step=0),
+        None,
+        "",
+    ),
     (
         "over its time limit",
         job(JobState.RUNNING, spec=spec_from_json({**SPEC, "time_limit_s": 60})),
@@ -192,7 +249,17 @@ def test_a_quiet_report_stays_quiet_until_the_moment_it_names(
     assert next_transition(stored, report, until + second, CONFIG) is not None
 
 
-@pytest.mark.parametrize("name", ["hung", "over its time limit", "preempting, deadline passed"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hung",
+        "stuck starting",
+        "no first step",
+        "no step this attempt, after steps in an earlier one",
+        "over its time limit",
+        "preempting, deadline passed",
+    ],
+)
 def test_every_clock_rule_is_due_at_its_quiet_until(name: str) -> None:
     """The rules that read the clock fire after `quiet_until` and not before."""
     _, stored, report, _, _ = next(case for case in CASES if case[0] == name)
@@ -240,9 +307,11 @@ def test_a_resize_relaunch_is_the_next_attempt() -> None:
     assert set(NEW_ATTEMPT) >= {"checkpoint_step", "step_time_s", "tokens_per_s", "error"}
 
 
-def test_a_job_that_has_not_stepped_this_attempt_is_never_hung() -> None:
-    fresh = job(JobState.RUNNING, step=0, progress_at=None)
-    assert next_transition(fresh, replace(RUNNING, step=0), NOW, CONFIG) is None
+def test_a_stuck_start_asks_for_the_stacks_and_says_where_it_stuck() -> None:
+    placing = GroupStatus(GroupPhase.PLACING)
+    change = next_transition(job(JobState.STARTING, admitted_at=LONG_AGO), placing, NOW, CONFIG)
+    assert change is not None and change.with_stacks and change.release
+    assert "(placing; limit: start timeout 7200 s from admission)" in change.reason
 
 
 def test_a_trainer_stopped_at_its_pause_point_is_held_not_done() -> None:
@@ -257,3 +326,8 @@ def test_a_trainer_stopped_at_its_pause_point_is_held_not_done() -> None:
         ended = GroupStatus(GroupPhase.SUCCEEDED, True, step=step)
         change = next_transition(running, ended, NOW, CONFIG)
         assert change is not None and change.to is JobState.SUCCEEDED
+
+
+def test_the_start_timeout_outlasts_a_requirement_install() -> None:
+    """A slow but legal install fails on its own limit, with pip's output, not as a hang."""
+    assert LifecycleConfig().start_timeout_s > INSTALL_TIMEOUT_S

@@ -309,12 +309,12 @@ class Settings(BaseSettings):
     larger_gangs_first: bool = Field(
         _POLICY.larger_gangs_first,
         description="within a service band, a gang that needs more GPUs (elastic: at its "
-        "minimum) is queued first",
+        "minimum; counted up to the largest node) is queued first",
     )
     smaller_victims_first: bool = Field(
         _POLICY.smaller_victims_first,
         description="among preemption victims of one rank, a gang that needs fewer GPUs "
-        "(elastic: at its minimum) is stopped first",
+        "(elastic: at its minimum; counted up to the largest node) is stopped first",
     )
     fair_share_half_life_s: float = Field(fairshare.HALF_LIFE_S, gt=0)
     queues: dict[str, QueueSettings] = Field(

@@ -99,11 +99,14 @@ class PolicyConfig:
         GPUs (an elastic one: at its dp_min) is stopped before a larger one, then the
         one losing the least work. A stopped gang queues again and must find as many
         GPUs free at once: an 8-GPU gang just past its checkpoint loses no more work
-        than a 1-GPU one, but it waits for a whole node to restart. Both off by default:
-        together they met issue 30's four goals on 23 of 33 shared-trace runs (the
-        default 22) with no miss past 1.13x (the default's reach 1.74x), but on 1 of 12
-        held-out runs (the default 5): on ITP cluster04 average JCT 1.26-1.35x 2D-LAS's
-        and p99 wait 1.79-2.36x on every seed (BENCHMARKS.md).
+        than a 1-GPU one, but it waits for a whole node to restart.
+        Both rules count a gang's GPUs up to the cluster's largest node (`gang_size`):
+        gangs of a node or more wait alike for whole nodes. Counted in full, the rules
+        sided with the few gangs larger than a node against the many one-node jobs: on
+        ITP cluster04 the one-node jobs carried all of the added JCT (stopped first,
+        restarted last), average JCT 1.26-1.35x 2D-LAS's. Both off by default: capped,
+        together they meet issue 30's four goals on 21 of 33 shared-trace runs and 5 of
+        12 held-out runs, the default on 22 and 5 (BENCHMARKS.md).
     preemption_payoff: a preemption for service happens only when it pays for itself:
         the victim's predicted remaining run time exceeds the newcomer's by more than the
         cost of stopping and resuming (`checkpoint_grace_s` + `restart_cost_s` + the work

@@ -120,6 +120,7 @@ def queue_order(
     weights: Mapping[str, float] | None = None,
     *,
     protected_out: dict[int, float] | None = None,
+    node_gpus: int = 0,
 ) -> list[JobView]:
     """Pending jobs: higher aged priority first (priority plus one point per
     `aging_interval_s`, or per `age_per_runs` x the job's predicted run time if longer,
@@ -130,14 +131,14 @@ def queue_order(
     the job that has waited longest past its bound, then higher service band (less GPU time
     attained; see `service_band`), then the order inside a band (`_within_band_key`: Gittins
     index or predicted remaining service, where configured), then the gang that needs
-    more GPUs (`larger_gangs_first`: `GangShape.min_gpus`), then fair share in two levels
-    among gangs of one size, as Slurm's Fair Tree does with accounts and users: the queue's
-    rank by recent usage over its `weights` entry (default 1), then the user's rank within
-    the queue (0 for the least recent usage: one heavy user cannot hold a queue's jobs of
-    one size back, one busy queue cannot take the idle GPUs from them), then earlier
-    submit, then id. Guarantees are not in the order: quotas and preemption keep them.
-    `protected_out`, when given, receives job id -> `protection_ratio` for the protected
-    jobs.
+    more GPUs (`larger_gangs_first`: `gang_size`, counted up to one node of `node_gpus`),
+    then fair share in two levels among gangs of one size, as Slurm's Fair Tree does with
+    accounts and users: the queue's rank by recent usage over its `weights` entry (default
+    1), then the user's rank within the queue (0 for the least recent usage: one heavy
+    user cannot hold a queue's jobs of one size back, one busy queue cannot take the idle
+    GPUs from them), then earlier submit, then id. Guarantees are not in the order:
+    quotas and preemption keep them. `protected_out`, when given, receives job id ->
+    `protection_ratio` for the protected jobs.
     The key is inlined: it runs for every pending job on every pass."""
     ranks = fair_share_ranks(usage or {})
     queue_ranks = queue_share_ranks(usage or {}, weights or {})
@@ -182,7 +183,7 @@ def queue_order(
             band = top
         else:
             band = top - bisect.bisect_right(levels, job.attained_gpu_s)
-        size = -job.shape.min_gpus if larger_first else 0
+        size = -gang_size(job, node_gpus) if larger_first else 0
         inside = within_band(job) if within_band else 0.0
         return (
             -aged,
@@ -197,6 +198,17 @@ def queue_order(
         )
 
     return sorted(jobs, key=key)
+
+
+def gang_size(job: JobView, node_gpus: int) -> int:
+    """The size the gang-size rules compare: the GPUs the gang needs at least
+    (`GangShape.min_gpus`: an elastic gang at its dp_min), counted up to one node of
+    `node_gpus` (0: uncounted). Every gang of a whole node or more is one size: such gangs
+    wait alike for whole nodes, and ordering them by size only moved waits from the many
+    one-node jobs to the few larger gangs (ITP cluster04: average JCT 1.35x 2D-LAS's
+    uncapped; BENCHMARKS.md)."""
+    gpus = job.shape.min_gpus
+    return min(gpus, node_gpus) if node_gpus > 0 else gpus
 
 
 def _within_band_key(config: PolicyConfig) -> Callable[[JobView], float] | None:
@@ -256,11 +268,14 @@ def victim_order(
     config: PolicyConfig,
     borrowed: Set[int] = frozenset(),
     ranks: Mapping[int, tuple[int, float]] | None = None,
+    *,
+    node_gpus: int = 0,
 ) -> Iterator[JobView]:
     """Preemption candidates, cheapest first: jobs running on borrowed quota, then lower
     (priority, service band), then the most expendable (a sweep trial its early-stopping
-    rule ranks low), then fewer GPUs needed (`smaller_victims_first`: `GangShape.min_gpus`),
-    then least work lost (`work_lost_s`), then most recently started, then job id.
+    rule ranks low), then fewer GPUs needed (`smaller_victims_first`: `gang_size`, counted
+    up to one node of `node_gpus`), then least work lost (`work_lost_s`), then most
+    recently started, then job id.
     `ranks`: job id -> `rank` at `now`, where the caller has them.
 
     Lazy: candidates are grouped by (borrowed, rank) and each group is sorted only when
@@ -275,7 +290,7 @@ def victim_order(
     smaller_first = config.smaller_victims_first
 
     def key(job: JobView) -> tuple[float, int, float, float, int]:
-        size = job.shape.min_gpus if smaller_first else 0
+        size = gang_size(job, node_gpus) if smaller_first else 0
         run = job.run
         if run is None:
             return (-job.expendable, size, 0.0, 0.0, job.id)

@@ -105,14 +105,19 @@ class VictimPool:
 
 
 def victim_pool(
-    holders: Sequence[JobView], now: datetime, config: PolicyConfig, borrowed: Set[int]
+    holders: Sequence[JobView],
+    now: datetime,
+    config: PolicyConfig,
+    borrowed: Set[int],
+    node_gpus: int = 0,
 ) -> tuple[VictimPool, dict[int, tuple[int, float]]]:
     """The holders that could be preempted at all (`could_be_victim`), cheapest first
     (`victim_order`: the order does not depend on the job to make room for), and their
-    ranks by job id."""
+    ranks by job id. `node_gpus`: the cluster's largest node (`gang_size`)."""
     candidates = [h for h in holders if could_be_victim(h, now, config)]
     ranks = {h.id: rank(h, now, config) for h in candidates}
-    return VictimPool(victim_order(candidates, now, config, borrowed, ranks)), ranks
+    order = victim_order(candidates, now, config, borrowed, ranks, node_gpus=node_gpus)
+    return VictimPool(order), ranks
 
 
 def freed_by(free: FreePool, jobs: Sequence[JobView]) -> FreePool:

@@ -104,6 +104,7 @@ class _Pass:
     free: FreePool
     holders: list[JobView]
     releases: list[Release]
+    node_gpus: int = 0  # the largest node's GPUs: one node, for `gang_size`
     reservation: _Reservation | None = None
     spare: FreePool | None = None  # free minus what the reservation needs: harmless to use
     decisions: list[Decision] = field(default_factory=list)
@@ -169,6 +170,7 @@ def schedule(
         ),
         holders=holders,
         releases=releases,
+        node_gpus=max((node.num_gpus for node in snapshot.nodes), default=0),
         etas_left=config.eta_jobs,
         tries_left=config.preemption_tries,
         queues=quotas,
@@ -183,7 +185,9 @@ def schedule(
         pending = [j for j in pending if j.hold is None]
     weights = {name: quota.weight for name, quota in quotas.items()}
     protected: dict[int, float] = {}  # job id -> wait over predicted run time
-    ordered = queue_order(pending, now, config, usage, weights, protected_out=protected)
+    ordered = queue_order(
+        pending, now, config, usage, weights, protected_out=protected, node_gpus=state.node_gpus
+    )
     for position, job in enumerate(ordered, start=1):
         if protected:
             state.protected = protected.get(job.id)
@@ -695,7 +699,7 @@ def _victims_for(state: _Pass, job: JobView) -> list[JobView] | None:
     if state.victim_pool is None:
         holders = [h for h in state.holders if h.id not in state.touched]
         state.victim_pool, state.ranks = victim_pool(
-            holders, state.now, state.config, state.borrowed
+            holders, state.now, state.config, state.borrowed, state.node_gpus
         )
     if not state.victim_pool:
         return None

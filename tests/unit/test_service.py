@@ -207,3 +207,32 @@ def test_smaller_victims_first_before_a_gang_just_past_its_checkpoint() -> None:
 
     assert victims(PolicyConfig(smaller_victims_first=True)) == [2]  # least lost, then id
     assert victims(PolicyConfig()) == [1]  # off by default: the least work lost
+
+
+def test_gangs_of_a_node_or_more_are_one_size_to_both_rules() -> None:
+    """Sizes count up to the largest node: a 16-GPU and an 8-GPU gang on 8-GPU nodes wait
+    alike for whole nodes, so neither rule orders them (fair share, then submit, does;
+    the least work lost picks among victims); a sub-node gang still orders by size."""
+    whole_later = pending(1, dp=8, submitted=-60)
+    two_nodes_later = pending(2, dp=16, submitted=-30)
+    whole_earlier = pending(3, dp=8, submitted=-600)
+    half = pending(4, dp=4, submitted=-900)
+    jobs = [whole_later, two_nodes_later, whole_earlier, half]
+    config = PolicyConfig(larger_gangs_first=True)
+    capped = queue_order(jobs, NOW, config, node_gpus=8)
+    assert [j.id for j in capped] == [3, 1, 2, 4]
+    assert [j.id for j in queue_order(jobs, NOW, config)] == [2, 3, 1, 4]  # uncounted
+
+    one_node = sunk(5, since_checkpoint=200)  # 4 GPUs on n0, 200 s lost
+    two_node = running(6, ["n1"] * 4 + ["n2"] * 4, started=-10 * HOUR, step=36_000, step_time_s=1.0)
+    assert two_node.run is not None
+    two_node = replace(two_node, run=replace(two_node.run, steps_since_checkpoint=0))
+    three_nodes = Cluster().nodes(3, 4).snapshot()  # nodes of 4 GPUs
+    decisions = schedule(
+        three_nodes,
+        [one_node, two_node, pending(7, dp=4)],
+        NOW,
+        PolicyConfig(smaller_victims_first=True),
+    )
+    # a node or more, both: the one that loses nothing goes, though it is the larger
+    assert [d.job_id for d in decisions if isinstance(d, Preempt)] == [6]

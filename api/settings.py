@@ -218,9 +218,9 @@ class Settings(BaseSettings):
     start_timeout_s: float = Field(
         _LIFECYCLE.start_timeout_s,
         gt=0,
-        description="a gang not started this long after admission, or a job that reports "
-        "steps with no step this long after its ranks started, is hung (stacks kept, "
-        "restarted within max_restarts)",
+        description="a gang not started this long after admission, or a built-in trainer "
+        "with no step this long after its ranks started, is hung (stacks kept, restarted "
+        "within max_restarts)",
     )
     straggler_factor: float = Field(
         stragglers.DEFAULT_FACTOR,

@@ -109,6 +109,7 @@ def victim_pool(
     now: datetime,
     config: PolicyConfig,
     borrowed: Set[int],
+    *,
     node_gpus: int = 0,
 ) -> tuple[VictimPool, dict[int, tuple[int, float]]]:
     """The holders that could be preempted at all (`could_be_victim`), cheapest first

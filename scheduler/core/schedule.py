@@ -104,7 +104,7 @@ class _Pass:
     free: FreePool
     holders: list[JobView]
     releases: list[Release]
-    node_gpus: int = 0  # the largest node's GPUs: one node, for `gang_size`
+    node_gpus: int  # the largest node's GPUs: one node, for `gang_size`
     reservation: _Reservation | None = None
     spare: FreePool | None = None  # free minus what the reservation needs: harmless to use
     decisions: list[Decision] = field(default_factory=list)
@@ -699,7 +699,7 @@ def _victims_for(state: _Pass, job: JobView) -> list[JobView] | None:
     if state.victim_pool is None:
         holders = [h for h in state.holders if h.id not in state.touched]
         state.victim_pool, state.ranks = victim_pool(
-            holders, state.now, state.config, state.borrowed, state.node_gpus
+            holders, state.now, state.config, state.borrowed, node_gpus=state.node_gpus
         )
     if not state.victim_pool:
         return None

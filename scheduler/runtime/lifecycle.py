@@ -29,14 +29,15 @@ class LifecycleConfig:
     least `hang_min_s`) is hung: its stacks are kept and it is restarted.
 
     `start_timeout_s` bounds what has no step time to go by: a gang still STARTING this
-    long after its admission (a rank installing requirements, fetching its package or
+    long after its admission (a rank fetching its package, setting up its sandbox or
     loading the program without end, a supervisor that never answers), and a running
-    attempt of a job that reports steps (the built-in trainer, or a job that reported
-    steps in an earlier attempt) with no step this long after its ranks started. Either
-    is a hang, handled as one: stacks kept, restarted within `max_restarts`. Without it
-    such a gang holds its GPUs for ever. Longer than the supervisor's own limit on a
-    requirement install (`workers.supervisor.venvs.INSTALL_TIMEOUT_S`, 1800 s), which
-    fails the rank with pip's output first."""
+    attempt of the built-in trainer (it reports every step) with no step this long after
+    its ranks started. Either is a hang, handled as one: stacks kept, restarted within
+    `max_restarts`. Without it such a gang holds its GPUs for ever. A function, script
+    or command may never report a step, so its first step is not awaited. Longer than
+    the supervisor's own limit on a requirement install
+    (`workers.supervisor.venvs.INSTALL_TIMEOUT_S`, 1800 s), which fails the rank with
+    pip's output first, and than Ray's placement timeout, which requeues the job."""
 
     hang_factor: float = 10.0
     hang_min_s: float = 300.0
@@ -268,9 +269,9 @@ class _HangLimit:
 
 def _hang_limit(job: JobRecord, status: GroupStatus, config: LifecycleConfig) -> _HangLimit | None:
     """How long the job may go without a step (or, starting, without its ranks ready).
-    A running job that has stepped in this attempt goes by its step time; before its
-    first step, one known to report steps gets `start_timeout_s` from its ranks' start
-    (start-up and checkpoint loading have no step time to go by); a starting gang gets
+    A running job that has stepped in this attempt goes by its step time; the built-in
+    trainer before its first step gets `start_timeout_s` from its ranks' start (start-up
+    and checkpoint loading have no step time to go by); a starting gang gets
     `start_timeout_s` from its admission."""
     if job.state is JobState.STARTING and job.admitted_at is not None:
         why = f"start timeout {config.start_timeout_s:.0f} s from admission"
@@ -278,23 +279,17 @@ def _hang_limit(job: JobRecord, status: GroupStatus, config: LifecycleConfig) ->
     run = run_info(job)
     if job.state is not JobState.RUNNING or status.step != job.step or run is None:
         return None
-    stepped = job.progress_at is not None and job.progress_at >= run.started_at
-    if stepped and run.step_time_s is not None and job.progress_at is not None:
+    stepped_at = job.progress_at
+    if stepped_at is not None and stepped_at >= run.started_at and run.step_time_s is not None:
         limit = max(config.hang_min_s, config.hang_factor * run.step_time_s)
         why = (
             f"max({config.hang_min_s:.0f} s, {config.hang_factor:g} x step time "
             f"{run.step_time_s:.2f} s)"
         )
-        return _HangLimit(limit, job.progress_at, why)
-    if _reports_steps(job):
-        why = f"start timeout {config.start_timeout_s:.0f} s: no step since the ranks started"
-        return _HangLimit(config.start_timeout_s, run.started_at, why)
+        return _HangLimit(limit, stepped_at, why)
+    if job.total_steps is not None:  # the built-in trainer: it reports every step
+        return _HangLimit(config.start_timeout_s, run.started_at, "the start timeout")
     return None
-
-
-def _reports_steps(job: JobRecord) -> bool:
-    """The built-in trainer reports every step; another job is known to once it has."""
-    return job.total_steps is not None or job.step > 0
 
 
 def _hang(
@@ -305,11 +300,15 @@ def _hang(
     if limit is None or now <= limit.at:
         return None
     silent = (now - limit.since).total_seconds()
+    if job.state is JobState.STARTING and status.phase is GroupPhase.PLACING:
+        return (
+            f"hung while starting: Ray had not reserved its placement {silent:.0f} s "
+            f"after admission (limit: {limit.why})"
+        )
     if job.state is JobState.STARTING:
-        where = "placing" if status.phase is GroupPhase.PLACING else "waiting for every rank"
         return (
             f"hung while starting: not every rank ready {silent:.0f} s after admission "
-            f"({where}; limit: {limit.why}); every rank's stacks are above"
+            f"(limit: {limit.why}); every rank's stacks are above"
         )
     return (
         f"hung: no progress past step {job.step} for {silent:.0f} s (limit "

@@ -808,7 +808,7 @@ def test_a_job_without_progress_is_hung_its_stacks_kept_and_it_restarts(
 def test_a_gang_that_never_finishes_starting_is_hung_and_frees_its_gpus(
     repo: JobRepository, executor: FakeExecutor, clock: Clock
 ) -> None:
-    """A rank that never gets ready (a requirement install or package fetch that hangs)
+    """A rank that never gets ready (a package fetch or a supervisor that never answers)
     must not hold its GPUs for ever: past the start timeout from its admission the gang
     is released with its stacks kept, restarted, and failed once the budget is spent."""
     loop = make_loop(repo, executor, clock, lifecycle=LifecycleConfig(start_timeout_s=600))
@@ -829,7 +829,7 @@ def test_a_gang_that_never_finishes_starting_is_hung_and_frees_its_gpus(
     assert failed.error is not None and "stuck in job" in failed.error
     reasons = [e.reason for e in repo.events(job.id)]
     assert any("restart 1 of 1: hung while starting" in r for r in reasons)
-    assert "not every rank ready 601 s after admission (waiting for every rank" in reasons[-1]
+    assert "not every rank ready 601 s after admission (limit: start timeout 600 s" in reasons[-1]
 
 
 def test_rank_output_reaches_the_store_once(

@@ -74,16 +74,10 @@ DEADLINE_AHEAD = {"preempt_deadline": NOW + timedelta(seconds=60)}
 HUNG = {"started_at": NOW - timedelta(seconds=500), "progress_at": NOW - timedelta(seconds=400)}
 # Past the 7200 s start timeout: admitted (starting) or started (running) that long ago.
 LONG_AGO = NOW - timedelta(seconds=7201)
-# A function (no step count) that reported step 10 in an earlier attempt, none in this one.
+# A function (no step count): it may never report a step, so none is awaited.
 FUNCTION = spec_from_json(
     {**SPEC, "entrypoint": {"kind": "function", "target": "m:f", "kwargs": {}}}
 )
-RESUMED = {
-    "spec": FUNCTION,
-    "total_steps": None,
-    "started_at": LONG_AGO,
-    "progress_at": LONG_AGO - timedelta(seconds=60),
-}
 RENDEZVOUS = GroupStatus(GroupPhase.RENDEZVOUS)
 
 CASES: list[tuple[str, JobRecord, GroupStatus, JobState | None, str]] = [
@@ -112,7 +106,7 @@ CASES: list[tuple[str, JobRecord, GroupStatus, JobState | None, str]] = [
         job(JobState.STARTING, admitted_at=LONG_AGO),
         RENDEZVOUS,
         JobState.RESTARTING,
-        "hung while starting: not every rank ready 7201 s after admission (waiting for",
+        "hung while starting: not every rank ready 7201 s after admission (limit: start",
     ),
     (
         "stuck starting, budget spent",
@@ -126,18 +120,20 @@ CASES: list[tuple[str, JobRecord, GroupStatus, JobState | None, str]] = [
         job(JobState.RUNNING, step=0, progress_at=None, started_at=LONG_AGO),
         replace(RUNNING, step=0),
         JobState.RESTARTING,
-        "hung: no progress past step 0 for 7201 s (limit 7200 s = start timeout",
+        "hung: no progress past step 0 for 7201 s (limit 7200 s = the start timeout)",
     ),
     (
-        "no step this attempt, after steps in an earlier one",
-        job(JobState.RUNNING, **RESUMED),
-        RUNNING,
+        # a resize's relaunch keeps the step; its new gang's first report (step 0) is
+        # stored after the ranks started: still no step of this attempt to go by
+        "built-in relaunched, back at step 0 since its start, no step after",
+        job(JobState.RUNNING, step=0, started_at=LONG_AGO, progress_at=LONG_AGO),
+        replace(RUNNING, step=0),
         JobState.RESTARTING,
-        "no step since the ranks started",
+        "hung: no progress past step 0 for 7201 s (limit 7200 s = the start timeout)",
     ),
     (
         "a function that never reported a step",
-        job(JobState.RUNNING, **{**RESUMED, "step": 0}),
+        job(JobState.RUNNING, spec=FUNCTION, total_steps=None, step=0, started_at=LONG_AGO),
         replace(RUNNING, step=0),
         None,
         "",
@@ -255,7 +251,7 @@ def test_a_quiet_report_stays_quiet_until_the_moment_it_names(
         "hung",
         "stuck starting",
         "no first step",
-        "no step this attempt, after steps in an earlier one",
+        "built-in relaunched, back at step 0 since its start, no step after",
         "over its time limit",
         "preempting, deadline passed",
     ],
@@ -307,11 +303,13 @@ def test_a_resize_relaunch_is_the_next_attempt() -> None:
     assert set(NEW_ATTEMPT) >= {"checkpoint_step", "step_time_s", "tokens_per_s", "error"}
 
 
-def test_a_stuck_start_asks_for_the_stacks_and_says_where_it_stuck() -> None:
+def test_a_start_stuck_placing_says_ray_reserved_nothing() -> None:
+    """Reached only with a placement timeout longer than the start timeout."""
     placing = GroupStatus(GroupPhase.PLACING)
     change = next_transition(job(JobState.STARTING, admitted_at=LONG_AGO), placing, NOW, CONFIG)
-    assert change is not None and change.with_stacks and change.release
-    assert "(placing; limit: start timeout 7200 s from admission)" in change.reason
+    assert change is not None and change.release
+    assert "Ray had not reserved its placement 7201 s after admission" in change.reason
+    assert "stacks" not in change.reason
 
 
 def test_a_trainer_stopped_at_its_pause_point_is_held_not_done() -> None:

@@ -221,7 +221,7 @@ def test_gangs_of_a_node_or_more_are_one_size_to_both_rules() -> None:
     config = PolicyConfig(larger_gangs_first=True)
     capped = queue_order(jobs, NOW, config, node_gpus=8)
     assert [j.id for j in capped] == [3, 1, 2, 4]
-    assert [j.id for j in queue_order(jobs, NOW, config)] == [2, 3, 1, 4]  # uncounted
+    assert [j.id for j in queue_order(jobs, NOW, config)] == [2, 3, 1, 4]  # no cap
 
     one_node = sunk(5, since_checkpoint=200)  # 4 GPUs on n0, 200 s lost
     two_node = running(6, ["n1"] * 4 + ["n2"] * 4, started=-10 * HOUR, step=36_000, step_time_s=1.0)

@@ -24,7 +24,6 @@ from scheduler.runtime.cluster import RayClusterSource
 from scheduler.runtime.executor import RayExecutor
 from scheduler.runtime.launch import LaunchPolicy
 from scheduler.runtime.lease import LeaderLease
-from scheduler.runtime.lifecycle import LifecycleConfig
 from scheduler.runtime.local_ray import (
     LocalClusterShape,
     ray_directory,
@@ -79,11 +78,7 @@ class Runtime:
             policy=self._settings.policy(),
             queues=QueueRepository(self._repo.engine).quotas,
             fair_share_half_life_s=self._settings.fair_share_half_life_s,
-            lifecycle=LifecycleConfig(
-                hang_factor=self._settings.hang_factor,
-                hang_min_s=self._settings.hang_min_s,
-                start_timeout_s=self._settings.start_timeout_s,
-            ),
+            lifecycle=self._settings.lifecycle(),
             stragglers=StragglerWatch(
                 factor=self._settings.straggler_factor, window=self._settings.straggler_window
             ),

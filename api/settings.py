@@ -469,6 +469,14 @@ class Settings(BaseSettings):
     def quotas(self) -> dict[str, QueueQuota]:
         return {name: queue_quota(spec) for name, spec in self.queues.items()}
 
+    def lifecycle(self) -> LifecycleConfig:
+        """The hang rule and the start timeout the loop judges running gangs by."""
+        return LifecycleConfig(
+            hang_factor=self.hang_factor,
+            hang_min_s=self.hang_min_s,
+            start_timeout_s=self.start_timeout_s,
+        )
+
     def policy(self) -> PolicyConfig:
         return PolicyConfig(
             aging_interval_s=self.aging_interval_s,

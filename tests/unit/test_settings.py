@@ -9,6 +9,7 @@ from api.settings import Settings
 from scheduler.core import PolicyConfig
 from scheduler.core.fairshare import HALF_LIFE_S
 from scheduler.model import QueueQuota
+from scheduler.runtime.lifecycle import LifecycleConfig
 
 
 def test_queues_and_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,11 +29,20 @@ def test_queues_and_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert (policy.larger_gangs_first, policy.smaller_victims_first) == (True, True)
 
 
+def test_the_hang_rule_and_start_timeout_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GANGWAY_HANG_MIN_S", "120")
+    monkeypatch.setenv("GANGWAY_START_TIMEOUT_S", "900")
+    assert Settings().lifecycle() == LifecycleConfig(hang_min_s=120, start_timeout_s=900)
+
+
 def test_policy_defaults_are_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in Settings.model_fields:
         monkeypatch.delenv(f"GANGWAY_{name.upper()}", raising=False)
     settings = Settings()
     assert settings.policy() == PolicyConfig()
+    assert settings.lifecycle() == LifecycleConfig()
     assert settings.fair_share_half_life_s == HALF_LIFE_S
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -779,6 +779,18 @@ def test_rank_0s_event_lines_become_job_events_once_even_after_a_restart(
     assert last.from_state is last.to_state is JobState.RUNNING
 
 
+def _tick_across(
+    loop: SchedulerLoop, clock: Clock, limit_s: float, unchanged: Callable[[], bool]
+) -> None:
+    """A pass 1 s before a limit `limit_s` from now, where nothing may have changed yet,
+    and one 1 s after it."""
+    clock.now += timedelta(seconds=limit_s - 1)
+    loop.tick()
+    assert unchanged()
+    clock.now += timedelta(seconds=2)
+    loop.tick()
+
+
 def test_a_job_without_progress_is_hung_its_stacks_kept_and_it_restarts(
     repo: JobRepository, executor: FakeExecutor, clock: Clock
 ) -> None:
@@ -792,11 +804,7 @@ def test_a_job_without_progress_is_hung_its_stacks_kept_and_it_restarts(
     clock.now += timedelta(seconds=10)
     executor.statuses[job.id] = GroupStatus(GroupPhase.RUNNING, True, step=5)
     loop.tick()  # 5 steps in 10 s: 2 s a step, so hung after max(60, 10 x 2) = 60 s
-    clock.now += timedelta(seconds=59)
-    loop.tick()
-    assert repo.get(job.id).state is JobState.RUNNING
-    clock.now += timedelta(seconds=2)
-    loop.tick()
+    _tick_across(loop, clock, 60, lambda: repo.get(job.id).state is JobState.RUNNING)
     hung = repo.get(job.id)
     assert hung.state is JobState.PENDING and hung.restarts == 1
     assert job.id in executor.released
@@ -818,11 +826,7 @@ def test_a_gang_that_never_finishes_starting_is_hung_and_frees_its_gpus(
         assert repo.get(job.id).state is JobState.STARTING
         assert executor.launched[-1][:2] == (job.id, attempt)
         executor.statuses[job.id] = GroupStatus(GroupPhase.RENDEZVOUS)
-        clock.now += timedelta(seconds=599)
-        loop.tick()
-        assert repo.get(job.id).state is JobState.STARTING
-        clock.now += timedelta(seconds=2)
-        loop.tick()
+        _tick_across(loop, clock, 600, lambda: repo.get(job.id).state is JobState.STARTING)
     failed = repo.get(job.id)
     assert failed.state is JobState.FAILED and failed.restarts == 1
     assert executor.released == [job.id, job.id] and job.id not in executor.statuses

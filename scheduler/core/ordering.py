@@ -204,9 +204,9 @@ def gang_size(job: JobView, node_gpus: int) -> int:
     """The size the gang-size rules compare: the GPUs the gang needs at least
     (`GangShape.min_gpus`: an elastic gang at its dp_min), counted up to one node of
     `node_gpus` (0: no cap). Every gang of a whole node or more is one size: such gangs
-    wait alike for whole nodes, and ordering them by size only moved waits from the many
-    one-node jobs to the few larger gangs (ITP cluster04: average JCT 1.35x 2D-LAS's
-    uncapped; BENCHMARKS.md)."""
+    wait alike for whole nodes, and ordering them by size moved waits onto the many
+    one-node jobs for little gain to the few larger gangs (ITP cluster04: average JCT
+    1.35x 2D-LAS's uncapped; BENCHMARKS.md)."""
     gpus = job.shape.min_gpus
     return min(gpus, node_gpus) if node_gpus > 0 else gpus
 

@@ -14,9 +14,11 @@ ONE_NODE = Cluster().nodes(1, 4).snapshot()
 HOUR = 3600.0
 
 
-def sunk(job_id: int, *, since_checkpoint: int) -> JobView:
-    """4 GPUs for 10 h: 40 GPU-hours attained, the bottom band; one step a second."""
-    job = running(job_id, ["n0"] * 4, started=-10 * HOUR, step=36_000, step_time_s=1.0)
+def sunk(job_id: int, *, since_checkpoint: int, on: list[str] | None = None) -> JobView:
+    """A gang run for 10 h (4 GPUs on n0 unless `on` places it: 40 GPU-hours attained),
+    the bottom band; one step a second."""
+    placement = on if on is not None else ["n0"] * 4
+    job = running(job_id, placement, started=-10 * HOUR, step=36_000, step_time_s=1.0)
     assert job.run is not None
     return replace(job, run=replace(job.run, steps_since_checkpoint=since_checkpoint))
 
@@ -224,9 +226,7 @@ def test_gangs_of_a_node_or_more_are_one_size_to_both_rules() -> None:
     assert [j.id for j in queue_order(jobs, NOW, config)] == [2, 3, 1, 4]  # no cap
 
     one_node = sunk(5, since_checkpoint=200)  # 4 GPUs on n0, 200 s lost
-    two_node = running(6, ["n1"] * 4 + ["n2"] * 4, started=-10 * HOUR, step=36_000, step_time_s=1.0)
-    assert two_node.run is not None
-    two_node = replace(two_node, run=replace(two_node.run, steps_since_checkpoint=0))
+    two_node = sunk(6, since_checkpoint=0, on=["n1"] * 4 + ["n2"] * 4)
     three_nodes = Cluster().nodes(3, 4).snapshot()  # nodes of 4 GPUs
     decisions = schedule(
         three_nodes,
